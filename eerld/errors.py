@@ -1,0 +1,82 @@
+"""The one error tree of eerld.
+
+Every error eerld raises on purpose derives from :class:`EerlError`; the API layer maps each branch to
+one gRPC status code in one place, and anything outside this tree becomes INTERNAL with a generic message.
+
+    EerlError
+    ├── GpuError                  a GPU backend call failed (translated at the backend boundary)
+    │   ├── NoPermission          the caller lacks the privilege (e.g. not root, no CAP_SYS_ADMIN)
+    │   ├── NotSupported          the GPU or driver does not support the call
+    │   ├── GpuLost               the GPU fell off the bus or the driver lost it
+    │   ├── InvalidArgument       the backend rejected an argument (e.g. an unsupported clock)
+    │   └── BackendFailure        any other backend error (uninitialised library, unknown NVML code)
+    ├── ConfigError               bad daemon configuration (flag, config file, scenario file)
+    ├── ValidationError           a request field is missing or out of range; names the field
+    ├── NotFound                  an unknown session, GPU or pin
+    ├── Conflict                  the request collides with current state (GPU held, wrong phase order)
+    ├── PermissionDenied          the caller may not do this (wrong session token, admin RPC on worker socket)
+    └── Unavailable               the daemon is stopping or the resource is degraded
+"""
+
+from __future__ import annotations
+
+
+class EerlError(Exception):
+    """Root of every error eerld raises on purpose."""
+
+
+class GpuError(EerlError):
+    """A GPU backend call failed; ``gpu_index`` is the GPU concerned when known."""
+
+    def __init__(self, message: str, *, gpu_index: int | None = None) -> None:
+        super().__init__(message)
+        self.gpu_index = gpu_index
+
+
+class NoPermission(GpuError):
+    """The process lacks the privilege for this call (clock locks need root or CAP_SYS_ADMIN)."""
+
+
+class NotSupported(GpuError):
+    """The GPU, its driver or its mode (MIG, vGPU) does not support this call."""
+
+
+class GpuLost(GpuError):
+    """The GPU is gone (fell off the bus, driver reload) until it is recovered."""
+
+
+class InvalidArgument(GpuError):
+    """The backend rejected an argument, such as a clock outside the supported set."""
+
+
+class BackendFailure(GpuError):
+    """Any other backend failure: library not loaded, unknown error code, timeout."""
+
+
+class ConfigError(EerlError):
+    """A configuration value (flag, config file, scenario file) is invalid; the message names it."""
+
+
+class ValidationError(EerlError):
+    """A request field is missing or invalid; ``field`` names it."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+class NotFound(EerlError):
+    """An unknown session, GPU or pin."""
+
+
+class Conflict(EerlError):
+    """The request collides with current state: a GPU already held, a phase event out of order."""
+
+
+class PermissionDenied(EerlError):
+    """The caller may not do this: another session's token, an admin call on the worker socket."""
+
+
+class Unavailable(EerlError):
+    """The daemon is shutting down, or the resource is temporarily unusable."""

@@ -1,0 +1,1 @@
+"""The simulated GPU and RL workload of docs/simulator.md (the shared sim-model spec)."""
