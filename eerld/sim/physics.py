@@ -22,8 +22,8 @@ def voltage_ratio(profile: GpuProfile, sm_clock_mhz: ArrayOrFloat) -> ArrayOrFlo
     rising = profile.v_floor + (1.0 - profile.v_floor) * (sm_clock_mhz - profile.v_knee_mhz) / span
     result = np.clip(rising, profile.v_floor, 1.0)
     if isinstance(sm_clock_mhz, float | int):
-        return float(result)  # type: ignore[return-value]
-    return result  # type: ignore[no-any-return]
+        return float(result)
+    return result
 
 
 def segment_duration_s(
@@ -50,10 +50,9 @@ def segment_power_w(
     compute_activity = (compute_mhz_s / sm_clock_mhz) / safe
     memory_activity = (memory_s / safe) * mem_activity_scale
     v = voltage_ratio(profile, sm_clock_mhz)
-    power = (
+    return (  # type: ignore[no-any-return]
         profile.idle_power_w
         + profile.leak_power_w * v
         + compute_activity * profile.sm_power_w * (sm_clock_mhz / profile.sm_clock_max_mhz) * v * v
         + memory_activity * profile.mem_power_w
     )
-    return power  # type: ignore[no-any-return]

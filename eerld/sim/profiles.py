@@ -54,7 +54,8 @@ class GpuProfile:
                     raise ConfigError(f"{source}: 'gpu.{key}' must be a number, not {value!r}")
                 if value < 0:
                     raise ConfigError(f"{source}: 'gpu.{key}' must not be negative, got {value}")
-                value = type(current)(value) if isinstance(current, float) else int(value)
+                clean[key] = float(value) if isinstance(current, float) else int(value)
+                continue
             elif isinstance(current, str) and not isinstance(value, str):
                 raise ConfigError(f"{source}: 'gpu.{key}' must be a string, not {value!r}")
             clean[key] = value
