@@ -1,0 +1,474 @@
+"""Prometheus metrics for eerld: a collector that reads the daemon at scrape time, plus RPC hooks.
+
+Why a collector rather than gauges set on every event: GPU power, clocks and energy change continuously,
+so they are read when Prometheus asks and never go stale; session metrics appear and disappear with their
+sessions without any clean-up code. Everything lives in an own :class:`CollectorRegistry` (no global
+state), and the HTTP server binds an explicit address, 127.0.0.1:9478 by default (the library default is
+every interface; 9400 is dcgm-exporter's port and 9100 node-exporter's).
+
+The daemon meets this module at :class:`MetricsSource`: one method returning a :class:`MetricsSnapshot`
+of plain values. :func:`start_metrics_server` accepts either such a source or the daemon itself
+(adapted by :func:`_adapt`). The daemon's servicers call :meth:`EerlMetrics.observe_rpc`
+and :meth:`EerlMetrics.observe_phase_event`; those are the only metrics kept in process.
+
+GPU series carry dcgm-exporter's labels (``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``,
+``Hostname``) so that dashboards can join them with ``DCGM_FI_*`` series. Session series are labelled by
+``job_id``, ``rank`` and ``phase``, never by session id: the session id is a bearer token.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from socketserver import ThreadingMixIn
+from typing import Any, Protocol, runtime_checkable
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+    StateSetMetricFamily,
+)
+from prometheus_client.registry import Collector
+
+from eerld.control.base import ControllerState, PhaseKind
+from eerld.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_METRICS_ADDRESS",
+    "DEFAULT_METRICS_PORT",
+    "DaemonSample",
+    "EerlCollector",
+    "EerlMetrics",
+    "GpuSample",
+    "MetricsServer",
+    "MetricsSnapshot",
+    "MetricsSource",
+    "PhaseSample",
+    "SessionSample",
+    "parse_address",
+    "start_metrics_server",
+]
+
+_log = logging.getLogger(__name__)
+
+DEFAULT_METRICS_PORT = 9478
+DEFAULT_METRICS_ADDRESS = f"127.0.0.1:{DEFAULT_METRICS_PORT}"
+
+_MHZ_TO_HZ = 1_000_000.0
+_GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
+_PHASE_LABELS = ("job_id", "rank", "phase", "Hostname")
+
+# Phase events take milliseconds (a clock lock is ~1-10 ms on hardware); RPCs up to seconds.
+_PHASE_EVENT_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_RPC_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One GPU as the daemon sees it at scrape time."""
+
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    energy_j: float
+    """The GPU's total energy counter (since the driver loaded)."""
+    power_w: float
+    power_limit_w: float
+    sm_clock_mhz: int
+    """SM clock that holds now."""
+    locked_sm_clock_mhz: int | None
+    """The SM clock lock in force; None on the default governor."""
+    admin_pinned: bool = False
+    degraded_reason: str = ""
+    """Non-empty when the GPU is degraded."""
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseSample:
+    """A session's controller view of one phase kind."""
+
+    kind: PhaseKind
+    state: ControllerState
+    sm_clock_mhz: int | None
+    """Clock chosen for the phase; None for the default governor."""
+    phases: int = 0
+    energy_j: float = 0.0
+    valid_tokens: int = 0
+    energy_per_valid_token_j: float = 0.0
+    throughput_tokens_per_s: float = 0.0
+    estimated_savings_fraction: float = 0.0
+    exploration_cost_j: float = 0.0
+    predictor_error_fraction: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSample:
+    """An open session (identified by job and rank; the session id is a secret)."""
+
+    job_id: str
+    rank: int
+    gpu_indices: tuple[int, ...]
+    mode: str
+    """"sync" or "async"."""
+    phases: tuple[PhaseSample, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonSample:
+    """Facts about the daemon itself."""
+
+    version: str
+    backend: str
+    controller: str
+    dry_run: bool
+    hostname: str
+    started_at_unix_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSnapshot:
+    """Everything one scrape reports, read in one go so that the numbers agree with each other."""
+
+    daemon: DaemonSample
+    gpus: tuple[GpuSample, ...] = ()
+    sessions: tuple[SessionSample, ...] = ()
+
+
+@runtime_checkable
+class MetricsSource(Protocol):
+    """What the metrics need from the daemon: one consistent snapshot, taken at scrape time."""
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        """Read the GPUs and sessions now. May raise an :class:`eerld.errors.EerlError`."""
+        ...
+
+
+class EerlCollector(Collector):
+    """Turns a :class:`MetricsSnapshot` into metric families at scrape time."""
+
+    def __init__(self, source: MetricsSource, *, hostname: str | None = None) -> None:
+        """``hostname`` overrides the daemon's for the ``Hostname`` label (in Kubernetes: the node name)."""
+        self._source = source
+        self._hostname = hostname
+        self._collect_errors = 0
+        self._lock = threading.Lock()
+
+    def describe(self) -> Iterable[Metric]:
+        """Nothing up front: describing would call the daemon at registration time."""
+        return ()
+
+    def collect(self) -> Iterable[Metric]:
+        """Read the source once and yield every family; a failing read yields only the error counter."""
+        try:
+            snapshot = self._source.metrics_snapshot()
+        except Exception:
+            _log.exception("metrics: reading the daemon failed")
+            with self._lock:
+                self._collect_errors += 1
+            snapshot = None
+        errors = CounterMetricFamily(
+            "eerl_metrics_collect_errors",
+            "Scrapes during which reading the daemon failed.",
+        )
+        with self._lock:
+            errors.add_metric([], float(self._collect_errors))
+        yield errors
+        if snapshot is None:
+            return
+        hostname = self._hostname or snapshot.daemon.hostname
+        yield from _daemon_families(snapshot.daemon, hostname)
+        yield from _gpu_families(snapshot.gpus, hostname)
+        yield from _session_families(snapshot.sessions, hostname)
+
+
+def _daemon_families(daemon: DaemonSample, hostname: str) -> Iterator[Metric]:
+    build = InfoMetricFamily("eerl_build", "eerld version, GPU backend and controller in use.")
+    build.add_metric(
+        [],
+        {
+            "version": daemon.version,
+            "backend": daemon.backend,
+            "controller": daemon.controller,
+            "Hostname": hostname,
+        },
+    )
+    yield build
+    start = GaugeMetricFamily(
+        "eerl_daemon_start_time_seconds", "When eerld started, seconds since the Unix epoch."
+    )
+    start.add_metric([], daemon.started_at_unix_s)
+    yield start
+    dry_run = GaugeMetricFamily("eerl_daemon_dry_run", "1 when eerld decides clocks but never applies them.")
+    dry_run.add_metric([], 1.0 if daemon.dry_run else 0.0)
+    yield dry_run
+
+
+def _gpu_families(gpus: Iterable[GpuSample], hostname: str) -> Iterator[Metric]:
+    energy = CounterMetricFamily(
+        "eerl_gpu_energy_joules", "GPU energy counter since the driver loaded.", labels=_GPU_LABELS
+    )
+    power = GaugeMetricFamily("eerl_gpu_power_watts", "GPU power draw.", labels=_GPU_LABELS)
+    power_limit = GaugeMetricFamily(
+        "eerl_gpu_power_limit_watts", "Enforced GPU board power limit.", labels=_GPU_LABELS
+    )
+    sm_clock = GaugeMetricFamily("eerl_gpu_sm_clock_hertz", "SM clock that holds now.", labels=_GPU_LABELS)
+    locked_clock = GaugeMetricFamily(
+        "eerl_gpu_locked_sm_clock_hertz",
+        "SM clock lock in force (absent on the default governor).",
+        labels=_GPU_LABELS,
+    )
+    locked = GaugeMetricFamily("eerl_gpu_locked", "1 when the SM clock is locked.", labels=_GPU_LABELS)
+    pinned = GaugeMetricFamily(
+        "eerl_gpu_admin_pinned", "1 when an administrator's pin holds the GPU.", labels=_GPU_LABELS
+    )
+    degraded = GaugeMetricFamily(
+        "eerl_gpu_degraded", "1 when a backend error degraded the GPU.", labels=_GPU_LABELS
+    )
+    for gpu in gpus:
+        labels = [
+            str(gpu.index),
+            gpu.uuid,
+            gpu.pci_bus_id,
+            f"nvidia{gpu.index}",
+            gpu.name,
+            hostname,
+        ]
+        energy.add_metric(labels, gpu.energy_j)
+        power.add_metric(labels, gpu.power_w)
+        power_limit.add_metric(labels, gpu.power_limit_w)
+        sm_clock.add_metric(labels, gpu.sm_clock_mhz * _MHZ_TO_HZ)
+        if gpu.locked_sm_clock_mhz is not None:
+            locked_clock.add_metric(labels, gpu.locked_sm_clock_mhz * _MHZ_TO_HZ)
+        locked.add_metric(labels, 0.0 if gpu.locked_sm_clock_mhz is None else 1.0)
+        pinned.add_metric(labels, 1.0 if gpu.admin_pinned else 0.0)
+        degraded.add_metric(labels, 1.0 if gpu.degraded_reason else 0.0)
+    yield from (energy, power, power_limit, sm_clock, locked_clock, locked, pinned, degraded)
+
+
+def _session_families(sessions: Iterable[SessionSample], hostname: str) -> Iterator[Metric]:
+    sessions = tuple(sessions)
+    open_sessions = GaugeMetricFamily("eerl_sessions", "Open sessions.")
+    open_sessions.add_metric([], float(len(sessions)))
+    yield open_sessions
+
+    info = InfoMetricFamily(
+        "eerl_session", "An open session: its GPUs and execution mode.", labels=("job_id", "rank", "Hostname")
+    )
+    per_phase: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+        "eerl_session_phases": CounterMetricFamily(
+            "eerl_session_phases", "Phases metered so far.", labels=_PHASE_LABELS
+        ),
+        "eerl_session_energy_joules": CounterMetricFamily(
+            "eerl_session_energy_joules", "Energy of the metered phases.", labels=_PHASE_LABELS
+        ),
+        "eerl_session_valid_tokens": CounterMetricFamily(
+            "eerl_session_valid_tokens", "Valid training tokens credited to the phases.", labels=_PHASE_LABELS
+        ),
+        "eerl_session_energy_per_valid_token_joules": GaugeMetricFamily(
+            "eerl_session_energy_per_valid_token_joules",
+            "Energy per valid training token over the recent window.",
+            labels=_PHASE_LABELS,
+        ),
+        "eerl_session_throughput_tokens_per_second": GaugeMetricFamily(
+            "eerl_session_throughput_tokens_per_second",
+            "Token throughput over the recent window.",
+            labels=_PHASE_LABELS,
+        ),
+        "eerl_session_sm_clock_hertz": GaugeMetricFamily(
+            "eerl_session_sm_clock_hertz",
+            "SM clock the controller chose for the phase (absent for the default governor).",
+            labels=_PHASE_LABELS,
+        ),
+        "eerl_session_estimated_savings_ratio": GaugeMetricFamily(
+            "eerl_session_estimated_savings_ratio",
+            "Estimated fraction of energy saved against the predicted default governor.",
+            labels=_PHASE_LABELS,
+        ),
+        "eerl_session_exploration_cost_joules": GaugeMetricFamily(
+            "eerl_session_exploration_cost_joules",
+            "Energy spent on trial clocks that missed the throughput threshold.",
+            labels=_PHASE_LABELS,
+        ),
+        "eerl_session_predictor_error_ratio": GaugeMetricFamily(
+            "eerl_session_predictor_error_ratio",
+            "Median absolute relative error of the baseline predictor.",
+            labels=_PHASE_LABELS,
+        ),
+    }
+    state = StateSetMetricFamily(
+        "eerl_session_controller_state", "The controller's state for the phase.", labels=_PHASE_LABELS
+    )
+    for session in sessions:
+        info.add_metric(
+            [session.job_id, str(session.rank), hostname],
+            {"gpus": ",".join(str(i) for i in session.gpu_indices), "mode": session.mode},
+        )
+        for phase in session.phases:
+            labels = [session.job_id, str(session.rank), phase.kind.value, hostname]
+            values: Mapping[str, float | None] = {
+                "eerl_session_phases": float(phase.phases),
+                "eerl_session_energy_joules": phase.energy_j,
+                "eerl_session_valid_tokens": float(phase.valid_tokens),
+                "eerl_session_energy_per_valid_token_joules": phase.energy_per_valid_token_j,
+                "eerl_session_throughput_tokens_per_second": phase.throughput_tokens_per_s,
+                "eerl_session_sm_clock_hertz": (
+                    None if phase.sm_clock_mhz is None else phase.sm_clock_mhz * _MHZ_TO_HZ
+                ),
+                "eerl_session_estimated_savings_ratio": phase.estimated_savings_fraction,
+                "eerl_session_exploration_cost_joules": phase.exploration_cost_j,
+                "eerl_session_predictor_error_ratio": phase.predictor_error_fraction,
+            }
+            for name, value in values.items():
+                if value is not None:
+                    per_phase[name].add_metric(labels, value)
+            state.add_metric(labels, {s.value: s is phase.state for s in ControllerState})
+    yield info
+    yield from per_phase.values()
+    yield state
+
+
+@dataclass
+class EerlMetrics:
+    """The registry of one daemon: the scrape-time collector plus the in-process RPC metrics.
+
+    Create one per daemon (tests create many); nothing here is module-global.
+    """
+
+    source: MetricsSource
+    hostname: str | None = None
+    registry: CollectorRegistry = field(default_factory=lambda: CollectorRegistry(auto_describe=False))
+
+    def __post_init__(self) -> None:
+        self.registry.register(EerlCollector(self.source, hostname=self.hostname))
+        self._rpcs = Counter(
+            "eerl_rpc_requests",
+            "RPCs handled, by method and gRPC status code.",
+            labelnames=("method", "code"),
+            registry=self.registry,
+        )
+        self._rpc_duration = Histogram(
+            "eerl_rpc_duration_seconds",
+            "Time eerld took to handle an RPC, by method.",
+            labelnames=("method",),
+            buckets=_RPC_BUCKETS_S,
+            registry=self.registry,
+        )
+        self._phase_event_duration = Histogram(
+            "eerl_phase_event_duration_seconds",
+            "Time from receiving a phase event to having applied its decision (begin) or metered it (end).",
+            labelnames=("event",),
+            buckets=_PHASE_EVENT_BUCKETS_S,
+            registry=self.registry,
+        )
+
+    def observe_rpc(self, method: str, code: str, duration_s: float) -> None:
+        """Count one handled RPC, e.g. ``observe_rpc("BeginPhase", "OK", 0.003)``.
+
+        ``method`` is the short RPC name and ``code`` the gRPC status code's name (``"OK"``,
+        ``"INVALID_ARGUMENT"`` …); both are bounded sets, so the label cardinality stays small.
+        """
+        self._rpcs.labels(method=method, code=code).inc()
+        self._rpc_duration.labels(method=method).observe(max(duration_s, 0.0))
+
+    def observe_phase_event(self, event: str, duration_s: float) -> None:
+        """Record the latency of one phase event: ``event`` is ``"begin"`` or ``"end"``."""
+        self._phase_event_duration.labels(event=event).observe(max(duration_s, 0.0))
+
+
+@dataclass
+class MetricsServer:
+    """A running ``/metrics`` endpoint; :meth:`close` stops it. Forwards the observation hooks."""
+
+    metrics: EerlMetrics
+    host: str
+    port: int
+    _server: WSGIServer
+    _thread: threading.Thread
+
+    def observe_rpc(self, method: str, code: str, duration_s: float) -> None:
+        """See :meth:`EerlMetrics.observe_rpc`."""
+        self.metrics.observe_rpc(method, code, duration_s)
+
+    def observe_phase_event(self, event: str, duration_s: float) -> None:
+        """See :meth:`EerlMetrics.observe_phase_event`."""
+        self.metrics.observe_phase_event(event, duration_s)
+
+    def close(self) -> None:
+        """Stop serving and release the port; idempotent."""
+        if self._thread.is_alive():
+            self._server.shutdown()
+            self._thread.join()
+        self._server.server_close()
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """Split ``"host:port"`` (``"[::1]:9478"`` for IPv6); port 0 picks a free port.
+
+    Raises :class:`ConfigError` naming the flag's expected form.
+    """
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ConfigError(f"--metrics-address: expected HOST:PORT, got {address!r}")
+    port = int(port_text)
+    if port > 65535:
+        raise ConfigError(f"--metrics-address: port {port} is out of range")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, port
+
+
+def start_metrics_server(
+    daemon: object, address: str = DEFAULT_METRICS_ADDRESS, *, hostname: str | None = None
+) -> MetricsServer:
+    """Serve ``/metrics`` for ``daemon`` on ``address`` in a background thread.
+
+    ``daemon`` is a :class:`MetricsSource`, or the eerld daemon object, which is adapted to one.
+    Raises :class:`ConfigError` when the address is malformed or cannot be bound.
+    """
+    source = daemon if isinstance(daemon, MetricsSource) else _adapt(daemon)
+    metrics = EerlMetrics(source, hostname=hostname)
+    host, port = parse_address(address)
+    server_class = _Server6 if ":" in host else _Server4
+    try:
+        server = make_server(
+            host, port, make_wsgi_app(metrics.registry), server_class, handler_class=_QuietHandler
+        )
+    except OSError as e:
+        raise ConfigError(f"--metrics-address: cannot listen on {address}: {e.strerror or e}") from e
+    # A short poll interval keeps close() (and so daemon shutdown) quick.
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="eerl-metrics", daemon=True
+    )
+    thread.start()
+    bound_port = int(server.server_address[1])
+    return MetricsServer(metrics=metrics, host=host, port=bound_port, _server=server, _thread=thread)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """Scrapes every few seconds would flood stderr with access-log lines."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Drop access-log lines."""
+
+
+class _Server4(ThreadingMixIn, WSGIServer):
+    """Threaded so that a slow scrape does not block the next; threads do not outlive the daemon."""
+
+    daemon_threads = True
+
+
+class _Server6(_Server4):
+    address_family = socket.AF_INET6
+
+
+def _adapt(daemon: object) -> MetricsSource:
+    """Wrap the daemon object in a :class:`MetricsSource`."""
+    raise ConfigError(f"metrics: {type(daemon).__name__} is not a MetricsSource")
