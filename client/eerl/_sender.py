@@ -1,0 +1,480 @@
+"""The background sender: the only code that talks to the daemon.
+
+Why a thread: the training thread must never wait for the daemon. It only appends an event to a bounded
+queue (:meth:`Sender.submit`, a few microseconds); this thread opens the session, holds the ``Attach``
+stream that binds the session's life (or heartbeats when the daemon does not offer it), sends the phase
+events, and reconnects with back-off when the daemon is absent, slow or restarted.
+
+Rules that keep the numbers honest after trouble:
+
+* The queue is bounded; when it is full the oldest event is dropped and counted.
+* A phase begin that waited longer than ``stale_after_s`` is dropped: the daemon would apply a clock for,
+  and meter, a phase it did not see start.
+* A phase end is sent only if its begin was sent within the same daemon session; so a reopened session
+  starts clean at the next phase begin, and nothing stale is re-sent.
+* Every RPC has a deadline; a failed event is dropped, never retried.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+import grpc
+
+from eerl._channel import make_channel
+from eerl.config import ClientConfig
+from eerl.phases import PhaseKind, Workload
+from eerl.v1 import eerl_pb2, eerl_pb2_grpc
+
+logger = logging.getLogger("eerl")
+
+_KIND_TO_PB = {
+    PhaseKind.GENERATION: eerl_pb2.PHASE_KIND_GENERATION,
+    PhaseKind.TRAINING: eerl_pb2.PHASE_KIND_TRAINING,
+}
+
+# Codes that mean "the daemon (or the path to it) is gone": drop the session, reconnect with back-off.
+_CONNECTION_LOST = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
+# Codes that mean "the daemon no longer knows this session" (restart, lease expiry): reopen at once.
+_SESSION_LOST = frozenset({grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED})
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRequest:
+    """What the sender asks for when it (re)opens the session."""
+
+    job_id: str
+    rank: int
+    world_size: int
+    gpus: tuple[int | str, ...]
+    mode: eerl_pb2.ExecutionMode.ValueType
+    role: eerl_pb2.GpuRole.ValueType
+    throughput_threshold: float
+    client_name: str
+
+
+@dataclass(slots=True)
+class Event:
+    """One phase event, or a flush marker (``kind`` None) that only sets ``done``."""
+
+    begin: bool
+    kind: PhaseKind | None
+    iteration: int
+    phase_id: int
+    workload: Workload | None
+    enqueued_s: float
+    done: threading.Event | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClientStats:
+    """What the sender has done so far; for logs, tests and the curious.
+
+    ``dropped_events``: lost because the queue was full. ``stale_events``: discarded as stale (a begin that
+    waited too long, or an end whose begin the current daemon session never saw). ``failed_events``: the
+    daemon answered with an error. ``opens``: sessions opened, the first one included.
+    """
+
+    connected: bool
+    session_id: str | None
+    attached: bool
+    queued_events: int
+    sent_events: int
+    dropped_events: int
+    stale_events: int
+    failed_events: int
+    opens: int
+    connect_failures: int
+
+
+@dataclass(slots=True)
+class _Counters:
+    sent: int = 0
+    dropped: int = 0
+    stale: int = 0
+    failed: int = 0
+    opens: int = 0
+    connect_failures: int = 0
+
+
+@dataclass(slots=True)
+class _Link:
+    """One daemon session: its channel, stub, id and the Attach stream that binds it."""
+
+    channel: grpc.Channel
+    stub: eerl_pb2_grpc.PhaseServiceStub
+    session_id: str
+    lease_ttl_s: float
+    epoch: int
+    attach_call: grpc.CallIterator[eerl_pb2.SessionEvent] | None = None
+    heartbeat_mode: bool = False
+    next_heartbeat_s: float = 0.0
+    open_phases: set[int] = field(default_factory=set)
+
+
+class Sender:
+    """Owns the connection to the daemon; :meth:`submit` is the only method the caller's thread uses."""
+
+    def __init__(self, config: ClientConfig, request: OpenRequest) -> None:
+        self._config = config
+        self._request = request
+        self._queue: collections.deque[Event] = collections.deque()
+        self._queue_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closing = threading.Event()
+        self._connected = threading.Event()
+        self._counters = _Counters()
+        self._link: _Link | None = None
+        self._epochs = itertools.count(1)
+        self._broken_epoch = 0
+        self._attached_epoch = 0
+        self._attach_unimplemented = False
+        self._warned = False
+        self._backoff_s = config.reconnect_initial_s
+        self._thread = threading.Thread(target=self._run, name="eerl-sender", daemon=True)
+
+    # -- caller side ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Starts the background thread; returns at once."""
+        self._thread.start()
+
+    def submit(self, event: Event) -> None:
+        """Queues an event without blocking; drops (and counts) the oldest event when the queue is full."""
+        with self._queue_lock:
+            if len(self._queue) >= self._config.queue_size:
+                dropped = self._queue.popleft()
+                self._counters.dropped += 1
+                if dropped.done is not None:
+                    dropped.done.set()
+            self._queue.append(event)
+        self._wake.set()
+
+    @property
+    def connected(self) -> bool:
+        """True while a daemon session is open."""
+        return self._connected.is_set()
+
+    def wait_until_connected(self, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` for the session to be open; True if it is."""
+        return self._connected.wait(timeout_s)
+
+    def stats(self) -> ClientStats:
+        """A snapshot of the counters."""
+        link = self._link
+        counters = self._counters
+        return ClientStats(
+            connected=self.connected,
+            session_id=link.session_id if link is not None else None,
+            attached=link is not None and self._attached_epoch == link.epoch,
+            queued_events=len(self._queue),
+            sent_events=counters.sent,
+            dropped_events=counters.dropped,
+            stale_events=counters.stale,
+            failed_events=counters.failed,
+            opens=counters.opens,
+            connect_failures=counters.connect_failures,
+        )
+
+    def close(self) -> None:
+        """Flushes what it can within ``close_timeout_s``, closes the session and stops the thread."""
+        self._closing.set()
+        self._wake.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(self._config.close_timeout_s + self._config.rpc_timeout_s)
+
+    # -- the background thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._closing.is_set():
+                self._step()
+            self._shutdown()
+        except Exception:  # a bug here must never reach the training job
+            logger.exception("eerl: the background sender stopped on an unexpected error; eerl is off")
+            self._connected.clear()
+
+    def _step(self) -> None:
+        link = self._link
+        if link is None:
+            if not self._open():
+                self._discard_stale(time.monotonic())
+                self._closing.wait(self._next_backoff())
+            return
+        if self._broken_epoch == link.epoch:
+            self._lose("the Attach stream ended")
+            return
+        event = self._pop()
+        if event is None:
+            self._maybe_heartbeat(link)
+            self._wake.wait(self._idle_wait_s(link))
+            self._wake.clear()
+            return
+        self._send(link, event, self._config.rpc_timeout_s)
+
+    def _pop(self) -> Event | None:
+        with self._queue_lock:
+            return self._queue.popleft() if self._queue else None
+
+    def _idle_wait_s(self, link: _Link) -> float:
+        if link.heartbeat_mode:
+            return max(0.01, link.next_heartbeat_s - time.monotonic())
+        return 1.0
+
+    def _next_backoff(self) -> float:
+        delay = self._backoff_s
+        self._backoff_s = min(self._backoff_s * 2, self._config.reconnect_max_s)
+        return delay * random.uniform(0.8, 1.2)
+
+    def _discard_stale(self, now_s: float) -> None:
+        """While no session is open, drops events that can no longer be sent usefully."""
+        with self._queue_lock:
+            keep: collections.deque[Event] = collections.deque()
+            for event in self._queue:
+                if event.kind is not None and now_s - event.enqueued_s > self._config.stale_after_s:
+                    self._counters.stale += 1
+                    if event.done is not None:
+                        event.done.set()
+                else:
+                    keep.append(event)
+            self._queue = keep
+
+    def _warn_once(self, message: str) -> None:
+        if self._warned:
+            logger.debug("eerl: %s", message)
+            return
+        self._warned = True
+        logger.warning("eerl: %s; the job runs on without clock control and eerl keeps retrying", message)
+
+    # -- session life ----------------------------------------------------------------------------------
+
+    def _open(self) -> bool:
+        channel = make_channel(self._config)
+        stub = eerl_pb2_grpc.PhaseServiceStub(channel)
+        request = self._request
+        try:
+            reply = stub.OpenSession(
+                eerl_pb2.OpenSessionRequest(
+                    job_id=request.job_id,
+                    rank=request.rank,
+                    world_size=request.world_size,
+                    gpus=[_gpu_ref(gpu) for gpu in request.gpus],
+                    mode=request.mode,
+                    role=request.role,
+                    policy=eerl_pb2.Policy(throughput_threshold=request.throughput_threshold),
+                    lease_ttl_s=self._config.lease_ttl_s,
+                    client_name=request.client_name,
+                ),
+                timeout=self._config.rpc_timeout_s,
+            )
+        except grpc.RpcError as e:
+            channel.close()
+            self._counters.connect_failures += 1
+            self._warn_once(f"cannot open a session with eerld at {self._config.target} ({_describe(e)})")
+            return False
+        lease_ttl_s = reply.lease_ttl_s if reply.lease_ttl_s > 0 else 10.0
+        link = _Link(channel, stub, reply.session_id, lease_ttl_s, epoch=next(self._epochs))
+        self._link = link
+        self._counters.opens += 1
+        self._backoff_s = self._config.reconnect_initial_s
+        self._attach(link)
+        self._connected.set()
+        if self._counters.opens > 1 or self._warned:
+            logger.info(
+                "eerl: session %s open with eerld at %s", _short(link.session_id), self._config.target
+            )
+        return True
+
+    def _attach(self, link: _Link) -> None:
+        """Binds the session's life to a stream read by its own thread; heartbeats if there is none."""
+        if self._attach_unimplemented:
+            self._start_heartbeats(link)
+            return
+        try:
+            call = link.stub.Attach(eerl_pb2.AttachRequest(session_id=link.session_id))
+        except grpc.RpcError as e:  # pragma: no cover - a unary-stream call reports errors when read
+            logger.debug("eerl: Attach failed (%s); heartbeating instead", _describe(e))
+            self._start_heartbeats(link)
+            return
+        link.attach_call = call
+        reader = threading.Thread(
+            target=self._read_attach, args=(link, call), name="eerl-attach", daemon=True
+        )
+        reader.start()
+
+    def _read_attach(self, link: _Link, call: grpc.CallIterator[eerl_pb2.SessionEvent]) -> None:
+        """Runs in the attach thread: reads the stream until it ends, then tells the sender."""
+        try:
+            for event in call:
+                self._attached_epoch = link.epoch
+                logger.debug("eerl: %s", event.message)
+        except grpc.RpcError as e:
+            code = e.code()
+            if code == grpc.StatusCode.CANCELLED and self._link is not link:
+                return  # we cancelled it ourselves
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                self._attach_unimplemented = True
+                link.heartbeat_mode = True
+                link.next_heartbeat_s = time.monotonic()
+                logger.debug("eerl: the daemon offers no Attach stream; heartbeating instead")
+                self._wake.set()
+                return
+            logger.debug("eerl: the Attach stream ended (%s)", _describe(e))
+        except Exception:  # pragma: no cover - never let this thread die loudly
+            logger.debug("eerl: the Attach stream failed", exc_info=True)
+        if self._link is link:
+            self._broken_epoch = link.epoch
+            self._wake.set()
+
+    def _start_heartbeats(self, link: _Link) -> None:
+        link.heartbeat_mode = True
+        link.next_heartbeat_s = time.monotonic()
+
+    def _maybe_heartbeat(self, link: _Link) -> None:
+        if not link.heartbeat_mode or time.monotonic() < link.next_heartbeat_s:
+            return
+        link.next_heartbeat_s = time.monotonic() + link.lease_ttl_s / 3
+        try:
+            link.stub.Heartbeat(
+                eerl_pb2.HeartbeatRequest(session_id=link.session_id), timeout=self._config.rpc_timeout_s
+            )
+        except grpc.RpcError as e:
+            self._on_rpc_error(link, e, "Heartbeat")
+
+    def _lose(self, reason: str) -> None:
+        """Forgets the session: cancels its stream and closes its channel (the daemon then ends it)."""
+        link = self._link
+        if link is None:
+            return
+        self._link = None
+        self._connected.clear()
+        if link.attach_call is not None:
+            _cancel(link.attach_call)
+        link.channel.close()
+        self._warn_once(f"lost the session with eerld at {self._config.target} ({reason})")
+
+    def _shutdown(self) -> None:
+        """Flushes queued events within ``close_timeout_s``, then closes the session."""
+        link = self._link
+        deadline_s = time.monotonic() + self._config.close_timeout_s
+        while link is not None and self._link is link:
+            remaining_s = deadline_s - time.monotonic()
+            event = self._pop()
+            if event is None or remaining_s <= 0:
+                break
+            self._send(link, event, min(self._config.rpc_timeout_s, remaining_s))
+        with self._queue_lock:
+            for event in self._queue:
+                if event.done is not None:
+                    event.done.set()
+            self._queue.clear()
+        link = self._link
+        if link is None:
+            return
+        self._link = None
+        self._connected.clear()
+        try:
+            link.stub.CloseSession(
+                eerl_pb2.CloseSessionRequest(session_id=link.session_id),
+                timeout=max(0.05, min(self._config.rpc_timeout_s, deadline_s - time.monotonic())),
+            )
+        except grpc.RpcError as e:
+            logger.debug("eerl: CloseSession failed (%s)", _describe(e))
+        if link.attach_call is not None:
+            _cancel(link.attach_call)
+        link.channel.close()
+
+    # -- events ----------------------------------------------------------------------------------------
+
+    def _send(self, link: _Link, event: Event, timeout_s: float) -> None:
+        try:
+            if event.kind is None:
+                return
+            if event.begin:
+                if time.monotonic() - event.enqueued_s > self._config.stale_after_s:
+                    self._counters.stale += 1
+                    return
+                self._call(link, event, timeout_s)
+                link.open_phases.add(event.phase_id)
+            else:
+                if event.phase_id not in link.open_phases:
+                    self._counters.stale += 1
+                    return
+                link.open_phases.discard(event.phase_id)
+                self._call(link, event, timeout_s)
+            self._counters.sent += 1
+        except grpc.RpcError as e:
+            self._counters.failed += 1
+            if event.begin and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                link.open_phases.add(event.phase_id)  # the daemon most likely began it: let the end follow
+            self._on_rpc_error(link, e, "BeginPhase" if event.begin else "EndPhase")
+        finally:
+            if event.done is not None:
+                event.done.set()
+
+    def _call(self, link: _Link, event: Event, timeout_s: float) -> None:
+        assert event.kind is not None
+        kind = _KIND_TO_PB[event.kind]
+        workload = _workload_pb(event.workload)
+        if event.begin:
+            link.stub.BeginPhase(
+                eerl_pb2.BeginPhaseRequest(
+                    session_id=link.session_id, kind=kind, iteration=event.iteration, hints=workload
+                ),
+                timeout=timeout_s,
+            )
+        else:
+            link.stub.EndPhase(
+                eerl_pb2.EndPhaseRequest(
+                    session_id=link.session_id, kind=kind, iteration=event.iteration, workload=workload
+                ),
+                timeout=timeout_s,
+            )
+
+    def _on_rpc_error(self, link: _Link, error: grpc.RpcError, rpc: str) -> None:
+        code = error.code()
+        if code in _CONNECTION_LOST:
+            self._lose(f"{rpc}: {_describe(error)}")
+        elif code in _SESSION_LOST:
+            self._lose(f"{rpc}: the daemon no longer knows the session ({_describe(error)})")
+            self._backoff_s = self._config.reconnect_initial_s
+        else:
+            # The daemon rejected this one event (order, range, deadline): drop it, keep the session.
+            logger.debug("eerl: %s rejected (%s)", rpc, _describe(error))
+
+
+def _cancel(call: grpc.CallIterator[eerl_pb2.SessionEvent]) -> None:
+    call.cancel()  # type: ignore[no-untyped-call]  # grpc-stubs leaves RpcContext.cancel untyped
+
+
+def _gpu_ref(gpu: int | str) -> eerl_pb2.GpuRef:
+    return eerl_pb2.GpuRef(index=gpu) if isinstance(gpu, int) else eerl_pb2.GpuRef(uuid=gpu)
+
+
+def _workload_pb(workload: Workload | None) -> eerl_pb2.Workload | None:
+    if workload is None:
+        return None
+    return eerl_pb2.Workload(
+        tokens=workload.tokens,
+        valid_tokens=workload.valid_tokens,
+        sequences=workload.sequences,
+        max_response_tokens=workload.max_response_tokens,
+        prompt_tokens=workload.prompt_tokens,
+    )
+
+
+def _describe(error: grpc.RpcError) -> str:
+    code = error.code()
+    details = error.details() if hasattr(error, "details") else ""
+    name = code.name if code is not None else "UNKNOWN"
+    return f"{name}: {details}" if details else name
+
+
+def _short(session_id: str) -> str:
+    return session_id[:8]

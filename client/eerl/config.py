@@ -1,0 +1,170 @@
+"""Client configuration: where the daemon is, which GPUs and job, and how the sender behaves.
+
+A :class:`ClientConfig` is frozen; build it with :meth:`ClientConfig.uds`, :meth:`ClientConfig.tcp` or
+:meth:`ClientConfig.from_env`, and adjust tuning fields with :func:`dataclasses.replace`.
+
+Environment variables read by :meth:`ClientConfig.from_env`:
+
+``EERL_DISABLE``    ``1``/``true``/``yes``/``on``: no connection at all; phases cost next to nothing.
+``EERL_SOCKET``     path of the daemon's worker socket (default ``/run/eerld/eerld.sock``).
+``EERL_ADDRESS``    ``host:port`` of the daemon over TCP (mutual TLS); wins over ``EERL_SOCKET``.
+``EERL_TLS_CA``, ``EERL_TLS_CERT``, ``EERL_TLS_KEY``
+                    PEM files for TCP: the CA that signed the daemon's certificate, and this client's
+                    certificate and key. All three are required with ``EERL_ADDRESS``.
+``EERL_JOB_ID``     the job id (default: ``SLURM_JOB_ID``, else ``<host>-<pid>``).
+``EERL_GPUS``       comma-separated GPU indices or UUIDs (default: ``CUDA_VISIBLE_DEVICES``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from eerl.errors import ConfigError
+from eerl.gpus import GpuId, parse_gpu_list
+
+DEFAULT_SOCKET_PATH = "/run/eerld/eerld.sock"
+"""Where the daemon's worker socket lives unless configured otherwise."""
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"", "0", "false", "no", "off"})
+
+Transport = Literal["uds", "tcp", "disabled"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    """Everything the client needs to reach the daemon and to stay out of the job's way.
+
+    The tuning fields bound what the background sender may cost: ``queue_size`` events wait at most
+    (the oldest is dropped beyond that), one RPC waits at most ``rpc_timeout_s``, a phase begin that
+    waited longer than ``stale_after_s`` in the queue is dropped with its end (the daemon would meter a
+    phase it did not see start), and reconnects back off from ``reconnect_initial_s`` to
+    ``reconnect_max_s``. ``close_timeout_s`` bounds how long :meth:`Session.close` flushes.
+    """
+
+    transport: Transport
+    socket_path: str | None = None
+    address: str | None = None
+    root_cert_pem: bytes | None = None
+    cert_chain_pem: bytes | None = None
+    private_key_pem: bytes | None = None
+    job_id: str | None = None
+    gpus: tuple[GpuId, ...] | None = None
+    rpc_timeout_s: float = 2.0
+    queue_size: int = 1024
+    stale_after_s: float = 2.0
+    reconnect_initial_s: float = 0.2
+    reconnect_max_s: float = 5.0
+    close_timeout_s: float = 2.0
+    lease_ttl_s: float = 0.0
+    client_name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.transport == "uds" and not self.socket_path:
+            raise ConfigError("socket_path: required for a Unix-socket config")
+        if self.transport == "tcp":
+            if not self.address:
+                raise ConfigError("address: required for a TCP config")
+            if not (self.root_cert_pem and self.cert_chain_pem and self.private_key_pem):
+                raise ConfigError("tls: TCP needs a root certificate, a client certificate and its key")
+        for name in ("rpc_timeout_s", "stale_after_s", "reconnect_initial_s", "reconnect_max_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: must be positive")
+        if self.close_timeout_s < 0 or self.lease_ttl_s < 0:
+            raise ConfigError("close_timeout_s, lease_ttl_s: must not be negative")
+        if self.queue_size < 2:
+            raise ConfigError("queue_size: must be at least 2 (a begin and its end)")
+
+    @property
+    def disabled(self) -> bool:
+        """True when the client must not connect at all."""
+        return self.transport == "disabled"
+
+    @property
+    def target(self) -> str:
+        """The gRPC target string of the daemon."""
+        if self.transport == "uds":
+            assert self.socket_path is not None
+            return "unix://" + os.path.abspath(self.socket_path)
+        if self.transport == "tcp":
+            assert self.address is not None
+            return self.address
+        return ""
+
+    @classmethod
+    def uds(cls, path: str | os.PathLike[str] = DEFAULT_SOCKET_PATH) -> ClientConfig:
+        """The daemon on this node, over its Unix worker socket (the normal case)."""
+        return cls(transport="uds", socket_path=os.fspath(path))
+
+    @classmethod
+    def tcp(
+        cls,
+        address: str,
+        *,
+        root_cert: bytes | str | os.PathLike[str],
+        cert: bytes | str | os.PathLike[str],
+        key: bytes | str | os.PathLike[str],
+    ) -> ClientConfig:
+        """The daemon over TCP with mutual TLS; certificates are PEM bytes or paths to PEM files."""
+        return cls(
+            transport="tcp",
+            address=address,
+            root_cert_pem=_pem(root_cert, "root_cert"),
+            cert_chain_pem=_pem(cert, "cert"),
+            private_key_pem=_pem(key, "key"),
+        )
+
+    @classmethod
+    def disabled_config(cls) -> ClientConfig:
+        """A config that never connects (what ``EERL_DISABLE=1`` gives)."""
+        return cls(transport="disabled")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ClientConfig:
+        """Reads the ``EERL_*`` variables (see the module docstring); raises :class:`ConfigError`."""
+        env = os.environ if environ is None else environ
+        disable = env.get("EERL_DISABLE", "").strip().lower()
+        if disable not in _TRUE | _FALSE:
+            raise ConfigError(f"EERL_DISABLE: {disable!r} is not a boolean")
+        job_id = env.get("EERL_JOB_ID") or None
+        gpus_text = env.get("EERL_GPUS")
+        gpus = parse_gpu_list(gpus_text, source="EERL_GPUS") if gpus_text is not None else None
+        base: ClientConfig
+        if disable in _TRUE:
+            base = cls.disabled_config()
+        elif env.get("EERL_ADDRESS"):
+            missing = [name for name in ("EERL_TLS_CA", "EERL_TLS_CERT", "EERL_TLS_KEY") if not env.get(name)]
+            if missing:
+                raise ConfigError(f"{', '.join(missing)}: required with EERL_ADDRESS (TCP needs mutual TLS)")
+            base = cls.tcp(
+                env["EERL_ADDRESS"],
+                root_cert=Path(env["EERL_TLS_CA"]),
+                cert=Path(env["EERL_TLS_CERT"]),
+                key=Path(env["EERL_TLS_KEY"]),
+            )
+        else:
+            base = cls.uds(env.get("EERL_SOCKET") or DEFAULT_SOCKET_PATH)
+        return cls(
+            transport=base.transport,
+            socket_path=base.socket_path,
+            address=base.address,
+            root_cert_pem=base.root_cert_pem,
+            cert_chain_pem=base.cert_chain_pem,
+            private_key_pem=base.private_key_pem,
+            job_id=job_id,
+            gpus=gpus,
+        )
+
+
+def _pem(value: bytes | str | os.PathLike[str], name: str) -> bytes:
+    """PEM bytes as given, or read from the file a path names."""
+    if isinstance(value, bytes):
+        return value
+    try:
+        return Path(value).read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{name}: cannot read {os.fspath(value)!r}: {e.strerror}") from e

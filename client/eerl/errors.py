@@ -1,0 +1,19 @@
+"""The client's errors.
+
+The client raises only for mistakes in the caller's own code or configuration — never because the
+daemon is absent, slow or broken (that is the fail-open promise; see :mod:`eerl.session`). The daemon
+has its own tree in ``eerld.errors``; the client cannot import it (eerld depends on this package).
+
+    ClientError                   root of every error the client raises on purpose
+    └── ConfigError               an invalid configuration value (also a ValueError); names the value
+"""
+
+from __future__ import annotations
+
+
+class ClientError(Exception):
+    """Root of every error the eerl client raises on purpose."""
+
+
+class ConfigError(ClientError, ValueError):
+    """A configuration value (argument or environment variable) is invalid; the message names it."""

@@ -1,0 +1,389 @@
+"""Sessions and phases: what an RL job calls.
+
+Fail-open is the first promise. :func:`connect` never raises because of the daemon, and a phase never
+waits for it: entering and leaving a phase only queue an event for the background sender
+(:mod:`eerl._sender`), which talks to the daemon on its own thread. If the daemon is absent, slow or
+dies, the job runs on at the default clocks; one warning says so, and the sender reconnects when it can.
+
+The trade-off: the daemon applies a phase's clock when it receives ``BeginPhase``, so the phase body may
+start a few milliseconds before the clock lands. A caller who prefers to wait can pass
+``wait_for_clock_s`` (a bound, never an unbounded wait).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import ParamSpec, TypeVar
+
+from eerl._sender import ClientStats, Event, OpenRequest, Sender
+from eerl._version import __version__
+from eerl.config import ClientConfig
+from eerl.errors import ConfigError
+from eerl.gpus import GpuId, parse_gpus, visible_gpus
+from eerl.phases import ExecutionMode, GpuRole, PhaseKind, Workload, parse_enum
+from eerl.v1 import eerl_pb2
+
+logger = logging.getLogger("eerl")
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+IterationSpec = int | Callable[..., int] | None
+"""An explicit iteration, a callable that returns one, or None for the session's own counter."""
+
+_MODE_TO_PB = {
+    ExecutionMode.SYNC: eerl_pb2.EXECUTION_MODE_SYNC,
+    ExecutionMode.ASYNC: eerl_pb2.EXECUTION_MODE_ASYNC,
+}
+_ROLE_TO_PB = {
+    GpuRole.BOTH: eerl_pb2.GPU_ROLE_BOTH,
+    GpuRole.GENERATION: eerl_pb2.GPU_ROLE_GENERATION,
+    GpuRole.TRAINING: eerl_pb2.GPU_ROLE_TRAINING,
+}
+
+_DISABLED_STATS = ClientStats(
+    connected=False,
+    session_id=None,
+    attached=False,
+    queued_events=0,
+    sent_events=0,
+    dropped_events=0,
+    stale_events=0,
+    failed_events=0,
+    opens=0,
+    connect_failures=0,
+)
+
+
+class Phase:
+    """One phase of one iteration: a context manager, or a decorator when applied to a function.
+
+    ``with session.phase("generation", iteration=i) as p: ... p.report(tokens=n)``. Reports add up, so a
+    loop over micro-batches may report each one. The end of the phase is sent even if its body raises
+    (the exception propagates unchanged).
+    """
+
+    __slots__ = (
+        "_iteration",
+        "_iteration_spec",
+        "_kind",
+        "_max_response_tokens",
+        "_phase_id",
+        "_prompt_tokens",
+        "_sequences",
+        "_session",
+        "_tokens",
+        "_valid_tokens",
+        "_wait_for_clock_s",
+        "hints",
+    )
+
+    def __init__(
+        self,
+        session: Session,
+        kind: PhaseKind,
+        iteration: IterationSpec,
+        hints: Workload | None,
+        wait_for_clock_s: float,
+    ) -> None:
+        self._session = session
+        self._kind = kind
+        self._iteration_spec = iteration
+        self._iteration = -1
+        self._phase_id = 0
+        self.hints = hints
+        self._wait_for_clock_s = wait_for_clock_s
+        self._tokens = 0
+        self._valid_tokens = 0
+        self._sequences = 0
+        self._max_response_tokens = 0
+        self._prompt_tokens = 0
+
+    @property
+    def kind(self) -> PhaseKind:
+        """Generation or training."""
+        return self._kind
+
+    @property
+    def iteration(self) -> int:
+        """The iteration of this phase (-1 before it began)."""
+        return self._iteration
+
+    def report(
+        self,
+        tokens: int = 0,
+        valid_tokens: int = 0,
+        sequences: int = 0,
+        max_response_tokens: int = 0,
+        prompt_tokens: int = 0,
+    ) -> None:
+        """Adds to the phase's workload (``max_response_tokens`` keeps the largest value reported)."""
+        self._tokens += int(tokens)
+        self._valid_tokens += int(valid_tokens)
+        self._sequences += int(sequences)
+        self._max_response_tokens = max(self._max_response_tokens, int(max_response_tokens))
+        self._prompt_tokens += int(prompt_tokens)
+
+    @property
+    def workload(self) -> Workload:
+        """The workload reported so far."""
+        return Workload(
+            tokens=self._tokens,
+            valid_tokens=self._valid_tokens,
+            sequences=self._sequences,
+            max_response_tokens=self._max_response_tokens,
+            prompt_tokens=self._prompt_tokens,
+        )
+
+    def __enter__(self) -> Phase:
+        spec = self._iteration_spec
+        self._session._begin(self, spec() if callable(spec) else spec)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._session._end(self)
+
+    def __call__(self, function: Callable[_P, _R]) -> Callable[_P, _R]:
+        """Decorates ``function`` so that every call runs as one phase of this kind.
+
+        The iteration comes from the session's counter, or from the callable given as ``iteration``,
+        which receives the decorated function's arguments.
+        """
+        session, kind, spec = self._session, self._kind, self._iteration_spec
+        hints, wait_s = self.hints, self._wait_for_clock_s
+
+        @functools.wraps(function)
+        def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            iteration = spec(*args, **kwargs) if callable(spec) else spec
+            with Phase(session, kind, iteration, hints, wait_s):
+                return function(*args, **kwargs)
+
+        return wrapper
+
+
+class Session:
+    """A job's claim on its GPUs at the daemon, kept alive by the background sender.
+
+    Use it as a context manager, or call :meth:`close`. A disabled session (``EERL_DISABLE=1``, no GPUs
+    named, or a configuration it could not read) accepts the same calls and does nothing.
+    """
+
+    def __init__(self, sender: Sender | None, *, gpus: tuple[GpuId, ...] = (), job_id: str = "") -> None:
+        self._sender = sender
+        self._gpus = gpus
+        self._job_id = job_id
+        self._next_iteration: dict[PhaseKind, int] = {}
+        self._phase_ids = itertools.count(1)
+        self._local = threading.local()
+        self._closed = False
+
+    @property
+    def enabled(self) -> bool:
+        """False when this session never talks to a daemon."""
+        return self._sender is not None
+
+    @property
+    def gpus(self) -> tuple[GpuId, ...]:
+        """The GPUs this session claims, as they were named."""
+        return self._gpus
+
+    @property
+    def job_id(self) -> str:
+        """The job id sent to the daemon."""
+        return self._job_id
+
+    @property
+    def session_id(self) -> str | None:
+        """The daemon's id for the session now open, or None."""
+        return self.stats().session_id
+
+    def phase(
+        self,
+        kind: str | PhaseKind,
+        iteration: IterationSpec = None,
+        *,
+        hints: Workload | None = None,
+        wait_for_clock_s: float = 0.0,
+    ) -> Phase:
+        """A phase of ``kind`` ("generation" or "training"); see :class:`Phase`.
+
+        ``iteration`` None counts up per kind (0, 1, 2, … after the last explicit one). ``hints`` is what
+        is known before the phase starts (it helps the controller choose). ``wait_for_clock_s`` > 0
+        waits, at most that long, until the daemon has applied the phase's clock.
+        """
+        return Phase(self, PhaseKind.parse(kind), iteration, hints, max(0.0, wait_for_clock_s))
+
+    def report(
+        self,
+        tokens: int = 0,
+        valid_tokens: int = 0,
+        sequences: int = 0,
+        max_response_tokens: int = 0,
+        prompt_tokens: int = 0,
+    ) -> None:
+        """Reports to the innermost phase open on this thread (for decorated functions); else ignored."""
+        stack: list[Phase] | None = getattr(self._local, "stack", None)
+        if stack:
+            stack[-1].report(tokens, valid_tokens, sequences, max_response_tokens, prompt_tokens)
+
+    def current_phase(self) -> Phase | None:
+        """The innermost phase open on this thread, if any."""
+        stack: list[Phase] | None = getattr(self._local, "stack", None)
+        return stack[-1] if stack else None
+
+    def stats(self) -> ClientStats:
+        """What the sender has done so far (all zero for a disabled session)."""
+        return self._sender.stats() if self._sender is not None else _DISABLED_STATS
+
+    def wait_until_connected(self, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` for the daemon session to be open; True if it is."""
+        return self._sender.wait_until_connected(timeout_s) if self._sender is not None else False
+
+    def flush(self, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` until the events queued so far were handled; True if they were."""
+        if self._sender is None or self._closed:
+            return True
+        done = threading.Event()
+        self._sender.submit(Event(False, None, 0, 0, None, time.monotonic(), done))
+        return done.wait(timeout_s)
+
+    def close(self) -> None:
+        """Flushes queued events (bounded by ``close_timeout_s``) and ends the daemon session. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._sender is not None:
+            self._sender.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- called by Phase -----------------------------------------------------------------------------
+
+    def _begin(self, phase: Phase, iteration: int | None) -> None:
+        kind = phase._kind
+        if iteration is None:
+            iteration = self._next_iteration.get(kind, 0)
+        self._next_iteration[kind] = iteration + 1
+        phase._iteration = iteration
+        phase._phase_id = next(self._phase_ids)
+        stack: list[Phase] | None = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        stack.append(phase)
+        sender = self._sender
+        if sender is None or self._closed:
+            return
+        wait_s = phase._wait_for_clock_s
+        done = threading.Event() if wait_s > 0 and sender.connected else None
+        sender.submit(Event(True, kind, iteration, phase._phase_id, phase.hints, time.monotonic(), done))
+        if done is not None:
+            done.wait(wait_s)
+
+    def _end(self, phase: Phase) -> None:
+        stack: list[Phase] | None = getattr(self._local, "stack", None)
+        if stack and stack[-1] is phase:
+            stack.pop()
+        elif stack and phase in stack:
+            stack.remove(phase)
+        sender = self._sender
+        if sender is None or self._closed:
+            return
+        sender.submit(
+            Event(False, phase._kind, phase._iteration, phase._phase_id, phase.workload, time.monotonic())
+        )
+
+
+def connect(
+    gpus: list[int | str] | tuple[int | str, ...] | None = None,
+    job_id: str | None = None,
+    *,
+    config: ClientConfig | None = None,
+    mode: str | ExecutionMode = "sync",
+    role: str | GpuRole = "both",
+    rank: int = 0,
+    world_size: int = 0,
+    threshold: float | None = None,
+) -> Session:
+    """Opens a session with the node's daemon in the background and returns at once.
+
+    ``gpus``: indices or UUIDs; default ``config.gpus`` (``EERL_GPUS``), else ``CUDA_VISIBLE_DEVICES``.
+    ``job_id``: default ``config.job_id`` (``EERL_JOB_ID``), else ``SLURM_JOB_ID``, else host and pid.
+    ``config``: default :meth:`ClientConfig.from_env`. ``threshold``: the minimum throughput, as a
+    fraction of the default clocks' (daemon default when None).
+
+    Raises :class:`ConfigError` only for invalid arguments; a daemon that is absent or an environment it
+    cannot read gives a disabled or retrying session and one warning, never an exception.
+    """
+    execution_mode = parse_enum(ExecutionMode, mode, "mode")
+    gpu_role = parse_enum(GpuRole, role, "role")
+    if threshold is not None and not 0 < threshold <= 1:
+        raise ConfigError(f"threshold: {threshold} is not in (0, 1]")
+    if rank < 0 or world_size < 0:
+        raise ConfigError("rank, world_size: must not be negative")
+    explicit_gpus = parse_gpus(gpus) if gpus is not None else None
+    if config is None:
+        try:
+            config = ClientConfig.from_env()
+        except ConfigError as e:
+            logger.warning("eerl: %s; eerl is off for this job", e)
+            return Session(None)
+    if config.disabled:
+        logger.debug("eerl: disabled by configuration")
+        return Session(None)
+    try:
+        chosen_gpus = explicit_gpus if explicit_gpus is not None else _default_gpus(config)
+    except ConfigError as e:
+        logger.warning("eerl: %s; eerl is off for this job", e)
+        return Session(None)
+    if not chosen_gpus:
+        logger.warning(
+            "eerl: no GPUs named (gpus=, EERL_GPUS or CUDA_VISIBLE_DEVICES); eerl is off for this job"
+        )
+        return Session(None)
+    chosen_job_id = job_id or config.job_id or _default_job_id()
+    client_name = f"eerl-client {__version__}" + (f" / {config.client_name}" if config.client_name else "")
+    sender = Sender(
+        config,
+        OpenRequest(
+            job_id=chosen_job_id,
+            rank=rank,
+            world_size=world_size,
+            gpus=chosen_gpus,
+            mode=_MODE_TO_PB[execution_mode],
+            role=_ROLE_TO_PB[gpu_role],
+            throughput_threshold=threshold or 0.0,
+            client_name=client_name,
+        ),
+    )
+    sender.start()
+    return Session(sender, gpus=chosen_gpus, job_id=chosen_job_id)
+
+
+def _default_gpus(config: ClientConfig) -> tuple[GpuId, ...]:
+    return config.gpus if config.gpus is not None else visible_gpus()
+
+
+def _default_job_id() -> str:
+    return os.environ.get("SLURM_JOB_ID") or f"{socket.gethostname()}-{os.getpid()}"
