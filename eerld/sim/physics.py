@@ -31,7 +31,7 @@ def segment_duration_s(
 ) -> ArrayOrFloat:
     """d(f) = ((C/f)^3 + M^3)^(1/3): a smooth roofline where the larger term dominates."""
     compute_s = compute_mhz_s / sm_clock_mhz
-    return (compute_s**3 + memory_s**3) ** (1.0 / 3.0)  # type: ignore[no-any-return]
+    return np.cbrt(compute_s**3 + memory_s**3)  # type: ignore[no-any-return]
 
 
 def segment_power_w(
@@ -46,13 +46,30 @@ def segment_power_w(
     ``mem_activity_scale`` scales the memory activity ``m`` (communication segments run at m = 0.3).
     """
     duration = segment_duration_s(compute_mhz_s, memory_s, sm_clock_mhz)
-    safe = np.maximum(duration, 1e-30)
-    compute_activity = (compute_mhz_s / sm_clock_mhz) / safe
-    memory_activity = (memory_s / safe) * mem_activity_scale
     v = voltage_ratio(profile, sm_clock_mhz)
+    return segment_power_given_w(
+        profile, compute_mhz_s, memory_s, duration, v, mem_activity_scale=mem_activity_scale
+    )
+
+
+def segment_power_given_w(
+    profile: GpuProfile,
+    compute_mhz_s: ArrayOrFloat,
+    memory_s: ArrayOrFloat,
+    duration_s: ArrayOrFloat,
+    voltage: ArrayOrFloat,
+    *,
+    mem_activity_scale: ArrayOrFloat | float = 1.0,
+) -> ArrayOrFloat:
+    """P(f) from an already computed duration ``d(f)`` and voltage ratio ``v(f)`` (noise-free).
+
+    Uses ``a · f = C / d``, so that the whole-grid evaluation in the simulator needs no second pass:
+    ``P = idle + leak·v + sm·v²·C/(d·f_max) + mem·scale·M/d``.
+    """
+    safe = np.maximum(duration_s, 1e-30)
     return (  # type: ignore[no-any-return]
         profile.idle_power_w
-        + profile.leak_power_w * v
-        + compute_activity * profile.sm_power_w * (sm_clock_mhz / profile.sm_clock_max_mhz) * v * v
-        + memory_activity * profile.mem_power_w
+        + profile.leak_power_w * voltage
+        + profile.sm_power_w * voltage * voltage * compute_mhz_s / (safe * profile.sm_clock_max_mhz)
+        + profile.mem_power_w * mem_activity_scale * memory_s / safe
     )

@@ -1,0 +1,497 @@
+"""Virtual-time evaluation: the duration and energy of a phase at any set of SM clocks at once.
+
+This is the API the controller benchmark drives. An iteration is sampled once (all its randomness and
+all its segments, independent of clocks) and then priced at as many clocks as wanted: every segment at
+every requested clock in one NumPy expression, the same noise draw for every clock.
+
+Clock rules (sim-model spec): the default governor (``None``) runs each segment at the highest grid clock
+whose power stays within ``power_limit_w``; a lock ``f`` runs it at ``min(f, that clock)``. The power
+limiter sees the actual (noisy) power. So the default governor is exactly a lock at the top grid clock,
+which is how it is evaluated.
+
+Clock switch (approximation): when ``previous_sm_clock_mhz`` differs from the requested clock, each GPU
+runs the first ``clock_switch_ms`` of its first segment at the previous clock (both capped by power): a
+fraction ``φ = min(1, window / d_old)`` of that segment's work is priced at the old clock and the rest at
+the new one. ``previous_sm_clock_mhz=None`` means no switch; to model a switch away from the default
+governor pass the profile's top clock, which is what the default governor runs at.
+
+Energy of a phase covers every GPU of its pool for the whole phase: a GPU that finishes before the
+slowest one waits at ``idle_power_w``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from eerld.control.base import ExecutionMode, PhaseKind, Workload
+from eerld.errors import InvalidArgument
+from eerld.sim import physics
+from eerld.sim.profiles import GpuProfile
+from eerld.sim.scenario import Scenario, WorkloadSpec
+from eerld.sim.workload import (
+    DECODE_BUCKET_TOKENS,
+    GENERATION_NOISE_STREAM,
+    TRAINING_NOISE_STREAM,
+    FloatArray,
+    IntArray,
+    Rollout,
+    Segments,
+    draw_rollout,
+    generation_segments,
+    generation_workload,
+    iteration_rng,
+    training_segments,
+    training_workload,
+)
+
+ProgressCallback = Callable[[int, int], None]
+"""Called as ``progress(done, total)`` after each iteration of a long evaluation."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ClockGrid:
+    """A profile's supported SM clocks and the voltage ratio at each."""
+
+    sm_clocks_mhz: IntArray
+    voltage: FloatArray
+
+    @property
+    def top(self) -> int:
+        """Index of the highest clock (what the default governor asks for)."""
+        return len(self.sm_clocks_mhz) - 1
+
+
+@lru_cache(maxsize=16)
+def clock_grid(profile: GpuProfile) -> ClockGrid:
+    """The grid of ``profile`` (memoised: profiles are immutable)."""
+    clocks = np.array(profile.sm_clock_grid_mhz(), dtype=np.int64)
+    volts = physics.voltage_ratio(profile, clocks.astype(np.float64))
+    clocks.setflags(write=False)
+    volts.setflags(write=False)
+    return ClockGrid(clocks, volts)
+
+
+def clock_index(profile: GpuProfile, sm_clock_mhz: int | None) -> int:
+    """Grid index of a lock; ``None`` (default governor) is the top clock. InvalidArgument off the grid."""
+    grid = clock_grid(profile)
+    if sm_clock_mhz is None:
+        return grid.top
+    index = int(np.searchsorted(grid.sm_clocks_mhz, sm_clock_mhz))
+    if index > grid.top or int(grid.sm_clocks_mhz[index]) != sm_clock_mhz:
+        raise InvalidArgument(f"{sm_clock_mhz} MHz is not a supported SM clock of {profile.name}")
+    return index
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PhaseSample:
+    """One phase of a sampled iteration: its segments, its workload and, per segment, the grid index of
+    the clock the default governor would hold (the power-limited clock)."""
+
+    kind: PhaseKind
+    segments: Segments
+    workload: Workload
+    capped_index: IntArray
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class IterationSample:
+    """Everything random about one iteration, fixed before any clock is chosen.
+
+    ``rollout`` is generated in this iteration; ``trained_rollout`` is what this iteration's training
+    step trains on (the same rollout in sync mode; the one ``staleness`` iterations back in async mode,
+    ``None`` during the first ``staleness`` iterations, whose training pool has nothing to do).
+    """
+
+    iteration: int
+    generation: PhaseSample
+    training: PhaseSample
+    rollout: Rollout
+    trained_rollout: Rollout | None
+
+    @property
+    def valid_tokens(self) -> int:
+        """Valid training tokens credited to this iteration (those its training step trains on)."""
+        return self.training.workload.valid_tokens
+
+    def phase(self, kind: PhaseKind) -> PhaseSample:
+        """The sample of one phase kind."""
+        return self.generation if kind is PhaseKind.GENERATION else self.training
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PhaseOutcome:
+    """A phase priced at K clocks: arrays indexed like ``sm_clocks_mhz``.
+
+    ``energy_j`` covers all GPUs of the pool, idle waits for the slowest GPU included; ``mean_clock_mhz``
+    is the time-weighted clock over the segments that ran (0 when none did).
+    """
+
+    kind: PhaseKind
+    sm_clocks_mhz: tuple[int | None, ...]
+    duration_s: FloatArray
+    energy_j: FloatArray
+    mean_clock_mhz: FloatArray
+    gpus: int
+    workload: Workload
+
+
+def sample_iteration(
+    scenario: Scenario, iteration: int, *, decode_bucket_tokens: int = DECODE_BUCKET_TOKENS
+) -> IterationSample:
+    """All draws and segments of ``iteration``; depends on (scenario, iteration) only, so callers may cache
+    it (it is immutable and its arrays are read-only)."""
+    spec = scenario.workload
+    profile = scenario.gpu
+    current = spec.at_iteration(iteration)
+    rollout = draw_rollout(current.generation, current.training, spec.seed, iteration)
+    trained: Rollout | None = rollout
+    if spec.staleness:
+        source = iteration - spec.staleness
+        if source < 0:
+            trained = None
+        else:
+            past = spec.at_iteration(source)
+            trained = draw_rollout(past.generation, past.training, spec.seed, source)
+    noise = {"noise_duration": profile.noise_duration, "noise_power": profile.noise_power}
+    gen_segments = generation_segments(
+        current.generation,
+        rollout,
+        spec.pool_gpus(PhaseKind.GENERATION),
+        iteration_rng(spec.seed, iteration, GENERATION_NOISE_STREAM),
+        bucket_tokens=decode_bucket_tokens,
+        **noise,
+    )
+    train_segments = training_segments(
+        current.training,
+        trained,
+        spec.pool_gpus(PhaseKind.TRAINING),
+        iteration_rng(spec.seed, iteration, TRAINING_NOISE_STREAM),
+        **noise,
+    )
+    return IterationSample(
+        iteration=iteration,
+        generation=_phase_sample(profile, PhaseKind.GENERATION, gen_segments, generation_workload(rollout)),
+        training=_phase_sample(profile, PhaseKind.TRAINING, train_segments, training_workload(trained)),
+        rollout=rollout,
+        trained_rollout=trained,
+    )
+
+
+def _phase_sample(
+    profile: GpuProfile, kind: PhaseKind, segments: Segments, workload: Workload
+) -> PhaseSample:
+    for array in (
+        segments.compute_mhz_s,
+        segments.memory_s,
+        segments.mem_activity_scale,
+        segments.duration_noise,
+        segments.power_noise,
+        segments.gpu_bounds,
+    ):
+        array.setflags(write=False)
+    capped = power_capped_index(profile, segments)
+    capped.setflags(write=False)
+    return PhaseSample(kind, segments, workload, capped)
+
+
+def power_capped_index(profile: GpuProfile, segments: Segments) -> IntArray:
+    """Per segment, the grid index of the highest clock whose (noisy) power is within the limit.
+
+    Power rises monotonically with the clock (``a·f = C/d`` and ``m = M/d`` both grow as d shrinks), so
+    a bisection over the grid finds it; segments within the limit at the top clock skip the search.
+    If even the lowest clock exceeds the limit the segment runs at the lowest clock.
+    """
+    grid = clock_grid(profile)
+    capped = np.full(segments.count, grid.top, dtype=np.int64)
+    if segments.count == 0:
+        return capped
+
+    def power_w(rows: IntArray, index: IntArray) -> FloatArray:
+        clocks = grid.sm_clocks_mhz[index].astype(np.float64)
+        compute = segments.compute_mhz_s[rows]
+        memory = segments.memory_s[rows]
+        duration = physics.segment_duration_s(compute, memory, clocks)
+        power = physics.segment_power_given_w(
+            profile,
+            compute,
+            memory,
+            duration,
+            grid.voltage[index],
+            mem_activity_scale=segments.mem_activity_scale[rows],
+        )
+        return power * segments.power_noise[rows]
+
+    all_rows = np.arange(segments.count)
+    over = np.nonzero(power_w(all_rows, capped) > profile.power_limit_w)[0]
+    if len(over) == 0:
+        return capped
+    low = np.full(len(over), -1, dtype=np.int64)  # highest index known within the limit (-1: none)
+    high = np.full(len(over), grid.top, dtype=np.int64)  # lowest index known over the limit
+    while True:
+        open_ = high - low > 1
+        if not open_.any():
+            break
+        middle = (low + high) // 2
+        within = power_w(over, np.maximum(middle, 0)) <= profile.power_limit_w
+        low = np.where(open_ & within, middle, low)
+        high = np.where(open_ & ~within, middle, high)
+    capped[over] = np.maximum(low, 0)
+    return capped
+
+
+def evaluate_phase(
+    scenario: Scenario,
+    sample: IterationSample,
+    kind: PhaseKind,
+    sm_clocks_mhz: Sequence[int | None],
+    previous_sm_clock_mhz: int | None = None,
+) -> PhaseOutcome:
+    """Duration, energy and mean clock of one phase at each requested clock (None: default governor)."""
+    profile = scenario.gpu
+    grid = clock_grid(profile)
+    phase = sample.phase(kind)
+    segments = phase.segments
+    requested = np.array([clock_index(profile, c) for c in sm_clocks_mhz], dtype=np.int64)
+    clocks = tuple(sm_clocks_mhz)
+    gpus = segments.gpus
+    if segments.count == 0 or len(requested) == 0:
+        zeros = np.zeros(len(requested))
+        return PhaseOutcome(kind, clocks, zeros, zeros.copy(), zeros.copy(), gpus, phase.workload)
+
+    effective = np.minimum(requested[None, :], phase.capped_index[:, None])
+    duration, energy, clock_time = _price(profile, grid, segments, effective)
+    if previous_sm_clock_mhz is not None:
+        previous_index = clock_index(profile, previous_sm_clock_mhz)
+        _apply_clock_switch(
+            profile, phase, previous_index, requested, duration=duration, energy=energy, clock_time=clock_time
+        )
+    busy = _per_gpu_sum(duration, segments.gpu_bounds)
+    gpu_energy = _per_gpu_sum(energy, segments.gpu_bounds)
+    phase_duration = busy.max(axis=0)
+    idle_energy = profile.idle_power_w * (phase_duration[None, :] - busy).sum(axis=0)
+    total_busy = busy.sum(axis=0)
+    mean_clock = np.divide(
+        clock_time.sum(axis=0), total_busy, out=np.zeros_like(total_busy), where=total_busy > 0
+    )
+    return PhaseOutcome(
+        kind=kind,
+        sm_clocks_mhz=clocks,
+        duration_s=phase_duration,
+        energy_j=gpu_energy.sum(axis=0) + idle_energy,
+        mean_clock_mhz=mean_clock,
+        gpus=gpus,
+        workload=phase.workload,
+    )
+
+
+def _price(
+    profile: GpuProfile, grid: ClockGrid, segments: Segments, effective: IntArray
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Per (segment, column): noisy duration, noisy energy and clock × duration, for grid indices."""
+    compute = segments.compute_mhz_s[:, None]
+    memory = segments.memory_s[:, None]
+    clocks = grid.sm_clocks_mhz[effective].astype(np.float64)
+    clean = physics.segment_duration_s(compute, memory, clocks)
+    power = physics.segment_power_given_w(
+        profile,
+        compute,
+        memory,
+        clean,
+        grid.voltage[effective],
+        mem_activity_scale=segments.mem_activity_scale[:, None],
+    )
+    duration = clean * segments.duration_noise[:, None]
+    energy = power * segments.power_noise[:, None] * duration
+    return duration, energy, clocks * duration
+
+
+def _apply_clock_switch(
+    profile: GpuProfile,
+    phase: PhaseSample,
+    previous_index: int,
+    requested: IntArray,
+    *,
+    duration: FloatArray,
+    energy: FloatArray,
+    clock_time: FloatArray,
+) -> None:
+    """Blend each GPU's first segment with its price at the previous clock (in place; see module doc)."""
+    switching = requested != previous_index
+    bounds = phase.segments.gpu_bounds
+    firsts = bounds[:-1][np.diff(bounds) > 0]
+    if not switching.any() or len(firsts) == 0:
+        return
+    old_index = np.minimum(previous_index, phase.capped_index[firsts])
+    sub = Segments(
+        phase.segments.compute_mhz_s[firsts],
+        phase.segments.memory_s[firsts],
+        phase.segments.mem_activity_scale[firsts],
+        phase.segments.duration_noise[firsts],
+        phase.segments.power_noise[firsts],
+        np.arange(len(firsts) + 1),
+    )
+    priced = _price(profile, clock_grid(profile), sub, old_index[:, None])
+    old_duration, old_energy, old_clock_time = (a[:, 0] for a in priced)
+    window_s = profile.clock_switch_ms / 1000.0
+    share = np.minimum(1.0, window_s / np.maximum(old_duration, 1e-30))[:, None]
+    columns = np.nonzero(switching)[0]
+    rows = np.ix_(firsts, columns)
+    duration[rows] = share * old_duration[:, None] + (1 - share) * duration[rows]
+    energy[rows] = share * old_energy[:, None] + (1 - share) * energy[rows]
+    clock_time[rows] = share * old_clock_time[:, None] + (1 - share) * clock_time[rows]
+
+
+def _per_gpu_sum(values: FloatArray, bounds: IntArray) -> FloatArray:
+    """Sum rows per GPU block (empty blocks give 0): shape [gpus, columns]."""
+    padded = np.zeros((values.shape[0] + 1, values.shape[1]))
+    np.cumsum(values, axis=0, out=padded[1:])
+    return padded[bounds[1:]] - padded[bounds[:-1]]
+
+
+def combine_phases(
+    workload: WorkloadSpec,
+    idle_power_w: float,
+    *,
+    generation_duration_s: FloatArray,
+    generation_energy_j: FloatArray,
+    training_duration_s: FloatArray,
+    training_energy_j: FloatArray,
+) -> tuple[FloatArray, FloatArray]:
+    """Wall time and energy of an iteration from its two phases (NumPy broadcasting applies).
+
+    Sync: the phases follow each other on the same GPUs, so both add. Async: they run at once on their
+    pools; the iteration lasts as long as the slower pool, and the faster pool's GPUs wait at idle power
+    for the rest (that idle energy is included). GPUs in neither pool are not part of the job.
+    """
+    if workload.mode is ExecutionMode.SYNC:
+        return generation_duration_s + training_duration_s, generation_energy_j + training_energy_j
+    wall = np.maximum(generation_duration_s, training_duration_s)
+    idle = idle_power_w * (
+        workload.pool_gpus(PhaseKind.GENERATION) * (wall - generation_duration_s)
+        + workload.pool_gpus(PhaseKind.TRAINING) * (wall - training_duration_s)
+    )
+    return wall, generation_energy_j + training_energy_j + idle
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class IterationTotals:
+    """One iteration at K clock pairs: wall time, energy (idle waits included) and valid tokens."""
+
+    wall_s: FloatArray
+    energy_j: FloatArray
+    valid_tokens: int
+
+
+def iteration_totals(scenario: Scenario, generation: PhaseOutcome, training: PhaseOutcome) -> IterationTotals:
+    """Combine two outcomes of the same iteration, pairing their clock columns element-wise."""
+    wall, energy = combine_phases(
+        scenario.workload,
+        scenario.gpu.idle_power_w,
+        generation_duration_s=generation.duration_s,
+        generation_energy_j=generation.energy_j,
+        training_duration_s=training.duration_s,
+        training_energy_j=training.energy_j,
+    )
+    return IterationTotals(wall, energy, training.workload.valid_tokens)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RunResult:
+    """A whole run at fixed clocks: totals and per-iteration arrays."""
+
+    scenario: str
+    generation_sm_clock_mhz: int | None
+    training_sm_clock_mhz: int | None
+    iterations: int
+    energy_j: float
+    wall_s: float
+    valid_tokens: int
+    iteration_wall_s: FloatArray
+    iteration_energy_j: FloatArray
+    iteration_valid_tokens: IntArray
+    generation_duration_s: FloatArray
+    generation_energy_j: FloatArray
+    generation_mean_clock_mhz: FloatArray
+    training_duration_s: FloatArray
+    training_energy_j: FloatArray
+    training_mean_clock_mhz: FloatArray
+
+    @property
+    def energy_per_valid_token_j(self) -> float:
+        """The figure of merit: GPU energy (all GPUs, all phases, idle included) per valid token."""
+        return self.energy_j / self.valid_tokens if self.valid_tokens else float("inf")
+
+    @property
+    def throughput_tokens_per_s(self) -> float:
+        """Valid training tokens per second of wall time."""
+        return self.valid_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def run_fixed(
+    scenario: Scenario,
+    clocks: Mapping[PhaseKind, int | None],
+    iterations: int | None = None,
+    progress: ProgressCallback | None = None,
+) -> RunResult:
+    """Run the scenario with one fixed clock per phase kind (missing or None: default governor).
+
+    Sync: each phase starts right after the other phase on the same GPUs, so it pays the clock switch
+    from the other phase's clock. Async: each pool keeps its clock, so there is no switch.
+    """
+    count = scenario.workload.iterations if iterations is None else iterations
+    gen_clock = clocks.get(PhaseKind.GENERATION)
+    train_clock = clocks.get(PhaseKind.TRAINING)
+    sync = scenario.workload.mode is ExecutionMode.SYNC
+    top = int(clock_grid(scenario.gpu).sm_clocks_mhz[-1])
+
+    def as_lock(sm_clock_mhz: int | None) -> int:
+        # The default governor runs at what a lock at the top clock gives (see the module doc).
+        return top if sm_clock_mhz is None else sm_clock_mhz
+
+    columns: dict[str, list[float]] = {
+        k: [] for k in ("gd", "ge", "gc", "td", "te", "tc", "wall", "energy", "valid")
+    }
+    for i in range(count):
+        sample = sample_iteration(scenario, i)
+        gen_previous = as_lock(train_clock) if sync and i > 0 else None
+        train_previous = as_lock(gen_clock) if sync else None
+        gen = evaluate_phase(scenario, sample, PhaseKind.GENERATION, [gen_clock], gen_previous)
+        train = evaluate_phase(scenario, sample, PhaseKind.TRAINING, [train_clock], train_previous)
+        totals = iteration_totals(scenario, gen, train)
+        for key, value in (
+            ("gd", gen.duration_s[0]),
+            ("ge", gen.energy_j[0]),
+            ("gc", gen.mean_clock_mhz[0]),
+            ("td", train.duration_s[0]),
+            ("te", train.energy_j[0]),
+            ("tc", train.mean_clock_mhz[0]),
+            ("wall", totals.wall_s[0]),
+            ("energy", totals.energy_j[0]),
+            ("valid", totals.valid_tokens),
+        ):
+            columns[key].append(float(value))
+        if progress is not None:
+            progress(i + 1, count)
+    arrays = {k: np.array(v) for k, v in columns.items()}
+    return RunResult(
+        scenario=scenario.name,
+        generation_sm_clock_mhz=gen_clock,
+        training_sm_clock_mhz=train_clock,
+        iterations=count,
+        energy_j=float(arrays["energy"].sum()),
+        wall_s=float(arrays["wall"].sum()),
+        valid_tokens=int(arrays["valid"].sum()),
+        iteration_wall_s=arrays["wall"],
+        iteration_energy_j=arrays["energy"],
+        iteration_valid_tokens=arrays["valid"].astype(np.int64),
+        generation_duration_s=arrays["gd"],
+        generation_energy_j=arrays["ge"],
+        generation_mean_clock_mhz=arrays["gc"],
+        training_duration_s=arrays["td"],
+        training_energy_j=arrays["te"],
+        training_mean_clock_mhz=arrays["tc"],
+    )

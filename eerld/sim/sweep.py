@@ -1,0 +1,188 @@
+"""The offline oracle: a whole run at every fixed (generation, training) clock pair.
+
+Each iteration is sampled once and each phase priced at every grid clock (common random numbers: the
+same responses and noise for every pair). Sync mode is separable — a pair's run costs the sum of its
+generation column and its training column — so the pair tables are outer sums of per-phase totals.
+Async mode is not (an iteration lasts as long as the slower pool), so pairs are combined per iteration.
+
+The default governor equals a lock at the top grid clock (a lock never lifts the power limit), so the
+top row/column of the tables is the default, and a best pair that uses the top clock reports ``None``
+for that phase: no lock is needed. Clock-switch windows are ignored here (15 ms per phase of tens of
+seconds: below 0.05%); :func:`eerld.sim.evaluate.run_fixed` includes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from eerld.control.base import ExecutionMode, PhaseKind
+from eerld.sim.evaluate import ProgressCallback, clock_grid, combine_phases, evaluate_phase, sample_iteration
+from eerld.sim.scenario import Scenario
+from eerld.sim.workload import FloatArray, IntArray
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPoint:
+    """One fixed clock pair over the whole run, compared with the default governor."""
+
+    generation_sm_clock_mhz: int | None
+    training_sm_clock_mhz: int | None
+    energy_j: float
+    wall_s: float
+    valid_tokens: int
+    energy_saving_fraction: float
+    """1 − energy per valid token / the default's (positive: saves energy)."""
+    throughput_ratio: float
+    """Throughput over the default's."""
+
+    @property
+    def energy_per_valid_token_j(self) -> float:
+        """GPU energy per valid training token over the run."""
+        return self.energy_j / self.valid_tokens if self.valid_tokens else float("inf")
+
+    @property
+    def throughput_tokens_per_s(self) -> float:
+        """Valid training tokens per second of wall time."""
+        return self.valid_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class SweepResult:
+    """Run totals for every clock pair; ``energy_j[g, t]`` is generation at ``sm_clocks_mhz[g]`` and
+    training at ``sm_clocks_mhz[t]``. Per-iteration, per-clock phase tables are kept for the bench."""
+
+    scenario: str
+    iterations: int
+    sm_clocks_mhz: tuple[int, ...]
+    valid_tokens: int
+    energy_j: FloatArray
+    wall_s: FloatArray
+    generation_duration_s: FloatArray
+    """[iteration, clock index]"""
+    generation_energy_j: FloatArray
+    training_duration_s: FloatArray
+    training_energy_j: FloatArray
+    iteration_valid_tokens: IntArray
+
+    @property
+    def energy_per_valid_token_j(self) -> FloatArray:
+        """[g, t] energy per valid token of each pair."""
+        return self.energy_j / max(self.valid_tokens, 1)
+
+    @property
+    def throughput_tokens_per_s(self) -> FloatArray:
+        """[g, t] valid tokens per second of each pair."""
+        return self.valid_tokens / np.maximum(self.wall_s, 1e-30)
+
+    def _index(self, sm_clock_mhz: int | None) -> int:
+        if sm_clock_mhz is None:
+            return len(self.sm_clocks_mhz) - 1
+        return self.sm_clocks_mhz.index(sm_clock_mhz)
+
+    def _clock(self, index: int) -> int | None:
+        return None if index == len(self.sm_clocks_mhz) - 1 else self.sm_clocks_mhz[index]
+
+    def point(self, generation_sm_clock_mhz: int | None, training_sm_clock_mhz: int | None) -> SweepPoint:
+        """The pair's totals (None: default governor); ValueError for a clock off the grid."""
+        return self._point(self._index(generation_sm_clock_mhz), self._index(training_sm_clock_mhz))
+
+    def _point(self, g: int, t: int) -> SweepPoint:
+        top = len(self.sm_clocks_mhz) - 1
+        base_energy, base_wall = float(self.energy_j[top, top]), float(self.wall_s[top, top])
+        energy, wall = float(self.energy_j[g, t]), float(self.wall_s[g, t])
+        return SweepPoint(
+            generation_sm_clock_mhz=self._clock(g),
+            training_sm_clock_mhz=self._clock(t),
+            energy_j=energy,
+            wall_s=wall,
+            valid_tokens=self.valid_tokens,
+            energy_saving_fraction=1.0 - energy / base_energy if base_energy > 0 else 0.0,
+            throughput_ratio=base_wall / wall if wall > 0 else 0.0,
+        )
+
+    @property
+    def default(self) -> SweepPoint:
+        """The default governor on both phases."""
+        return self.point(None, None)
+
+    def best(self, threshold: float = 0.95) -> SweepPoint:
+        """The pair with the lowest energy per valid token whose throughput is ≥ threshold × default's."""
+        if not 0 < threshold <= 1:
+            raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+        top = len(self.sm_clocks_mhz) - 1
+        ratio = self.wall_s[top, top] / np.maximum(self.wall_s, 1e-30)
+        # Tiny tolerance so that the default itself always qualifies despite rounding.
+        allowed = ratio >= threshold - 1e-12
+        masked = np.where(allowed, self.energy_j, np.inf)
+        g, t = np.unravel_index(int(np.argmin(masked)), masked.shape)
+        return self._point(int(g), int(t))
+
+    def pareto_front(self) -> tuple[SweepPoint, ...]:
+        """Pairs no other pair beats on both throughput and energy per token, fastest first."""
+        wall = self.wall_s.ravel()
+        energy = self.energy_j.ravel()
+        order = np.lexsort((energy, wall))  # fastest first, then cheapest
+        front: list[SweepPoint] = []
+        lowest = np.inf
+        width = self.wall_s.shape[1]
+        for flat in order:
+            if energy[flat] < lowest:
+                lowest = float(energy[flat])
+                front.append(self._point(int(flat) // width, int(flat) % width))
+        return tuple(front)
+
+
+def sweep(
+    scenario: Scenario, iterations: int | None = None, progress: ProgressCallback | None = None
+) -> SweepResult:
+    """Price every (generation clock, training clock) pair over the first ``iterations`` iterations."""
+    count = scenario.workload.iterations if iterations is None else iterations
+    clocks = tuple(int(c) for c in clock_grid(scenario.gpu).sm_clocks_mhz)
+    requested: list[int | None] = list(clocks)
+    size = len(clocks)
+    tables = {name: np.zeros((count, size)) for name in ("gd", "ge", "td", "te")}
+    valid = np.zeros(count, dtype=np.int64)
+    asynchronous = scenario.workload.mode is ExecutionMode.ASYNC
+    wall = np.zeros((size, size))
+    energy = np.zeros((size, size))
+    for i in range(count):
+        sample = sample_iteration(scenario, i)
+        gen = evaluate_phase(scenario, sample, PhaseKind.GENERATION, requested)
+        train = evaluate_phase(scenario, sample, PhaseKind.TRAINING, requested)
+        tables["gd"][i], tables["ge"][i] = gen.duration_s, gen.energy_j
+        tables["td"][i], tables["te"][i] = train.duration_s, train.energy_j
+        valid[i] = sample.valid_tokens
+        if asynchronous:
+            iteration_wall, iteration_energy = combine_phases(
+                scenario.workload,
+                scenario.gpu.idle_power_w,
+                generation_duration_s=gen.duration_s[:, None],
+                generation_energy_j=gen.energy_j[:, None],
+                training_duration_s=train.duration_s[None, :],
+                training_energy_j=train.energy_j[None, :],
+            )
+            wall += iteration_wall
+            energy += iteration_energy
+        if progress is not None:
+            progress(i + 1, count)
+    if not asynchronous:
+        wall = tables["gd"].sum(axis=0)[:, None] + tables["td"].sum(axis=0)[None, :]
+        energy = tables["ge"].sum(axis=0)[:, None] + tables["te"].sum(axis=0)[None, :]
+    return SweepResult(
+        scenario=scenario.name,
+        iterations=count,
+        sm_clocks_mhz=clocks,
+        valid_tokens=int(valid.sum()),
+        energy_j=energy,
+        wall_s=wall,
+        generation_duration_s=tables["gd"],
+        generation_energy_j=tables["ge"],
+        training_duration_s=tables["td"],
+        training_energy_j=tables["te"],
+        iteration_valid_tokens=valid,
+    )
+
+
+__all__ = ["SweepPoint", "SweepResult", "sweep"]
