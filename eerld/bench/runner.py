@@ -1,0 +1,275 @@
+"""Virtual-time runs of a scenario: default governor, offline oracle and an online controller.
+
+Every run sees the same sampled iterations (common random numbers: the simulator's draws depend only on the
+scenario's seed and the iteration), so differences between runs come from the clocks alone. The sampled
+iterations are priced once at every grid clock (a "price table"); the oracle is found on that table, and the
+online controller's phases are priced as they happen (including the clock-switch window).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from eerld.control.base import (
+    Controller,
+    ControllerSettings,
+    ControllerState,
+    ExecutionMode,
+    PhaseKind,
+    PhaseObservation,
+)
+from eerld.sim.evaluate import (
+    IterationSample,
+    clock_grid,
+    combine_phases,
+    evaluate_phase,
+    sample_iteration,
+)
+from eerld.sim.scenario import Scenario
+
+FloatArray = npt.NDArray[np.float64]
+Progress = Callable[[int], None]
+"""Called with the number of iterations just completed (for progress bars)."""
+ControllerFactory = Callable[[ControllerSettings], Controller]
+
+KINDS = (PhaseKind.GENERATION, PhaseKind.TRAINING)
+
+
+@dataclass(frozen=True, slots=True)
+class RunTotals:
+    """A whole run: energy (all GPUs, idle included), wall time and valid tokens."""
+
+    energy_j: float
+    wall_s: float
+    valid_tokens: int
+
+    @property
+    def energy_per_valid_token_j(self) -> float:
+        """The figure of merit."""
+        return self.energy_j / self.valid_tokens if self.valid_tokens else float("inf")
+
+    @property
+    def throughput_tokens_per_s(self) -> float:
+        """Valid training tokens per second of wall time."""
+        return self.valid_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+@dataclass(slots=True)
+class Timeline:
+    """Per-iteration record of an online run (for the timeline plot and the JSON)."""
+
+    sm_clock_mhz: dict[PhaseKind, list[int | None]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    state: dict[PhaseKind, list[ControllerState]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    wall_s: list[float] = field(default_factory=list)
+    energy_j: list[float] = field(default_factory=list)
+    valid_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class OnlineRun:
+    """An online controller's run: totals, timeline, and the controllers (for their snapshots)."""
+
+    totals: RunTotals
+    timeline: Timeline
+    controllers: dict[PhaseKind, Controller]
+    exploration_phases: int
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PriceTable:
+    """Every sampled iteration priced at every grid clock, per phase kind (columns: grid clocks).
+
+    The default governor equals a lock at the top grid clock, so the last column is the default.
+    """
+
+    sm_clocks_mhz: tuple[int, ...]
+    duration_s: dict[PhaseKind, FloatArray]
+    energy_j: dict[PhaseKind, FloatArray]
+    valid_tokens: npt.NDArray[np.int64]
+
+
+class ScenarioRun:
+    """A scenario's sampled iterations, shared by every run on it."""
+
+    def __init__(self, scenario: Scenario, iterations: int | None = None) -> None:
+        self.scenario = scenario
+        self.iterations = scenario.workload.iterations if iterations is None else iterations
+        self._samples: dict[int, IterationSample] = {}
+        self._table: PriceTable | None = None
+
+    def sample(self, iteration: int) -> IterationSample:
+        """The iteration's sample (memoised)."""
+        sample = self._samples.get(iteration)
+        if sample is None:
+            sample = sample_iteration(self.scenario, iteration)
+            self._samples[iteration] = sample
+        return sample
+
+    def price_table(self, progress: Progress | None = None) -> PriceTable:
+        """Price every iteration at every grid clock (once)."""
+        if self._table is not None:
+            return self._table
+        clocks = tuple(int(c) for c in clock_grid(self.scenario.gpu).sm_clocks_mhz)
+        duration = {k: np.zeros((self.iterations, len(clocks))) for k in KINDS}
+        energy = {k: np.zeros((self.iterations, len(clocks))) for k in KINDS}
+        valid = np.zeros(self.iterations, dtype=np.int64)
+        for i in range(self.iterations):
+            sample = self.sample(i)
+            for kind in KINDS:
+                outcome = evaluate_phase(self.scenario, sample, kind, list(clocks))
+                duration[kind][i] = outcome.duration_s
+                energy[kind][i] = outcome.energy_j
+            valid[i] = sample.valid_tokens
+            if progress is not None:
+                progress(1)
+        self._table = PriceTable(clocks, duration, energy, valid)
+        return self._table
+
+    def totals(self, pair: tuple[int, int]) -> RunTotals:
+        """Run totals at fixed grid-column indices (generation, training), from the price table."""
+        table = self.price_table()
+        wall, energy = combine_phases(
+            self.scenario.workload,
+            self.scenario.gpu.idle_power_w,
+            generation_duration_s=table.duration_s[PhaseKind.GENERATION][:, pair[0]],
+            generation_energy_j=table.energy_j[PhaseKind.GENERATION][:, pair[0]],
+            training_duration_s=table.duration_s[PhaseKind.TRAINING][:, pair[1]],
+            training_energy_j=table.energy_j[PhaseKind.TRAINING][:, pair[1]],
+        )
+        return RunTotals(float(energy.sum()), float(wall.sum()), int(table.valid_tokens.sum()))
+
+    def default_totals(self) -> RunTotals:
+        """The default governor (top grid column for both phases)."""
+        top = len(self.price_table().sm_clocks_mhz) - 1
+        return self.totals((top, top))
+
+    def sweep(self) -> tuple[FloatArray, FloatArray]:
+        """Total energy and wall time for every (generation, training) clock pair: [gen, train] arrays."""
+        table = self.price_table()
+        g_d, g_e = table.duration_s[PhaseKind.GENERATION], table.energy_j[PhaseKind.GENERATION]
+        t_d, t_e = table.duration_s[PhaseKind.TRAINING], table.energy_j[PhaseKind.TRAINING]
+        if self.scenario.workload.mode is ExecutionMode.SYNC:
+            wall = g_d.sum(axis=0)[:, None] + t_d.sum(axis=0)[None, :]
+            energy = g_e.sum(axis=0)[:, None] + t_e.sum(axis=0)[None, :]
+            return energy, wall
+        idle = self.scenario.gpu.idle_power_w
+        gen_gpus = self.scenario.workload.pool_gpus(PhaseKind.GENERATION)
+        train_gpus = self.scenario.workload.pool_gpus(PhaseKind.TRAINING)
+        size = len(table.sm_clocks_mhz)
+        wall = np.zeros((size, size))
+        energy = np.zeros((size, size))
+        for i in range(self.iterations):
+            w = np.maximum(g_d[i][:, None], t_d[i][None, :])
+            wall += w
+            energy += g_e[i][:, None] + t_e[i][None, :]
+            energy += idle * (gen_gpus * (w - g_d[i][:, None]) + train_gpus * (w - t_d[i][None, :]))
+        return energy, wall
+
+    def oracle(self, threshold: float) -> tuple[tuple[int, int], RunTotals]:
+        """The best fixed clock pair meeting the threshold on the whole run (grid indices, totals)."""
+        energy, wall = self.sweep()
+        default = self.default_totals()
+        ok = default.wall_s / wall >= threshold
+        index = int(np.argmin(np.where(ok, energy, np.inf)))
+        pair = divmod(index, energy.shape[1])
+        return (int(pair[0]), int(pair[1])), self.totals((int(pair[0]), int(pair[1])))
+
+    def run_online(
+        self, factory: ControllerFactory, threshold: float, progress: Progress | None = None
+    ) -> OnlineRun:
+        """Drive fresh controllers through the run in virtual time."""
+        scenario = self.scenario
+        top = int(clock_grid(scenario.gpu).sm_clocks_mhz[-1])
+        clocks = tuple(int(c) for c in clock_grid(scenario.gpu).sm_clocks_mhz)
+        mode = scenario.workload.mode
+        if mode is ExecutionMode.SYNC:
+            shared = factory(ControllerSettings(clocks, KINDS, mode, threshold))
+            controllers = {k: shared for k in KINDS}
+        else:
+            controllers = {k: factory(ControllerSettings(clocks, (k,), mode, threshold)) for k in KINDS}
+        timeline = Timeline()
+        now_s = 0.0
+        energy_total = wall_total = 0.0
+        valid_total = 0
+        exploring = 0
+        last_lock: dict[PhaseKind, int] = {}
+        previous_sync: int | None = None
+        for i in range(self.iterations):
+            sample = self.sample(i)
+            outcomes = {}
+            for kind in KINDS:
+                decision = controllers[kind].decide(kind, i, sample.phase(kind).workload, now_s)
+                clock = decision.sm_clock_mhz
+                lock = top if clock is None else clock
+                if mode is ExecutionMode.SYNC:
+                    previous = previous_sync
+                    previous_sync = lock
+                else:
+                    previous = last_lock.get(kind)
+                    previous = previous if previous != lock else None
+                    last_lock[kind] = lock
+                outcome = evaluate_phase(scenario, sample, kind, [clock], previous)
+                outcomes[kind] = outcome
+                timeline.sm_clock_mhz[kind].append(clock)
+                timeline.state[kind].append(decision.state)
+                if decision.state in (ControllerState.EXPLORING, ControllerState.RETUNING):
+                    exploring += 1
+                if mode is ExecutionMode.SYNC:
+                    now_s += float(outcome.duration_s[0])
+                    self._observe(controllers, kind, i, outcome, clock, now_s, mode)
+            wall, energy = combine_phases(
+                scenario.workload,
+                scenario.gpu.idle_power_w,
+                generation_duration_s=outcomes[PhaseKind.GENERATION].duration_s,
+                generation_energy_j=outcomes[PhaseKind.GENERATION].energy_j,
+                training_duration_s=outcomes[PhaseKind.TRAINING].duration_s,
+                training_energy_j=outcomes[PhaseKind.TRAINING].energy_j,
+            )
+            if mode is ExecutionMode.ASYNC:
+                now_s += float(wall[0])
+                for kind in KINDS:
+                    self._observe(
+                        controllers, kind, i, outcomes[kind], timeline.sm_clock_mhz[kind][-1], now_s, mode
+                    )
+            wall_total += float(wall[0])
+            energy_total += float(energy[0])
+            valid_total += sample.valid_tokens
+            timeline.wall_s.append(float(wall[0]))
+            timeline.energy_j.append(float(energy[0]))
+            timeline.valid_tokens.append(sample.valid_tokens)
+            if progress is not None:
+                progress(1)
+        return OnlineRun(RunTotals(energy_total, wall_total, valid_total), timeline, controllers, exploring)
+
+    @staticmethod
+    def _observe(
+        controllers: dict[PhaseKind, Controller],
+        kind: PhaseKind,
+        iteration: int,
+        outcome: object,
+        clock: int | None,
+        now_s: float,
+        mode: ExecutionMode,
+    ) -> None:
+        from eerld.sim.evaluate import PhaseOutcome
+
+        assert isinstance(outcome, PhaseOutcome)
+        observation = PhaseObservation(
+            kind=kind,
+            iteration=iteration,
+            workload=outcome.workload,
+            duration_s=float(outcome.duration_s[0]),
+            energy_j=float(outcome.energy_j[0]),
+            sm_clock_mhz=clock,
+            gpus=outcome.gpus,
+            end_time_s=now_s,
+        )
+        if mode is ExecutionMode.SYNC:
+            controllers[kind].observe(observation, now_s)
+            return
+        for controller in {id(c): c for c in controllers.values()}.values():
+            controller.observe(observation, now_s)

@@ -1,0 +1,142 @@
+"""The response of one phase kind to its SM clock: time and energy ratios against the predicted default.
+
+Every trial phase gives one point (clock, measured/predicted duration, measured/predicted energy). Single
+points are noisy (the predictor's error is a percent or two), so the curve is a kernel-weighted local-linear
+fit over neighbouring clocks: samples at nearby clocks share their information, and a robust (Huber)
+re-weighting keeps a single outlier phase from moving the estimate much. Older samples fade with age so
+that the curve follows a drifting workload.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class Trial:
+    """One phase run at a locked clock, judged against the predicted default of its own workload."""
+
+    sm_clock_mhz: int
+    time_ratio: float
+    energy_ratio: float
+    iteration: int
+
+
+@dataclass(frozen=True, slots=True)
+class CurveEstimate:
+    """Estimated ratios at a set of clocks, with how much data supports each estimate."""
+
+    sm_clocks_mhz: FloatArray
+    time_ratio: FloatArray
+    energy_ratio: FloatArray
+    support: FloatArray
+
+
+class ClockCurve:
+    """Time and energy ratio versus clock for one phase kind, from trials."""
+
+    def __init__(
+        self, bandwidth_mhz: float, half_life_iterations: float = 120.0, capacity: int = 240
+    ) -> None:
+        self._bandwidth_mhz = bandwidth_mhz
+        self._half_life = half_life_iterations
+        self._trials: deque[Trial] = deque(maxlen=capacity)
+
+    def __len__(self) -> int:
+        return len(self._trials)
+
+    def add(self, trial: Trial) -> None:
+        """Record a trial."""
+        self._trials.append(trial)
+
+    def discount(self, keep_after_iteration: int) -> None:
+        """Drop trials from before an iteration (the workload changed under them)."""
+        kept = [t for t in self._trials if t.iteration >= keep_after_iteration]
+        self._trials.clear()
+        self._trials.extend(kept)
+
+    def trials_at(self, sm_clock_mhz: int, since_iteration: int = -1) -> list[Trial]:
+        """Trials run at exactly this clock (optionally only recent ones)."""
+        return [t for t in self._trials if t.sm_clock_mhz == sm_clock_mhz and t.iteration >= since_iteration]
+
+    def measured_at(self, sm_clock_mhz: int, since_iteration: int = -1) -> tuple[float, float, int] | None:
+        """Robust mean (median beyond two samples) of the trials at exactly this clock."""
+        trials = self.trials_at(sm_clock_mhz, since_iteration)
+        if not trials:
+            return None
+        times = np.array([t.time_ratio for t in trials])
+        energies = np.array([t.energy_ratio for t in trials])
+        if len(trials) >= 3:
+            return float(np.median(times)), float(np.median(energies)), len(trials)
+        return float(times.mean()), float(energies.mean()), len(trials)
+
+    def probed_range_mhz(self) -> tuple[int, int] | None:
+        """Lowest and highest clock tried so far."""
+        if not self._trials:
+            return None
+        clocks = [t.sm_clock_mhz for t in self._trials]
+        return min(clocks), max(clocks)
+
+    def estimate(self, sm_clocks_mhz: FloatArray, now_iteration: int) -> CurveEstimate:
+        """Local-linear, robust, age-weighted estimate of both ratios at each requested clock."""
+        grid = np.asarray(sm_clocks_mhz, dtype=np.float64)
+        if not self._trials:
+            nan = np.full(grid.shape, np.nan)
+            return CurveEstimate(grid, nan, nan.copy(), np.zeros(grid.shape))
+        clocks = np.array([t.sm_clock_mhz for t in self._trials], dtype=np.float64)
+        times = np.array([t.time_ratio for t in self._trials])
+        energies = np.array([t.energy_ratio for t in self._trials])
+        ages = now_iteration - np.array([t.iteration for t in self._trials], dtype=np.float64)
+        age_weight = 0.5 ** (np.maximum(ages, 0.0) / self._half_life)
+        kernel = np.exp(-0.5 * ((grid[:, None] - clocks[None, :]) / self._bandwidth_mhz) ** 2)
+        base = kernel * age_weight[None, :]
+        robust_t = np.ones_like(times)
+        robust_e = np.ones_like(energies)
+        fit_t = fit_e = np.zeros(grid.shape)
+        for _ in range(2):
+            fit_t = _local_linear(grid, clocks, times, base * robust_t[None, :])
+            fit_e = _local_linear(grid, clocks, energies, base * robust_e[None, :])
+            at_t = _local_linear(clocks, clocks, times, _self_kernel(clocks, self._bandwidth_mhz, age_weight))
+            at_e = _local_linear(
+                clocks, clocks, energies, _self_kernel(clocks, self._bandwidth_mhz, age_weight)
+            )
+            robust_t = _huber_weights(times - at_t)
+            robust_e = _huber_weights(energies - at_e)
+        support = base.sum(axis=1)
+        return CurveEstimate(grid, fit_t, fit_e, support)
+
+
+def _self_kernel(clocks: FloatArray, bandwidth_mhz: float, age_weight: FloatArray) -> FloatArray:
+    kernel = np.exp(-0.5 * ((clocks[:, None] - clocks[None, :]) / bandwidth_mhz) ** 2)
+    return kernel * age_weight[None, :]  # type: ignore[no-any-return]
+
+
+def _huber_weights(residuals: FloatArray) -> FloatArray:
+    """Huber weights with a robust scale: points beyond 2.5 sigma count less, the farther the less."""
+    scale = 1.4826 * float(np.median(np.abs(residuals - np.median(residuals))))
+    scale = max(scale, 1e-3)
+    limit = 2.5 * scale
+    magnitude = np.abs(residuals)
+    return np.where(magnitude <= limit, 1.0, limit / np.maximum(magnitude, 1e-12))  # type: ignore[no-any-return]
+
+
+def _local_linear(
+    grid: FloatArray, clocks: FloatArray, values: FloatArray, weights: FloatArray
+) -> FloatArray:
+    """Weighted local-linear regression of values on clock, evaluated at each grid point."""
+    sw = weights.sum(axis=1)
+    safe = np.maximum(sw, 1e-300)
+    mean_x = (weights @ clocks) / safe
+    mean_y = (weights @ values) / safe
+    dx = clocks[None, :] - mean_x[:, None]
+    var_x = (weights * dx * dx).sum(axis=1)
+    cov = (weights * dx * (values[None, :] - mean_y[:, None])).sum(axis=1)
+    # Regularised slope: where the neighbourhood spans little clock range, fall back to the local mean.
+    slope = cov / (var_x + 1e-9 + 0.05 * sw * 50.0**2)
+    return mean_y + slope * (grid - mean_x)  # type: ignore[no-any-return]

@@ -1,0 +1,552 @@
+"""The EE-RL controller: learn the default, explore the clock grid, commit, monitor and re-tune.
+
+Per phase kind the controller goes through four states:
+
+* BASELINE — run the default governor for a few phases and fit the baseline predictor (default duration and
+  energy as a function of the token workload);
+* EXPLORING — a coarse descent over the clock grid (one trial per clock, stopping in that direction as soon
+  as a trial is too slow to fit the iteration's budget or has passed the energy minimum), then a fine,
+  model-based search: the curve of time and energy ratio versus clock (kernel-smoothed over all trials) feeds
+  the iteration-level budget allocation, and the allocated clocks are tried until each has enough samples;
+* COMMITTED — hold the allocation; every observation is judged against the predictor, a default-governor
+  control phase now and then keeps the predictor honest, and drift (workload features leaving their band,
+  ratios leaving theirs — judged on the median of several phases, so one outlier never flips anything)
+  triggers a re-tune;
+* RETUNING — the same fine search, restricted to a window around the committed clock.
+
+The allocation spends the throughput threshold over the whole iteration (see :mod:`eerld.control.budget`).
+Everything here is pure: time and observations come in as arguments.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from eerld.control.base import (
+    Controller,
+    ControllerSettings,
+    ControllerState,
+    Decision,
+    ExecutionMode,
+    PhaseKind,
+    PhaseObservation,
+    PhaseSnapshot,
+    Workload,
+)
+from eerld.control.budget import Allocation, KindOptions, allocate_async, allocate_sync
+from eerld.control.curve import ClockCurve, Trial
+from eerld.control.predictor import BaselinePredictor, workload_features
+from eerld.errors import ValidationError
+
+
+@dataclass(frozen=True, slots=True)
+class EerlConfig:
+    """Tuning of the controller; the defaults are what the bench figures were measured with."""
+
+    baseline_phases: int = 4
+    coarse_factor: float = 0.88
+    """Each coarse trial is this fraction of the previous clock."""
+    fine_step_fraction: float = 0.022
+    """Fine candidates are spaced this fraction of the maximum clock apart (snapped to the grid)."""
+    commit_samples: int = 3
+    max_exploration_phases: int = 24
+    planning_margin: float = 0.004
+    """Plan for threshold + margin, so that predictor error rarely pushes the run below the threshold."""
+    energy_stop_margin: float = 0.01
+    control_interval_phases: int = 40
+    drift_ratio_band: float = 0.03
+    drift_feature_band: float = 0.12
+    monitor_window: int = 5
+    retune_window_steps: int = 3
+    switch_gain: float = 0.003
+    history: int = 512
+
+
+@dataclass(slots=True)
+class _Kind:
+    """Everything the controller knows about one phase kind."""
+
+    kind: PhaseKind
+    predictor: BaselinePredictor
+    curve: ClockCurve
+    state: ControllerState = ControllerState.BASELINE
+    committed_mhz: int | None = None
+    candidate_mhz: int | None = None
+    coarse: list[int] = field(default_factory=list)
+    coarse_stopped: bool = False
+    min_energy_ratio: float = np.inf
+    floor_mhz: int = 0
+    window: tuple[int, int] | None = None
+    epoch_iteration: int = 0
+    phases: int = 0
+    trials_in_search: int = 0
+    default_duration_s: float = 0.0
+    default_energy_j: float = 0.0
+    rebaseline_left: int = 0
+    since_control: int = 0
+    recent_time: deque[float] = field(default_factory=lambda: deque(maxlen=8))
+    recent_energy: deque[float] = field(default_factory=lambda: deque(maxlen=8))
+    recent_shift: deque[float] = field(default_factory=lambda: deque(maxlen=8))
+    reference_time: float = 1.0
+    reference_energy: float = 1.0
+    exploration_cost_j: float = 0.0
+    exploration_cost_s: float = 0.0
+    savings_j: float = 0.0
+    predicted_energy_j: float = 0.0
+    last_decision: Decision | None = None
+
+
+class EerlController:
+    """The EE-RL controller of one session (see the module docstring)."""
+
+    def __init__(self, settings: ControllerSettings, config: EerlConfig | None = None) -> None:
+        clocks = tuple(sorted(set(settings.supported_sm_clocks_mhz)))
+        if not clocks:
+            raise ValidationError("supported_sm_clocks_mhz", "must name at least one clock")
+        if not 0.0 < settings.throughput_threshold <= 1.0:
+            raise ValidationError("throughput_threshold", "must be in (0, 1]")
+        self._settings = settings
+        self._config = config or EerlConfig()
+        self._clocks = clocks
+        self._max_mhz = clocks[-1]
+        self._fine = _fine_grid(clocks, self._config.fine_step_fraction * self._max_mhz)
+        self._fine_step_mhz = max(1.0, self._config.fine_step_fraction * self._max_mhz)
+        bandwidth = 2.2 * self._fine_step_mhz
+        self._kinds: dict[PhaseKind, _Kind] = {
+            kind: _Kind(kind, BaselinePredictor(kind), ClockCurve(bandwidth)) for kind in settings.kinds
+        }
+        for track in self._kinds.values():
+            track.coarse = self._coarse_schedule()
+        self._history: deque[Decision] = deque(maxlen=self._config.history)
+        self._peer_durations: deque[float] = deque(maxlen=5)
+        self._iteration = 0
+        self._plan: Allocation | None = None
+
+    # ------------------------------------------------------------------ interface
+
+    def decide(self, kind: PhaseKind, iteration: int, hints: Workload | None, now_s: float) -> Decision:
+        """The clock for the phase about to begin."""
+        self._iteration = max(self._iteration, iteration)
+        track = self._kinds.get(kind)
+        if track is None:
+            return Decision(kind, iteration, None, ControllerState.OFF, "kind not controlled here", now_s)
+        clock, reason = self._choose(track)
+        track.candidate_mhz = clock
+        decision = Decision(kind, iteration, clock, track.state, reason, now_s)
+        last = track.last_decision
+        if last is None or (last.sm_clock_mhz, last.state, last.reason) != (clock, track.state, reason):
+            self._history.append(decision)
+        track.last_decision = decision
+        return decision
+
+    def observe(self, observation: PhaseObservation, now_s: float) -> Decision | None:
+        """Take a metered phase into account; return a verdict when the observation changed something."""
+        self._iteration = max(self._iteration, observation.iteration)
+        track = self._kinds.get(observation.kind)
+        if track is None:
+            if observation.duration_s > 0:
+                self._peer_durations.append(observation.duration_s)
+            return None
+        if observation.duration_s <= 0 or observation.energy_j <= 0:
+            return None
+        track.phases += 1
+        before_state, before_clock = track.state, track.committed_mhz
+        if observation.sm_clock_mhz is None:
+            verdict = self._observe_default(track, observation, now_s)
+        else:
+            verdict = self._observe_trial(track, observation, now_s)
+        if verdict is not None:
+            self._history.append(verdict)
+            return verdict
+        if (track.state, track.committed_mhz) != (before_state, before_clock):
+            change = Decision(
+                track.kind, observation.iteration, track.committed_mhz, track.state, "state change", now_s
+            )
+            self._history.append(change)
+            return change
+        return None
+
+    def snapshot(self) -> Sequence[PhaseSnapshot]:
+        """Current view per phase kind."""
+        views = []
+        for track in self._kinds.values():
+            savings = track.savings_j / track.predicted_energy_j if track.predicted_energy_j > 0 else 0.0
+            clock = track.committed_mhz if track.state is ControllerState.COMMITTED else track.candidate_mhz
+            views.append(
+                PhaseSnapshot(
+                    kind=track.kind,
+                    state=track.state,
+                    sm_clock_mhz=clock,
+                    candidate_sm_clock_mhz=track.candidate_mhz,
+                    phases=track.phases,
+                    estimated_savings_fraction=savings,
+                    exploration_cost_j=track.exploration_cost_j,
+                    predictor_error_fraction=track.predictor.error_fraction,
+                )
+            )
+        return views
+
+    def decisions(self) -> Sequence[Decision]:
+        """History, oldest first (bounded)."""
+        return list(self._history)
+
+    # ------------------------------------------------------------------ choosing
+
+    def _choose(self, track: _Kind) -> tuple[int | None, str]:
+        config = self._config
+        if track.state is ControllerState.BASELINE or track.rebaseline_left > 0:
+            return None, "default governor: baseline for the predictor"
+        if track.state is ControllerState.COMMITTED:
+            if track.since_control >= config.control_interval_phases:
+                return None, "default governor: control phase to re-validate the predictor"
+            return track.committed_mhz, "committed"
+        if track.coarse and not track.coarse_stopped:
+            kind_of_trial = "coarse" if track.state is ControllerState.EXPLORING else "local"
+            return track.coarse[0], f"{kind_of_trial} trial"
+        plan = self._replan()
+        clock = plan.sm_clock_mhz.get(track.kind)
+        return clock, f"fine trial (plan: throughput {plan.throughput_ratio:.3f})"
+
+    def _coarse_schedule(self) -> list[int]:
+        clocks: list[int] = []
+        target = self._max_mhz * self._config.coarse_factor
+        while target >= self._clocks[0]:
+            snapped = _nearest(self._clocks, target)
+            if not clocks or snapped < clocks[-1]:
+                clocks.append(snapped)
+            target *= self._config.coarse_factor
+        return clocks
+
+    def _options(self, track: _Kind) -> KindOptions:
+        """Candidate clocks for this kind with their estimated ratios (default always included)."""
+        probed = track.curve.probed_range_mhz()
+        candidates: list[int] = []
+        if track.state is ControllerState.COMMITTED:
+            return self._committed_option(track)
+        if probed is not None:
+            low, high = probed
+            low = max(low, track.floor_mhz)
+            if track.window is not None:
+                low, high = max(low, track.window[0]), min(high, track.window[1])
+            candidates = [c for c in self._fine if low <= c <= high]
+            if track.committed_mhz is not None and low <= track.committed_mhz <= high:  # keep it reachable
+                candidates = sorted({*candidates, track.committed_mhz})
+        if candidates:
+            estimate = track.curve.estimate(np.asarray(candidates, dtype=np.float64), self._iteration)
+            time_ratio = np.where(estimate.support >= 0.3, estimate.time_ratio, np.nan)
+            energy_ratio = np.where(estimate.support >= 0.3, estimate.energy_ratio, np.nan)
+            # Above the clock the governor picks anyway, a lock can only lose: treat as >= 1 each.
+            time_ratio = np.maximum(time_ratio, 1.0)
+        else:
+            time_ratio = energy_ratio = np.zeros(0)
+        return KindOptions(
+            kind=track.kind,
+            sm_clocks_mhz=(None, *candidates),
+            time_ratio=np.concatenate(([1.0], time_ratio)),
+            energy_ratio=np.concatenate(([1.0], energy_ratio)),
+            default_duration_s=max(track.default_duration_s, 1e-9),
+            default_energy_j=max(track.default_energy_j, 1e-9),
+        )
+
+    def _committed_option(self, track: _Kind) -> KindOptions:
+        """A committed kind offers only its committed clock to the other kinds' allocation."""
+        time_ratio, energy_ratio = np.ones(1), np.ones(1)
+        if track.committed_mhz is not None:
+            estimate = track.curve.estimate(np.array([float(track.committed_mhz)]), self._iteration)
+            time_ratio = np.nan_to_num(estimate.time_ratio, nan=track.reference_time)
+            energy_ratio = np.nan_to_num(estimate.energy_ratio, nan=track.reference_energy)
+        return KindOptions(
+            kind=track.kind,
+            sm_clocks_mhz=(track.committed_mhz,),
+            time_ratio=np.maximum(time_ratio, 1.0),
+            energy_ratio=energy_ratio,
+            default_duration_s=max(track.default_duration_s, 1e-9),
+            default_energy_j=max(track.default_energy_j, 1e-9),
+        )
+
+    def _threshold(self) -> float:
+        return min(1.0, self._settings.throughput_threshold + self._config.planning_margin)
+
+    def _replan(self) -> Allocation:
+        tracks = list(self._kinds.values())
+        if self._settings.mode is ExecutionMode.ASYNC and len(tracks) == 1:
+            peer = float(np.median(self._peer_durations)) if self._peer_durations else None
+            plan = allocate_async(self._options(tracks[0]), peer, self._threshold(), idle_power_w=0.0)
+        else:
+            plan = allocate_sync([self._options(t) for t in tracks], self._threshold())
+        self._plan = plan
+        return plan
+
+    def _time_cap(self, track: _Kind) -> float:
+        """The largest time ratio this kind could take if every other phase ran at default."""
+        threshold = self._settings.throughput_threshold
+        if self._settings.mode is ExecutionMode.ASYNC and len(self._kinds) == 1:
+            peer = float(np.median(self._peer_durations)) if self._peer_durations else 0.0
+            return max(track.default_duration_s, peer) / (threshold * max(track.default_duration_s, 1e-9))
+        total = sum(t.default_duration_s for t in self._kinds.values())
+        slack = total / threshold - total
+        return 1.0 + slack / max(track.default_duration_s, 1e-9)
+
+    # ------------------------------------------------------------------ observing
+
+    def _observe_default(self, track: _Kind, obs: PhaseObservation, now_s: float) -> Decision | None:
+        prediction = track.predictor.predict(obs.workload)
+        error = track.predictor.add(obs.workload, obs.duration_s, obs.energy_j)
+        self._track_default_scale(track, obs.workload)
+        if prediction is not None:
+            track.predicted_energy_j += prediction.energy_j
+            track.savings_j += prediction.energy_j - obs.energy_j
+        if track.state is ControllerState.BASELINE:
+            if track.predictor.count >= self._config.baseline_phases:
+                track.state = ControllerState.EXPLORING
+                track.epoch_iteration = obs.iteration
+            return None
+        if track.rebaseline_left > 0:
+            track.rebaseline_left -= 1
+            if track.rebaseline_left == 0:
+                self._start_retune(track, obs.iteration)
+            return None
+        if track.state in (ControllerState.EXPLORING, ControllerState.RETUNING):
+            # The allocation chose the default governor for this kind: that is a measured choice too.
+            reason = self._maybe_commit(obs.iteration)
+            if reason is not None:
+                return Decision(track.kind, obs.iteration, None, track.state, reason, now_s, 1.0, 1.0)
+            return None
+        if track.state is ControllerState.COMMITTED and track.since_control >= 0:
+            track.since_control = 0
+            band = max(3.0 * track.predictor.error_fraction, 0.04)
+            if error is not None and abs(error) > band:
+                track.predictor.forget(keep=1)
+                track.rebaseline_left = 2
+                track.state = ControllerState.RETUNING
+                return Decision(
+                    track.kind,
+                    obs.iteration,
+                    None,
+                    track.state,
+                    f"control phase off by {error:+.1%}: re-baseline, then re-tune",
+                    now_s,
+                )
+        return None
+
+    def _observe_trial(self, track: _Kind, obs: PhaseObservation, now_s: float) -> Decision | None:
+        prediction = track.predictor.predict(obs.workload)
+        if prediction is None:
+            return None
+        clock = int(obs.sm_clock_mhz) if obs.sm_clock_mhz is not None else 0
+        time_ratio = obs.duration_s / prediction.duration_s
+        energy_ratio = obs.energy_j / prediction.energy_j
+        track.curve.add(Trial(clock, time_ratio, energy_ratio, obs.iteration))
+        track.predicted_energy_j += prediction.energy_j
+        track.savings_j += prediction.energy_j - obs.energy_j
+        self._track_default_scale(track, obs.workload)
+        searching = track.state in (ControllerState.EXPLORING, ControllerState.RETUNING)
+        if searching:
+            track.trials_in_search += 1
+            allowed_s = prediction.duration_s / self._settings.throughput_threshold
+            if obs.duration_s > allowed_s:
+                track.exploration_cost_s += obs.duration_s - allowed_s
+                track.exploration_cost_j += max(0.0, obs.energy_j - prediction.energy_j)
+        verdict_reason: str | None = None
+        if (
+            searching
+            and track.state is ControllerState.RETUNING
+            and track.coarse
+            and not track.coarse_stopped
+        ):
+            if track.coarse[0] == clock:
+                track.coarse.pop(0)
+            if not track.coarse:
+                track.coarse_stopped = True
+        elif track.state is ControllerState.EXPLORING and track.coarse and not track.coarse_stopped:
+            if track.coarse[0] == clock:
+                track.coarse.pop(0)
+            track.min_energy_ratio = min(track.min_energy_ratio, energy_ratio)
+            if time_ratio > self._time_cap(track):
+                track.coarse_stopped = True
+                verdict_reason = f"coarse descent stops: time ratio {time_ratio:.3f} over the budget"
+            elif energy_ratio > track.min_energy_ratio + self._config.energy_stop_margin:
+                track.coarse_stopped = True
+                verdict_reason = f"coarse descent stops: past the energy minimum ({energy_ratio:.3f})"
+            if verdict_reason is not None or not track.coarse:
+                track.coarse_stopped = True
+        elif track.state in (ControllerState.EXPLORING, ControllerState.RETUNING):
+            verdict_reason = self._maybe_commit(obs.iteration)
+        elif track.state is ControllerState.COMMITTED:
+            track.since_control += 1
+            verdict_reason = self._monitor(track, obs, time_ratio, energy_ratio)
+        if verdict_reason is None:
+            return None
+        return Decision(
+            track.kind,
+            obs.iteration,
+            track.committed_mhz if track.state is ControllerState.COMMITTED else clock,
+            track.state,
+            verdict_reason,
+            now_s,
+            throughput_ratio=1.0 / time_ratio,
+            energy_ratio=energy_ratio,
+        )
+
+    def _track_default_scale(self, track: _Kind, workload: Workload) -> None:
+        """Follow the typical default cost of this kind (the weights of the budget allocation)."""
+        prediction = track.predictor.predict(workload)
+        if prediction is None:
+            return
+        if track.default_duration_s == 0.0:
+            track.default_duration_s, track.default_energy_j = prediction.duration_s, prediction.energy_j
+            return
+        alpha = 0.2
+        track.default_duration_s += alpha * (prediction.duration_s - track.default_duration_s)
+        track.default_energy_j += alpha * (prediction.energy_j - track.default_energy_j)
+
+    def _searching(self) -> list[_Kind]:
+        return [
+            t
+            for t in self._kinds.values()
+            if t.state in (ControllerState.EXPLORING, ControllerState.RETUNING)
+        ]
+
+    def _maybe_commit(self, iteration: int) -> str | None:
+        """Commit the allocation once every searching kind's allocated clock is measured well enough."""
+        searching = self._searching()
+        if any(t.coarse and not t.coarse_stopped for t in searching):
+            return None
+        if any(t.rebaseline_left > 0 for t in searching):
+            return None
+        plan = self._replan()
+        needed = self._config.commit_samples
+        exhausted = any(t.trials_in_search >= self._config.max_exploration_phases for t in searching)
+        for track in searching:
+            clock = plan.sm_clock_mhz.get(track.kind)
+            if clock is None:
+                continue
+            count = len(track.curve.trials_at(clock, track.epoch_iteration))
+            if count < (2 if exhausted else needed):
+                return None
+        failing = self._failing_kind(plan)
+        if failing is not None:
+            clock = plan.sm_clock_mhz[failing.kind]
+            assert clock is not None
+            failing.floor_mhz = clock + 1
+            return f"trial at {clock} MHz measured below the threshold: search above it"
+        for track in searching:
+            track.committed_mhz = plan.sm_clock_mhz.get(track.kind)
+            track.state = ControllerState.COMMITTED
+            track.window = None
+            track.trials_in_search = 0
+            track.since_control = 0
+            track.recent_time.clear()
+            track.recent_energy.clear()
+            track.recent_shift.clear()
+            measured = (
+                track.curve.measured_at(track.committed_mhz, track.epoch_iteration)
+                if track.committed_mhz is not None
+                else None
+            )
+            track.reference_time, track.reference_energy = (1.0, 1.0) if measured is None else measured[:2]
+        return (
+            f"commit: expected throughput {plan.throughput_ratio:.3f}, energy {plan.energy_ratio:.3f} "
+            "of the predicted default"
+        )
+
+    def _failing_kind(self, plan: Allocation) -> _Kind | None:
+        """The kind whose measured trials put the allocation below the threshold, if any."""
+        tracks = list(self._kinds.values())
+        measured_time = 0.0
+        default_time = 0.0
+        worst: tuple[float, _Kind] | None = None
+        for track in tracks:
+            clock = plan.sm_clock_mhz.get(track.kind)
+            ratio = 1.0
+            if clock is not None:
+                measured = track.curve.measured_at(clock, track.epoch_iteration)
+                ratio = measured[0] if measured is not None else 1.0
+            measured_time += track.default_duration_s * ratio
+            default_time += track.default_duration_s
+            excess = track.default_duration_s * (ratio - 1.0)
+            if clock is not None and (worst is None or excess > worst[0]):
+                worst = (excess, track)
+        if self._settings.mode is ExecutionMode.ASYNC and len(tracks) == 1:
+            track = tracks[0]
+            cap = self._time_cap(track)
+            clock = plan.sm_clock_mhz.get(track.kind)
+            if clock is None:
+                return None
+            measured = track.curve.measured_at(clock, track.epoch_iteration)
+            return track if measured is not None and measured[0] > cap else None
+        if default_time / max(measured_time, 1e-12) < self._settings.throughput_threshold and worst:
+            return worst[1]
+        return None
+
+    def _monitor(
+        self, track: _Kind, obs: PhaseObservation, time_ratio: float, energy_ratio: float
+    ) -> str | None:
+        """Watch a committed kind; decide when drift calls for a re-tune (medians: outliers cannot)."""
+        config = self._config
+        track.recent_time.append(time_ratio)
+        track.recent_energy.append(energy_ratio)
+        means = track.predictor.feature_means()
+        if means is not None:
+            features = workload_features(track.kind, obs.workload)
+            shift = float(features[0] / means[0] - 1.0) if means[0] > 0 else 0.0
+            track.recent_shift.append(shift)
+        window = config.monitor_window
+        spread = track.predictor.feature_spread()
+        band = config.drift_feature_band
+        if spread is not None:
+            band = max(band, 2.5 * float(spread[0]))
+        recent_shift = list(track.recent_shift)[-window:]
+        if len(recent_shift) >= window and abs(float(np.median(recent_shift))) > band:
+            track.since_control = config.control_interval_phases
+            track.recent_shift.clear()
+            track.state = ControllerState.RETUNING
+            track.rebaseline_left = 1
+            return "workload left its band: control phase, then re-tune"
+        if len(track.recent_time) < window:
+            return None
+        time_shift = float(np.median(list(track.recent_time)[-window:])) - track.reference_time
+        energy_shift = float(np.median(list(track.recent_energy)[-window:])) - track.reference_energy
+        ratio_band = max(config.drift_ratio_band, 3.5 * track.predictor.error_fraction)
+        if abs(time_shift) > ratio_band or abs(energy_shift) > ratio_band:
+            track.state = ControllerState.RETUNING
+            track.rebaseline_left = 1
+            return f"ratios left their band (time {time_shift:+.3f}, energy {energy_shift:+.3f}): re-tune"
+        return None
+
+    def _start_retune(self, track: _Kind, iteration: int) -> None:
+        """Search again around the committed clock, with trials from now on only."""
+        track.state = ControllerState.RETUNING
+        track.epoch_iteration = iteration
+        track.curve.discount(keep_after_iteration=iteration - 1)
+        center = track.committed_mhz if track.committed_mhz is not None else self._max_mhz
+        span = self._config.retune_window_steps * self._fine_step_mhz
+        track.window = (int(center - span), int(center + span))
+        track.floor_mhz = 0
+        track.trials_in_search = 0
+        edges = {_nearest(self._fine, center - span), _nearest(self._fine, center + span)} - {center}
+        track.coarse = [center, *sorted(edges)] if track.committed_mhz is not None else sorted(edges)
+        track.coarse_stopped = False
+        track.min_energy_ratio = np.inf
+
+
+def create_eerl_controller(settings: ControllerSettings) -> Controller:
+    """The factory the daemon looks up: an EE-RL controller for one session."""
+    return EerlController(settings)
+
+
+def _nearest(clocks: Sequence[int], target: float) -> int:
+    return min(clocks, key=lambda c: abs(c - target))
+
+
+def _fine_grid(clocks: tuple[int, ...], step_mhz: float) -> tuple[int, ...]:
+    """Every clock at least ``step_mhz`` above the previous one kept (top clock always in)."""
+    kept = [clocks[-1]]
+    for clock in reversed(clocks[:-1]):
+        if kept[-1] - clock >= step_mhz - 1e-9:
+            kept.append(clock)
+    return tuple(sorted(kept))

@@ -1,0 +1,136 @@
+"""Baseline predictor: what a phase would have cost under the default governor, given its token workload.
+
+A candidate clock is judged on a different batch than the default phases it is compared with, so the
+comparison has to be "on the same token workload": the predictor turns a workload into the duration and
+energy the default governor would have needed, and a trial's ratios are measured / predicted.
+
+The model is a small ridge regression on relative workload features (tokens, longest response, sequences),
+fitted on a sliding window of default-governor phases. With few samples it shrinks towards a prior slope
+(training scales with tokens; generation partly), so three or four samples already give a usable model.
+Its out-of-sample error (each new default phase is predicted before it is added) is tracked and reported.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from eerld.control.base import PhaseKind, Workload
+
+_RIDGE = 2e-3
+"""Ridge strength on relative features (typical batch-to-batch variation is a few percent)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """Predicted default-governor cost of a phase."""
+
+    duration_s: float
+    energy_j: float
+
+
+def workload_features(kind: PhaseKind, workload: Workload) -> npt.NDArray[np.float64]:
+    """The features that explain a phase's cost: tokens, longest response (decode steps), sequences."""
+    if kind is PhaseKind.GENERATION:
+        values = (workload.tokens, workload.max_response_tokens, workload.sequences)
+    else:
+        values = (workload.tokens, workload.sequences, workload.valid_tokens)
+    return np.asarray(values, dtype=np.float64)
+
+
+def _prior_slopes(kind: PhaseKind) -> npt.NDArray[np.float64]:
+    """Elasticities assumed before data says otherwise: training cost grows with its tokens."""
+    if kind is PhaseKind.GENERATION:
+        return np.array([0.5, 0.3, 0.0])
+    return np.array([1.0, 0.0, 0.0])
+
+
+class BaselinePredictor:
+    """Default-governor duration and energy of one phase kind as a function of its workload."""
+
+    def __init__(self, kind: PhaseKind, window: int = 16) -> None:
+        self._kind = kind
+        self._features: deque[npt.NDArray[np.float64]] = deque(maxlen=window)
+        self._durations: deque[float] = deque(maxlen=window)
+        self._energies: deque[float] = deque(maxlen=window)
+        self._errors: deque[float] = deque(maxlen=window)
+        self._model: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], float, float] | None = None
+
+    @property
+    def count(self) -> int:
+        """Default phases in the current window."""
+        return len(self._durations)
+
+    @property
+    def error_fraction(self) -> float:
+        """Mean absolute relative out-of-sample error of the duration prediction (0 until measured)."""
+        return float(np.mean(self._errors)) if self._errors else 0.0
+
+    def feature_means(self) -> npt.NDArray[np.float64] | None:
+        """Mean workload features of the window (for drift checks); None when empty."""
+        if not self._features:
+            return None
+        return np.mean(np.stack(list(self._features)), axis=0)  # type: ignore[no-any-return]
+
+    def feature_spread(self) -> npt.NDArray[np.float64] | None:
+        """Relative standard deviation of each feature over the window (how much batches vary anyway)."""
+        if len(self._features) < 2:
+            return None
+        features = np.stack(list(self._features))
+        means = features.mean(axis=0)
+        return np.where(means > 0, features.std(axis=0) / np.where(means > 0, means, 1.0), 0.0)  # type: ignore[no-any-return]
+
+    def add(self, workload: Workload, duration_s: float, energy_j: float) -> float | None:
+        """Add a default-governor phase; return its relative duration error as predicted beforehand."""
+        error: float | None = None
+        before = self.predict(workload)
+        if before is not None and self.count >= 3:
+            error = duration_s / before.duration_s - 1.0
+            self._errors.append(abs(error))
+        self._features.append(workload_features(self._kind, workload))
+        self._durations.append(duration_s)
+        self._energies.append(energy_j)
+        self._model = None
+        return error
+
+    def forget(self, keep: int) -> None:
+        """Drop all but the newest ``keep`` samples (the workload moved away from the older ones)."""
+        while len(self._durations) > keep:
+            self._features.popleft()
+            self._durations.popleft()
+            self._energies.popleft()
+        self._model = None
+
+    def predict(self, workload: Workload) -> Prediction | None:
+        """Predicted default cost of this workload; None before the first default phase."""
+        if not self._durations:
+            return None
+        if self._model is None:
+            self._model = self._fit()
+        x_mean, slopes_d_e, d_mean, e_mean = self._model
+        x = workload_features(self._kind, workload)
+        rel = np.where(x_mean > 0, x / np.where(x_mean > 0, x_mean, 1.0) - 1.0, 0.0)
+        rel = np.clip(rel, -0.9, 3.0)
+        factor_d = max(0.05, 1.0 + float(rel @ slopes_d_e[0]))
+        factor_e = max(0.05, 1.0 + float(rel @ slopes_d_e[1]))
+        return Prediction(duration_s=d_mean * factor_d, energy_j=e_mean * factor_e)
+
+    def _fit(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], float, float]:
+        """Ridge fit of relative cost on relative features, shrunk towards the prior slopes."""
+        features = np.stack(list(self._features))
+        x_mean = features.mean(axis=0)
+        rel = np.where(x_mean > 0, features / np.where(x_mean > 0, x_mean, 1.0) - 1.0, 0.0)
+        prior = _prior_slopes(self._kind)
+        slopes = np.zeros((2, features.shape[1]))
+        means = []
+        for row, values in enumerate((self._durations, self._energies)):
+            y = np.asarray(values, dtype=np.float64)
+            y_mean = float(y.mean())
+            means.append(y_mean)
+            target = y / y_mean - 1.0 - rel @ prior
+            gram = rel.T @ rel + _RIDGE * np.eye(rel.shape[1])
+            slopes[row] = prior + np.linalg.solve(gram, rel.T @ target)
+        return x_mean, slopes, means[0], means[1]
