@@ -1,0 +1,306 @@
+"""eerlctl: the administrator's command line for eerld, over the admin socket.
+
+    eerlctl [--socket PATH] [--json] [--debug] [--timeout S] COMMAND ...
+
+Commands: ``status``, ``pin``, ``unpin``, ``sessions``, ``decisions``, ``reset``, ``health``, ``version``,
+``completion``. Tables for people, ``--json`` for scripts. A failure prints one ``Error: …`` line on
+stderr (the traceback only with ``--debug``) and exits 1; bad usage exits 2.
+
+The socket defaults to ``$EERLCTL_SOCKET`` or ``/run/eerld/admin.sock``. ``health`` also works against
+the worker socket, which is what the Kubernetes probes use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import grpc
+from eerl.v1 import eerl_pb2, eerl_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from eerld import __version__
+from eerld.ctl_args import GpuSelection, parse_duration_s, parse_gpus, parse_sm_mhz
+from eerld.ctl_completion import COMMANDS, completion_script
+from eerld.ctl_format import (
+    clocks_dict,
+    clocks_text,
+    decision_dict,
+    decisions_table,
+    reset_text,
+    session_dict,
+    sessions_table,
+    status_dict,
+    status_text,
+)
+from eerld.errors import EerlError, ValidationError
+
+__all__ = ["DEFAULT_ADMIN_SOCKET", "main"]
+
+DEFAULT_ADMIN_SOCKET = "/run/eerld/admin.sock"
+_EXIT_OK, _EXIT_ERROR, _EXIT_USAGE = 0, 1, 2
+
+
+class CtlError(EerlError):
+    """A failure eerlctl reports as one ``Error: …`` line."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Context:
+    """What every command needs: the parsed arguments, a stub factory, and the output streams."""
+
+    args: argparse.Namespace
+    out: TextIO
+    connect: Callable[[], grpc.Channel]
+
+
+def _gpu_refs(selection: GpuSelection) -> list[eerl_pb2.GpuRef]:
+    return [eerl_pb2.GpuRef(index=i) for i in selection.indices] + [
+        eerl_pb2.GpuRef(uuid=u) for u in selection.uuids
+    ]
+
+
+def _emit(ctx: _Context, data: Mapping[str, Any], text: str) -> None:
+    ctx.out.write((json.dumps(data, indent=2) if ctx.args.json else text) + "\n")
+
+
+def _admin(ctx: _Context) -> eerl_pb2_grpc.AdminServiceStub:
+    return eerl_pb2_grpc.AdminServiceStub(ctx.connect())
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _cmd_status(ctx: _Context) -> int:
+    reply = _admin(ctx).Status(eerl_pb2.StatusRequest(), timeout=ctx.args.timeout)
+    data = status_dict(reply)
+    _emit(ctx, data, status_text(data, time.time()))
+    return _EXIT_OK
+
+
+def _cmd_pin(ctx: _Context) -> int:
+    a = ctx.args
+    selection = parse_gpus(a.gpus)
+    request = eerl_pb2.PinRequest(
+        gpus=_gpu_refs(selection),
+        all=selection.all,
+        sm_clock_mhz=parse_sm_mhz(a.sm_mhz),
+        mem_clock_mhz=parse_sm_mhz(a.mem_mhz, flag="--mem-mhz") if a.mem_mhz is not None else 0,
+        duration_s=parse_duration_s(a.duration) if a.duration is not None else 0.0,
+        reason=a.reason,
+    )
+    reply = _admin(ctx).Pin(request, timeout=a.timeout)
+    data = clocks_dict(reply.clocks)
+    _emit(ctx, data, clocks_text("pinned", data))
+    return _EXIT_OK
+
+
+def _cmd_unpin(ctx: _Context) -> int:
+    selection = parse_gpus(ctx.args.gpus)
+    request = eerl_pb2.UnpinRequest(gpus=_gpu_refs(selection), all=selection.all)
+    reply = _admin(ctx).Unpin(request, timeout=ctx.args.timeout)
+    data = clocks_dict(reply.clocks)
+    _emit(ctx, data, clocks_text("unpinned", data))
+    return _EXIT_OK
+
+
+def _cmd_sessions(ctx: _Context) -> int:
+    reply = _admin(ctx).ListSessions(eerl_pb2.ListSessionsRequest(), timeout=ctx.args.timeout)
+    sessions = [session_dict(s) for s in reply.sessions]
+    _emit(ctx, {"sessions": sessions}, sessions_table(sessions))
+    return _EXIT_OK
+
+
+def _cmd_decisions(ctx: _Context) -> int:
+    a = ctx.args
+    kinds = {None: eerl_pb2.PHASE_KIND_UNSPECIFIED, "generation": eerl_pb2.PHASE_KIND_GENERATION}
+    kinds["training"] = eerl_pb2.PHASE_KIND_TRAINING
+    if a.limit is not None and a.limit < 0:
+        raise ValidationError("--limit", "must not be negative")
+    request = eerl_pb2.GetDecisionsRequest(
+        session_id=a.session or "", kind=kinds[a.phase], limit=a.limit or 0
+    )
+    reply = _admin(ctx).GetDecisions(request, timeout=a.timeout)
+    decisions = [decision_dict(d) for d in reply.decisions]
+    _emit(ctx, {"decisions": decisions}, decisions_table(decisions))
+    return _EXIT_OK
+
+
+def _cmd_reset(ctx: _Context) -> int:
+    selection = parse_gpus(ctx.args.gpus)
+    request = eerl_pb2.ResetAllRequest(gpus=_gpu_refs(selection), all=selection.all, reason=ctx.args.reason)
+    reply = _admin(ctx).ResetAll(request, timeout=ctx.args.timeout)
+    data = clocks_dict(reply.clocks)
+    closed = list(reply.closed_session_ids)
+    _emit(ctx, {**data, "closed_session_ids": closed}, reset_text(data, closed))
+    return _EXIT_OK
+
+
+def _cmd_health(ctx: _Context) -> int:
+    stub = health_pb2_grpc.HealthStub(ctx.connect())
+    reply = stub.Check(health_pb2.HealthCheckRequest(service=ctx.args.service), timeout=ctx.args.timeout)
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    _emit(ctx, {"service": ctx.args.service, "status": status}, status)
+    return _EXIT_OK if reply.status == health_pb2.HealthCheckResponse.SERVING else _EXIT_ERROR
+
+
+def _cmd_version(ctx: _Context) -> int:
+    reply = _admin(ctx).Status(eerl_pb2.StatusRequest(), timeout=ctx.args.timeout)
+    data = {"eerlctl": __version__, "eerld": reply.daemon.version, "backend": reply.daemon.backend}
+    _emit(ctx, data, f"eerlctl {__version__}\neerld {reply.daemon.version} (backend {reply.daemon.backend})")
+    return _EXIT_OK
+
+
+def _cmd_completion(ctx: _Context) -> int:
+    ctx.out.write(completion_script(ctx.args.shell))
+    return _EXIT_OK
+
+
+_COMMANDS: dict[str, tuple[Callable[[_Context], int], str]] = {
+    "status": (_cmd_status, "GPUs, clocks, owners and sessions of the node"),
+    "pin": (_cmd_pin, "pin GPUs to an SM clock (beats any session)"),
+    "unpin": (_cmd_unpin, "remove pins"),
+    "sessions": (_cmd_sessions, "open sessions and their controllers"),
+    "decisions": (_cmd_decisions, "the controllers' decision history"),
+    "reset": (_cmd_reset, "return GPUs to default clocks (closes the sessions holding them)"),
+    "health": (_cmd_health, "gRPC health check; exit 0 when SERVING (for probes)"),
+    "version": (_cmd_version, "eerlctl and eerld versions"),
+    "completion": (_cmd_completion, "print a bash or zsh completion script"),
+}
+assert set(_COMMANDS) == set(COMMANDS), "completion table and commands disagree"
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _common_options(*, suppress: bool) -> argparse.ArgumentParser:
+    """Global options, accepted before or after the command (``eerlctl status --json`` works)."""
+    parser = argparse.ArgumentParser(add_help=False)
+
+    def default(value: object) -> object:
+        return argparse.SUPPRESS if suppress else value
+
+    parser.add_argument(
+        "--socket",
+        default=default(None),
+        help=f"admin socket (default: $EERLCTL_SOCKET or {DEFAULT_ADMIN_SOCKET})",
+    )
+    parser.add_argument("--json", action="store_true", default=default(False), help="JSON output for scripts")
+    parser.add_argument("--debug", action="store_true", default=default(False), help="tracebacks on errors")
+    parser.add_argument(
+        "--timeout", type=float, default=default(10.0), help="seconds to wait for eerld (default 10)"
+    )
+    return parser
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="eerlctl",
+        description="Administer eerld, the energy-efficient RL clock daemon of this node.",
+        parents=[_common_options(suppress=False)],
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = _common_options(suppress=True)
+    parsers = {
+        name: sub.add_parser(name, help=help_text, description=help_text, parents=[common])
+        for name, (_, help_text) in _COMMANDS.items()
+    }
+    gpus_help = "GPU indices or UUIDs, comma-separated, or 'all'"
+    p = parsers["pin"]
+    p.add_argument("--gpus", required=True, help=gpus_help)
+    p.add_argument("--sm-mhz", required=True, metavar="MHZ", help="SM clock to pin (a supported clock)")
+    p.add_argument("--mem-mhz", metavar="MHZ", help="memory clock to pin too (where supported)")
+    p.add_argument(
+        "--for", dest="duration", metavar="DURATION", help="expire after e.g. 30m, 2h (default never)"
+    )
+    p.add_argument("--reason", default="", help="why (shown in status and logs)")
+    parsers["unpin"].add_argument("--gpus", required=True, help=gpus_help)
+    p = parsers["decisions"]
+    p.add_argument("--session", metavar="ID", help="only this session")
+    p.add_argument("--phase", choices=("generation", "training"), help="only this phase kind")
+    p.add_argument("--limit", type=int, help="at most this many, newest last (default: the daemon's 1000)")
+    p = parsers["reset"]
+    p.add_argument("--gpus", default="all", help=gpus_help + " (default all)")
+    p.add_argument("--reason", default="eerlctl reset", help="why (logged)")
+    parsers["health"].add_argument("--service", default="", help="service name (default: the whole server)")
+    parsers["completion"].add_argument("shell", choices=("bash", "zsh"))
+    return parser
+
+
+def _target(socket: str) -> str:
+    """A gRPC target for the socket path (full targets such as ``unix:///…`` pass through)."""
+    return (
+        socket
+        if socket.startswith(("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:"))
+        else f"unix:{socket}"
+    )
+
+
+def _explain_rpc_error(error: grpc.RpcError, socket: str, timeout_s: float) -> str:
+    """One line that says what went wrong and what to do about it."""
+    code: grpc.StatusCode = error.code()
+    details: str = error.details() or ""
+    if code == grpc.StatusCode.UNAVAILABLE:
+        path = Path(socket.removeprefix("unix:"))
+        if not socket.startswith(("dns:", "ipv4:", "ipv6:", "unix-abstract:")):
+            if not path.exists():
+                return f"no eerld socket at {path}: is eerld running? (set --socket or EERLCTL_SOCKET)"
+            if not os.access(path, os.R_OK | os.W_OK):
+                return f"permission denied on {path}: the admin socket is for root or the eerl admin group"
+        return f"cannot reach eerld at {socket}: {details}"
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"eerld did not answer within {timeout_s:g} s"
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return f"eerld at {socket} does not offer this call (is it the worker socket, or an older eerld?)"
+    return details or code.name.lower().replace("_", " ")
+
+
+def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Run eerlctl; return the exit status (0 ok, 1 failure, 2 usage)."""
+    out = out if out is not None else sys.stdout
+    err = err if err is not None else sys.stderr
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse already printed usage or help
+        return e.code if isinstance(e.code, int) else _EXIT_USAGE
+    socket = args.socket or os.environ.get("EERLCTL_SOCKET") or DEFAULT_ADMIN_SOCKET
+    channels: list[grpc.Channel] = []
+
+    def connect() -> grpc.Channel:
+        channel = grpc.insecure_channel(_target(socket))
+        channels.append(channel)
+        return channel
+
+    handler, _ = _COMMANDS[args.command]
+    try:
+        return handler(_Context(args=args, out=out, connect=connect))
+    except grpc.RpcError as e:
+        message = _explain_rpc_error(e, socket, args.timeout)
+        if args.debug:
+            traceback.print_exc(file=err)
+    except EerlError as e:
+        message = str(e)
+        if args.debug:
+            traceback.print_exc(file=err)
+    except Exception as e:  # an unexpected bug: still one line unless debugging
+        message = f"unexpected {type(e).__name__}: {e} (run with --debug for the traceback)"
+        if args.debug:
+            traceback.print_exc(file=err)
+    finally:
+        for channel in channels:
+            channel.close()
+    err.write(f"Error: {message}\n")
+    return _EXIT_ERROR
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,68 @@
+"""Parsing of eerlctl's argument values: GPU lists and durations (pure; no I/O).
+
+Kept apart from the CLI so that the rules (``all``, indices, ``GPU-`` UUIDs; ``30m``, ``1h30m``) are
+tested on their own and shared by the Slurm scripts' expectations.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from eerld.errors import ValidationError
+
+__all__ = ["GpuSelection", "parse_duration_s", "parse_gpus", "parse_sm_mhz"]
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSelection:
+    """GPUs named on the command line: every GPU, or indices and UUIDs (in the order given)."""
+
+    all: bool = False
+    indices: tuple[int, ...] = ()
+    uuids: tuple[str, ...] = ()
+
+
+def parse_gpus(text: str, *, flag: str = "--gpus") -> GpuSelection:
+    """Parse ``all``, ``0,1``, ``GPU-5f1c…`` or a comma-separated mix of indices and UUIDs.
+
+    Slurm's ``SLURM_JOB_GPUS`` and ``CUDA_VISIBLE_DEVICES`` use the same comma-separated form.
+    """
+    stripped = text.strip()
+    if stripped.lower() == "all":
+        return GpuSelection(all=True)
+    indices: list[int] = []
+    uuids: list[str] = []
+    for part in (p.strip() for p in stripped.split(",")):
+        if part.isdigit():
+            indices.append(int(part))
+        elif part.startswith(("GPU-", "MIG-")):
+            uuids.append(part)
+        else:
+            raise ValidationError(flag, f"{part!r} is not a GPU index, a UUID (GPU-…) or 'all'")
+    return GpuSelection(indices=tuple(dict.fromkeys(indices)), uuids=tuple(dict.fromkeys(uuids)))
+
+
+def parse_duration_s(text: str, *, flag: str = "--for") -> float:
+    """Parse ``90``, ``90s``, ``30m``, ``2h``, ``1h30m`` or ``1d`` into seconds (> 0)."""
+    stripped = text.strip().lower()
+    try:
+        seconds = float(stripped)
+    except ValueError:
+        parts = _DURATION_PART.findall(stripped)
+        if not parts or "".join(n + u for n, u in parts) != stripped:
+            raise ValidationError(flag, f"{text!r} is not a duration such as 90s, 30m, 2h or 1h30m") from None
+        seconds = sum(float(n) * _UNIT_S[u] for n, u in parts)
+    if not seconds > 0:
+        raise ValidationError(flag, f"{text!r}: the duration must be positive")
+    return seconds
+
+
+def parse_sm_mhz(text: str, *, flag: str = "--sm-mhz") -> int:
+    """A clock in MHz: a positive integer (the daemon checks that the GPU supports it)."""
+    if not text.strip().isdigit() or int(text) <= 0:
+        raise ValidationError(flag, f"{text!r} is not a clock in MHz (a positive integer)")
+    return int(text)

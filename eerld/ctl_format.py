@@ -1,0 +1,340 @@
+"""eerlctl's output: protobuf replies as plain JSON-able dicts, and those dicts as tables for people.
+
+The JSON shape is a contract for scripts (documented in docs/deployment.md): snake_case keys, units in
+the names, ``null`` for "none" (no lock, no owner, default governor) rather than protobuf's zeros, and
+energies in joules. Tables are rendered from the same dicts, so both views always agree. Everything here
+is pure: the current time comes in as ``now_unix_s``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from eerl.v1 import eerl_pb2
+
+__all__ = [
+    "clocks_dict",
+    "clocks_text",
+    "decision_dict",
+    "decisions_table",
+    "gpu_dict",
+    "render_table",
+    "reset_text",
+    "session_dict",
+    "sessions_table",
+    "status_dict",
+    "status_text",
+]
+
+JsonDict = dict[str, Any]
+
+
+def _enum_name(enum_type: Any, value: int, prefix: str) -> str | None:
+    """``CONTROLLER_STATE_COMMITTED`` → ``"committed"``; UNSPECIFIED → None."""
+    name: str = enum_type.Name(value) if value in enum_type.values() else f"{prefix}{value}"
+    short = name.removeprefix(prefix).lower()
+    return None if short == "unspecified" else short
+
+
+def _mhz_or_none(value: int) -> int | None:
+    return value or None
+
+
+def _pin_dict(pin: eerl_pb2.AdminPin) -> JsonDict:
+    return {
+        "sm_clock_mhz": pin.sm_clock_mhz,
+        "mem_clock_mhz": _mhz_or_none(pin.mem_clock_mhz),
+        "reason": pin.reason,
+        "expires_at_unix_s": pin.expires_at_unix_s or None,
+        "created_at_unix_s": pin.created_at_unix_s,
+    }
+
+
+def gpu_dict(gpu: eerl_pb2.GpuStatus) -> JsonDict:
+    """One GPU: ``locked_sm_clock_mhz`` is null on the default governor, ``owner`` null when free."""
+    owner: JsonDict | None = None
+    has_pin = gpu.owner.HasField("pin") and gpu.owner.pin.sm_clock_mhz > 0
+    if gpu.owner.session_id or has_pin:
+        owner = {
+            "session_id": gpu.owner.session_id or None,
+            "job_id": gpu.owner.job_id or None,
+            "rank": gpu.owner.rank if gpu.owner.session_id else None,
+            "pin": _pin_dict(gpu.owner.pin) if has_pin else None,
+        }
+    return {
+        "index": gpu.info.index,
+        "uuid": gpu.info.uuid,
+        "name": gpu.info.name,
+        "pci_bus_id": gpu.info.pci_bus_id,
+        "sm_clock_mhz": gpu.sm_clock_mhz,
+        "mem_clock_mhz": gpu.mem_clock_mhz,
+        "locked_sm_clock_mhz": (gpu.locked_sm_clock_mhz if gpu.HasField("locked_sm_clock_mhz") else None),
+        "would_lock_sm_clock_mhz": (
+            gpu.would_lock_sm_clock_mhz if gpu.HasField("would_lock_sm_clock_mhz") else None
+        ),
+        "min_sm_clock_mhz": gpu.info.min_sm_clock_mhz,
+        "max_sm_clock_mhz": gpu.info.max_sm_clock_mhz,
+        "source": _enum_name(eerl_pb2.ClockSource, gpu.source, "CLOCK_SOURCE_"),
+        "owner": owner,
+        "power_w": gpu.power_w,
+        "power_limit_w": gpu.power_limit_w,
+        "energy_j": gpu.energy_mj / 1000.0,
+        "utilization_gpu_percent": gpu.utilization_gpu_percent,
+        "degraded": bool(gpu.degraded_reason),
+        "degraded_reason": gpu.degraded_reason or None,
+        "clock_event_reasons": list(gpu.clock_event_reasons),
+    }
+
+
+def _phase_dict(phase: eerl_pb2.PhaseStatus) -> JsonDict:
+    return {
+        "kind": _enum_name(eerl_pb2.PhaseKind, phase.kind, "PHASE_KIND_"),
+        "state": _enum_name(eerl_pb2.ControllerState, phase.state, "CONTROLLER_STATE_"),
+        "sm_clock_mhz": _mhz_or_none(phase.sm_clock_mhz),
+        "candidate_sm_clock_mhz": _mhz_or_none(phase.candidate_sm_clock_mhz),
+        "phases": phase.phases,
+        "energy_j": phase.energy_mj / 1000.0,
+        "valid_tokens": phase.valid_tokens,
+        "energy_per_valid_token_j": phase.energy_per_valid_token_j,
+        "throughput_tokens_per_s": phase.throughput_tokens_per_s,
+        "estimated_savings_fraction": phase.estimated_savings_fraction,
+        "exploration_cost_j": phase.exploration_cost_mj / 1000.0,
+        "predictor_error_fraction": phase.predictor_error_fraction,
+    }
+
+
+def session_dict(session: eerl_pb2.SessionInfo) -> JsonDict:
+    """One session with its per-phase controller view."""
+    return {
+        "session_id": session.session_id,
+        "job_id": session.job_id,
+        "rank": session.rank,
+        "world_size": session.world_size,
+        "gpu_indices": list(session.gpu_indices),
+        "mode": _enum_name(eerl_pb2.ExecutionMode, session.mode, "EXECUTION_MODE_"),
+        "role": _enum_name(eerl_pb2.GpuRole, session.role, "GPU_ROLE_"),
+        "current_phase": _enum_name(eerl_pb2.PhaseKind, session.current_phase, "PHASE_KIND_"),
+        "iteration": session.iteration,
+        "attached": session.attached,
+        "lease_remaining_s": session.lease_remaining_s,
+        "opened_at_unix_s": session.opened_at_unix_s,
+        "throughput_threshold": session.throughput_threshold,
+        "phases": [_phase_dict(p) for p in session.phases],
+    }
+
+
+def status_dict(reply: eerl_pb2.StatusResponse) -> JsonDict:
+    """The whole node: ``daemon``, ``gpus`` and ``sessions``."""
+    d = reply.daemon
+    return {
+        "daemon": {
+            "version": d.version,
+            "backend": d.backend,
+            "controller": d.controller,
+            "dry_run": d.dry_run,
+            "uptime_s": d.uptime_s,
+            "hostname": d.hostname,
+        },
+        "gpus": [gpu_dict(g) for g in reply.gpus],
+        "sessions": [session_dict(s) for s in reply.sessions],
+    }
+
+
+def clocks_dict(clocks: Sequence[eerl_pb2.GpuClock]) -> JsonDict:
+    """The per-GPU clocks read back after a pin, unpin or reset."""
+    return {
+        "clocks": [
+            {
+                "index": c.index,
+                "uuid": c.uuid,
+                "sm_clock_mhz": c.sm_clock_mhz,
+                "requested_sm_clock_mhz": _mhz_or_none(c.requested_sm_clock_mhz),
+                "source": _enum_name(eerl_pb2.ClockSource, c.source, "CLOCK_SOURCE_"),
+                "dry_run": c.dry_run,
+                "degraded_reason": c.degraded_reason or None,
+            }
+            for c in clocks
+        ]
+    }
+
+
+def decision_dict(decision: eerl_pb2.Decision) -> JsonDict:
+    """One controller decision."""
+    return {
+        "session_id": decision.session_id,
+        "kind": _enum_name(eerl_pb2.PhaseKind, decision.kind, "PHASE_KIND_"),
+        "iteration": decision.iteration,
+        "timestamp_unix_s": decision.timestamp_unix_s,
+        "state": _enum_name(eerl_pb2.ControllerState, decision.state, "CONTROLLER_STATE_"),
+        "sm_clock_mhz": _mhz_or_none(decision.sm_clock_mhz),
+        "reason": decision.reason,
+        "throughput_ratio": decision.throughput_ratio or None,
+        "energy_ratio": decision.energy_ratio or None,
+    }
+
+
+# --------------------------------------------------------------------------- tables for people
+
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns separated by two spaces, like ``kubectl get``."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+        for line in (headers, *rows)
+    ]
+    return "\n".join(lines)
+
+
+def _clock(mhz: int | None) -> str:
+    return "default" if mhz is None else f"{mhz} MHz"
+
+
+def _energy(joules: float) -> str:
+    for unit, scale in (("MJ", 1e6), ("kJ", 1e3)):
+        if abs(joules) >= scale:
+            return f"{joules / scale:.1f} {unit}"
+    return f"{joules:.1f} J"
+
+
+def _when(unix_s: float | None, now_unix_s: float) -> str:
+    if unix_s is None:
+        return "no expiry"
+    at = dt.datetime.fromtimestamp(unix_s, tz=dt.UTC).strftime("%H:%M:%SZ")
+    left_s = max(unix_s - now_unix_s, 0.0)
+    left = (
+        f"{left_s / 3600:.1f}h"
+        if left_s >= 3600
+        else f"{left_s / 60:.0f}m"
+        if left_s >= 60
+        else f"{left_s:.0f}s"
+    )
+    return f"until {at} (in {left})"
+
+
+def _owner(gpu: Mapping[str, Any], now_unix_s: float) -> str:
+    owner = gpu["owner"]
+    if owner is None:
+        return "-"
+    parts = []
+    if owner["pin"] is not None:
+        pin = owner["pin"]
+        reason = f' "{pin["reason"]}"' if pin["reason"] else ""
+        parts.append(f"admin pin{reason} {_when(pin['expires_at_unix_s'], now_unix_s)}")
+    if owner["session_id"] is not None:
+        parts.append(f"job {owner['job_id']} rank {owner['rank']}")
+    return "; ".join(parts)
+
+
+def _locked(gpu: Mapping[str, Any]) -> str:
+    if gpu["locked_sm_clock_mhz"] is not None:
+        return str(gpu["locked_sm_clock_mhz"])
+    if gpu["would_lock_sm_clock_mhz"] is not None:
+        return f"({gpu['would_lock_sm_clock_mhz']} dry-run)"
+    return "-"
+
+
+def sessions_table(sessions: Sequence[Mapping[str, Any]]) -> str:
+    """One line per session and phase kind: clock, controller state and savings so far."""
+    if not sessions:
+        return "No open sessions."
+    rows = []
+    for s in sessions:
+        gpus = ",".join(str(i) for i in s["gpu_indices"])
+        now = s["current_phase"] or "-"
+        for p in s["phases"] or [{}]:
+            rows.append(
+                [
+                    s["session_id"],
+                    s["job_id"],
+                    str(s["rank"]),
+                    gpus,
+                    f"{now}@{s['iteration']}",
+                    p.get("kind") or "-",
+                    _clock(p.get("sm_clock_mhz")),
+                    p.get("state") or "-",
+                    f"{p['estimated_savings_fraction']:.1%}" if p else "-",
+                    f"{p['energy_per_valid_token_j']:.4g} J" if p and p["energy_per_valid_token_j"] else "-",
+                ]
+            )
+    headers = ["SESSION", "JOB", "RANK", "GPUS", "NOW", "PHASE", "CLOCK", "STATE", "SAVINGS", "J/TOKEN"]
+    return render_table(headers, rows)
+
+
+def status_text(status: Mapping[str, Any], now_unix_s: float) -> str:
+    """The node at a glance: daemon line, GPU table, session table."""
+    d = status["daemon"]
+    dry = " · DRY RUN (no clock is applied)" if d["dry_run"] else ""
+    head = (
+        f"eerld {d['version']} on {d['hostname']} · backend {d['backend']} · controller {d['controller']}"
+        f" · up {d['uptime_s']:.0f}s{dry}"
+    )
+    rows = [
+        [
+            str(g["index"]),
+            g["name"],
+            str(g["sm_clock_mhz"]),
+            _locked(g),
+            f"{g['min_sm_clock_mhz']}-{g['max_sm_clock_mhz']}",
+            f"{g['power_w']:.0f} W",
+            _energy(g["energy_j"]),
+            _owner(g, now_unix_s),
+            f"degraded: {g['degraded_reason']}" if g["degraded"] else "ok",
+        ]
+        for g in status["gpus"]
+    ]
+    gpu_table = render_table(
+        ["GPU", "NAME", "SM MHZ", "LOCKED", "RANGE MHZ", "POWER", "ENERGY", "OWNER", "HEALTH"], rows
+    )
+    return f"{head}\n\n{gpu_table}\n\n{sessions_table(status['sessions'])}"
+
+
+_SOURCE_WORDS = {"admin_pin": "an admin pin", "session": "a session", "default": "the default governor"}
+
+
+def clocks_text(verb: str, clocks: Mapping[str, Any]) -> str:
+    """One line per GPU after pin/unpin/reset, e.g. ``GPU 0: pinned, SM clock now 1200 MHz``."""
+    lines = []
+    for c in clocks["clocks"]:
+        dry = " (dry run: not applied)" if c["dry_run"] else ""
+        degraded = f" (degraded: {c['degraded_reason']})" if c["degraded_reason"] else ""
+        lines.append(
+            f"GPU {c['index']}: {verb}; SM clock now {c['sm_clock_mhz']} MHz, "
+            f"decided by {_SOURCE_WORDS.get(c['source'], c['source'])}"
+            f"{dry}{degraded}"
+        )
+    return "\n".join(lines) if lines else "No GPU changed."
+
+
+def reset_text(clocks: Mapping[str, Any], closed_session_ids: Sequence[str]) -> str:
+    """What a reset did: GPU clocks and the sessions it closed."""
+    text = clocks_text("reset", clocks)
+    if closed_session_ids:
+        text += "\nClosed sessions: " + ", ".join(closed_session_ids)
+    return text
+
+
+def decisions_table(decisions: Sequence[Mapping[str, Any]]) -> str:
+    """The controller's history, oldest first."""
+    if not decisions:
+        return "No decisions."
+    rows = [
+        [
+            dt.datetime.fromtimestamp(d["timestamp_unix_s"], tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            d["session_id"],
+            d["kind"] or "-",
+            str(d["iteration"]),
+            d["state"] or "-",
+            _clock(d["sm_clock_mhz"]),
+            "-" if d["throughput_ratio"] is None else f"{d['throughput_ratio']:.3f}",
+            "-" if d["energy_ratio"] is None else f"{d['energy_ratio']:.3f}",
+            d["reason"],
+        ]
+        for d in decisions
+    ]
+    headers = ["TIME", "SESSION", "PHASE", "ITER", "STATE", "CLOCK", "THRU", "ENERGY", "REASON"]
+    return render_table(headers, rows)
