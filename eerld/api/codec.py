@@ -1,0 +1,412 @@
+"""Proto ↔ domain: every request field is validated here (naming the field) before the domain sees it.
+
+Decoders raise :class:`~eerld.errors.ValidationError` and never touch state, so a bad request changes
+nothing. Bounds reject the absurd (a token count no phase can reach, a NaN) rather than the unusual.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from eerl.v1 import eerl_pb2 as pb
+
+from eerld.clocks.arbiter import AppliedClock, ClockSource
+from eerld.clocks.pins import Pin
+from eerld.control.base import ControllerState, ExecutionMode, PhaseKind, Workload
+from eerld.daemon import (
+    DaemonView,
+    DecisionView,
+    GpuInfoView,
+    GpuStatusView,
+    PhaseStatusView,
+    SessionView,
+)
+from eerld.errors import ValidationError
+from eerld.sessions import GpuRole, GpuSelector, SessionSpec
+
+MAX_SESSION_ID_CHARS = 128
+MAX_TEXT_CHARS = 256
+MAX_REASON_CHARS = 1024
+MAX_GPUS_PER_REQUEST = 64
+MAX_GPU_INDEX = 1023
+MAX_ITERATION = 10**12
+MAX_TOKENS = 10**12
+MAX_SEQUENCES = 10**9
+MAX_LEASE_TTL_S = 3600.0
+MIN_LEASE_TTL_S = 1.0
+MAX_PIN_DURATION_S = 366 * 24 * 3600.0
+MAX_CLOCK_MHZ = 10_000
+MAX_DECISIONS_LIMIT = 100_000
+
+_TOKEN_CHARS = frozenset(string.ascii_letters + string.digits + "-_")
+
+_KINDS = {pb.PHASE_KIND_GENERATION: PhaseKind.GENERATION, pb.PHASE_KIND_TRAINING: PhaseKind.TRAINING}
+_KINDS_OUT = {v: k for k, v in _KINDS.items()}
+_MODES = {pb.EXECUTION_MODE_SYNC: ExecutionMode.SYNC, pb.EXECUTION_MODE_ASYNC: ExecutionMode.ASYNC}
+_MODES_OUT = {v: k for k, v in _MODES.items()}
+_ROLES = {
+    pb.GPU_ROLE_BOTH: GpuRole.BOTH,
+    pb.GPU_ROLE_GENERATION: GpuRole.GENERATION,
+    pb.GPU_ROLE_TRAINING: GpuRole.TRAINING,
+}
+_ROLES_OUT = {v: k for k, v in _ROLES.items()}
+_STATES_OUT = {
+    ControllerState.BASELINE: pb.CONTROLLER_STATE_BASELINE,
+    ControllerState.EXPLORING: pb.CONTROLLER_STATE_EXPLORING,
+    ControllerState.COMMITTED: pb.CONTROLLER_STATE_COMMITTED,
+    ControllerState.RETUNING: pb.CONTROLLER_STATE_RETUNING,
+    ControllerState.FIXED: pb.CONTROLLER_STATE_FIXED,
+    ControllerState.OFF: pb.CONTROLLER_STATE_OFF,
+}
+_SOURCES_OUT = {
+    ClockSource.DEFAULT: pb.CLOCK_SOURCE_DEFAULT,
+    ClockSource.SESSION: pb.CLOCK_SOURCE_SESSION,
+    ClockSource.ADMIN_PIN: pb.CLOCK_SOURCE_ADMIN_PIN,
+}
+
+
+# -- decoding -----------------------------------------------------------------------------------------
+
+
+def session_id(value: str, field: str = "session_id") -> str:
+    """A syntactically valid session token (whether it exists is the domain's question)."""
+    if not value:
+        raise ValidationError(field, "required")
+    if len(value) > MAX_SESSION_ID_CHARS or not set(value) <= _TOKEN_CHARS:
+        raise ValidationError(field, "not a session id")
+    return value
+
+
+def optional_session_id(value: str, field: str = "session_id") -> str | None:
+    """A session token, or None when empty."""
+    return session_id(value, field) if value else None
+
+
+def phase_kind(value: int, field: str = "kind") -> PhaseKind:
+    """A required phase kind."""
+    if value == pb.PHASE_KIND_UNSPECIFIED:
+        raise ValidationError(field, "required (PHASE_KIND_GENERATION or PHASE_KIND_TRAINING)")
+    if value not in _KINDS:
+        raise ValidationError(field, f"unknown phase kind {value}")
+    return _KINDS[pb.PhaseKind.ValueType(value)]
+
+
+def optional_phase_kind(value: int, field: str = "kind") -> PhaseKind | None:
+    """A phase kind, or None for UNSPECIFIED."""
+    return None if value == pb.PHASE_KIND_UNSPECIFIED else phase_kind(value, field)
+
+
+def iteration(value: int, field: str = "iteration") -> int:
+    """An iteration number below an absurd bound."""
+    if value > MAX_ITERATION:
+        raise ValidationError(field, f"{value} is out of range (at most {MAX_ITERATION})")
+    return value
+
+
+def _count(value: int, field: str, maximum: int) -> int:
+    if value > maximum:
+        raise ValidationError(
+            field, f"{value} is absurd (at most {maximum}); negative values arrive this way too"
+        )
+    return value
+
+
+def workload(msg: pb.Workload, field: str) -> Workload:
+    """A phase workload with every count bounded and valid tokens within tokens."""
+    tokens = _count(msg.tokens, f"{field}.tokens", MAX_TOKENS)
+    valid = _count(msg.valid_tokens, f"{field}.valid_tokens", MAX_TOKENS)
+    sequences = _count(msg.sequences, f"{field}.sequences", MAX_SEQUENCES)
+    longest = _count(msg.max_response_tokens, f"{field}.max_response_tokens", MAX_TOKENS)
+    prompt = _count(msg.prompt_tokens, f"{field}.prompt_tokens", MAX_TOKENS)
+    if tokens and valid > tokens:
+        raise ValidationError(f"{field}.valid_tokens", f"{valid} exceeds tokens ({tokens})")
+    return Workload(tokens, valid, sequences, longest, prompt)
+
+
+def _finite(value: float, field: str, minimum: float, maximum: float) -> float:
+    if not math.isfinite(value):
+        raise ValidationError(field, f"must be a finite number, got {value}")
+    if not minimum <= value <= maximum:
+        raise ValidationError(field, f"must be between {minimum:g} and {maximum:g}, got {value:g}")
+    return value
+
+
+def _text(value: str, field: str, maximum: int, *, required: bool = False) -> str:
+    if required and not value.strip():
+        raise ValidationError(field, "required")
+    if len(value) > maximum:
+        raise ValidationError(field, f"too long ({len(value)} characters, at most {maximum})")
+    if any(not ch.isprintable() for ch in value):
+        raise ValidationError(field, "contains control characters")
+    return value
+
+
+def gpu_refs(refs: Sequence[pb.GpuRef], field: str = "gpus") -> tuple[GpuSelector, ...]:
+    """GPU references; each must name an index or a UUID."""
+    if len(refs) > MAX_GPUS_PER_REQUEST:
+        raise ValidationError(field, f"{len(refs)} GPUs listed (at most {MAX_GPUS_PER_REQUEST})")
+    selectors: list[GpuSelector] = []
+    for i, ref in enumerate(refs):
+        name = f"{field}[{i}]"
+        which = ref.WhichOneof("ref")
+        if which == "index":
+            if ref.index > MAX_GPU_INDEX:
+                raise ValidationError(f"{name}.index", f"{ref.index} is out of range")
+            selectors.append(GpuSelector(name, index=ref.index))
+        elif which == "uuid":
+            selectors.append(GpuSelector(name, uuid=_text(ref.uuid, f"{name}.uuid", 96, required=True)))
+        else:
+            raise ValidationError(name, "set index or uuid")
+    return tuple(selectors)
+
+
+def _targets(refs: Sequence[pb.GpuRef], all_gpus: bool) -> tuple[GpuSelector, ...] | None:
+    if all_gpus:
+        return None
+    if not refs:
+        raise ValidationError("gpus", "required unless all is set")
+    return gpu_refs(refs)
+
+
+def open_session(req: pb.OpenSessionRequest) -> SessionSpec:
+    """OpenSessionRequest → SessionSpec."""
+    job_id = _text(req.job_id, "job_id", MAX_TEXT_CHARS, required=True)
+    if not req.gpus:
+        raise ValidationError("gpus", "at least one GPU is required")
+    gpus = gpu_refs(req.gpus)
+    if req.mode == pb.EXECUTION_MODE_UNSPECIFIED:
+        mode = ExecutionMode.SYNC
+    elif req.mode in _MODES:
+        mode = _MODES[req.mode]
+    else:
+        raise ValidationError("mode", f"unknown execution mode {req.mode}")
+    if req.role == pb.GPU_ROLE_UNSPECIFIED:
+        role = GpuRole.BOTH
+    elif req.role in _ROLES:
+        role = _ROLES[req.role]
+    else:
+        raise ValidationError("role", f"unknown GPU role {req.role}")
+    if mode is ExecutionMode.ASYNC and role is GpuRole.BOTH:
+        raise ValidationError(
+            "role", "an async session runs one phase kind: GPU_ROLE_GENERATION or _TRAINING"
+        )
+    if req.world_size and req.rank >= req.world_size:
+        raise ValidationError("rank", f"{req.rank} is not below world_size ({req.world_size})")
+    threshold = req.policy.throughput_threshold if req.HasField("policy") else 0.0
+    if threshold != 0.0:
+        _finite(threshold, "policy.throughput_threshold", 0.0, 1.0)
+        if threshold <= 0.0:
+            raise ValidationError("policy.throughput_threshold", "must be in (0, 1]")
+    ttl = req.lease_ttl_s
+    if ttl != 0.0:
+        _finite(ttl, "lease_ttl_s", MIN_LEASE_TTL_S, MAX_LEASE_TTL_S)
+    return SessionSpec(
+        job_id=job_id,
+        rank=req.rank,
+        world_size=req.world_size,
+        gpus=gpus,
+        mode=mode,
+        role=role,
+        throughput_threshold=threshold or None,
+        lease_ttl_s=ttl or None,
+        client_name=_text(req.client_name, "client_name", MAX_TEXT_CHARS),
+    )
+
+
+def begin_phase(req: pb.BeginPhaseRequest) -> tuple[str, PhaseKind, int, Workload | None]:
+    """BeginPhaseRequest → (session, kind, iteration, hints)."""
+    hints = workload(req.hints, "hints") if req.HasField("hints") else None
+    return session_id(req.session_id), phase_kind(req.kind), iteration(req.iteration), hints
+
+
+def end_phase(req: pb.EndPhaseRequest) -> tuple[str, PhaseKind, int, Workload]:
+    """EndPhaseRequest → (session, kind, iteration, workload)."""
+    sid, kind, it = session_id(req.session_id), phase_kind(req.kind), iteration(req.iteration)
+    if not req.HasField("workload"):
+        raise ValidationError("workload", "required (tokens processed by the phase)")
+    return sid, kind, it, workload(req.workload, "workload")
+
+
+@dataclass(frozen=True, slots=True)
+class PinArgs:
+    """A validated PinRequest."""
+
+    gpus: tuple[GpuSelector, ...] | None
+    sm_clock_mhz: int
+    mem_clock_mhz: int
+    duration_s: float
+    reason: str
+
+
+def pin(req: pb.PinRequest) -> PinArgs:
+    """PinRequest → PinArgs (whether the clock is supported is the domain's question)."""
+    gpus = _targets(req.gpus, req.all)
+    if req.sm_clock_mhz == 0:
+        raise ValidationError("sm_clock_mhz", "required")
+    if req.sm_clock_mhz > MAX_CLOCK_MHZ:
+        raise ValidationError("sm_clock_mhz", f"{req.sm_clock_mhz} MHz is out of range")
+    if req.mem_clock_mhz > MAX_CLOCK_MHZ * 4:
+        raise ValidationError("mem_clock_mhz", f"{req.mem_clock_mhz} MHz is out of range")
+    duration = _finite(req.duration_s, "duration_s", 0.0, MAX_PIN_DURATION_S)
+    reason = _text(req.reason, "reason", MAX_REASON_CHARS)
+    return PinArgs(gpus, req.sm_clock_mhz, req.mem_clock_mhz, duration, reason)
+
+
+def unpin(req: pb.UnpinRequest) -> tuple[GpuSelector, ...] | None:
+    """UnpinRequest → the GPUs (None: all)."""
+    return _targets(req.gpus, req.all)
+
+
+def reset(req: pb.ResetAllRequest) -> tuple[tuple[GpuSelector, ...] | None, str]:
+    """ResetAllRequest → (GPUs or None for all, reason)."""
+    return _targets(req.gpus, req.all), _text(req.reason, "reason", MAX_REASON_CHARS)
+
+
+def decisions(req: pb.GetDecisionsRequest) -> tuple[str | None, PhaseKind | None, int]:
+    """GetDecisionsRequest → (session or None, kind or None, limit)."""
+    limit = req.limit or 1000
+    if limit > MAX_DECISIONS_LIMIT:
+        raise ValidationError("limit", f"{limit} is out of range (at most {MAX_DECISIONS_LIMIT})")
+    return optional_session_id(req.session_id), optional_phase_kind(req.kind), limit
+
+
+# -- encoding -----------------------------------------------------------------------------------------
+
+
+def kind_out(kind: PhaseKind | None) -> pb.PhaseKind.ValueType:
+    """Domain phase kind → proto enum."""
+    return _KINDS_OUT[kind] if kind is not None else pb.PHASE_KIND_UNSPECIFIED
+
+
+def state_out(state: ControllerState) -> pb.ControllerState.ValueType:
+    """Domain controller state → proto enum."""
+    return _STATES_OUT.get(state, pb.CONTROLLER_STATE_UNSPECIFIED)
+
+
+def clock_out(c: AppliedClock) -> pb.GpuClock:
+    """Applied clock → GpuClock."""
+    return pb.GpuClock(
+        index=c.index,
+        uuid=c.uuid,
+        sm_clock_mhz=c.sm_clock_mhz,
+        requested_sm_clock_mhz=c.requested_sm_clock_mhz or 0,
+        source=_SOURCES_OUT[c.source],
+        dry_run=c.dry_run,
+        degraded_reason=c.degraded_reason,
+    )
+
+
+def gpu_info_out(info: GpuInfoView) -> pb.GpuInfo:
+    """GPU facts → GpuInfo."""
+    return pb.GpuInfo(
+        index=info.index,
+        uuid=info.uuid,
+        name=info.name,
+        pci_bus_id=info.pci_bus_id,
+        min_sm_clock_mhz=info.min_sm_clock_mhz,
+        max_sm_clock_mhz=info.max_sm_clock_mhz,
+    )
+
+
+def pin_out(p: Pin) -> pb.AdminPin:
+    """Pin → AdminPin."""
+    return pb.AdminPin(
+        sm_clock_mhz=p.sm_clock_mhz,
+        mem_clock_mhz=p.mem_clock_mhz,
+        reason=p.reason,
+        expires_at_unix_s=p.expires_at_unix_s,
+        created_at_unix_s=p.created_at_unix_s,
+    )
+
+
+def gpu_status_out(g: GpuStatusView) -> pb.GpuStatus:
+    """GPU status → GpuStatus."""
+    owner = pb.GpuOwner(session_id=g.session_id or "", job_id=g.job_id or "", rank=g.rank or 0)
+    if g.pin is not None:
+        owner.pin.CopyFrom(pin_out(g.pin))
+    msg = pb.GpuStatus(
+        info=gpu_info_out(g.info),
+        sm_clock_mhz=g.sm_clock_mhz,
+        mem_clock_mhz=g.mem_clock_mhz,
+        source=_SOURCES_OUT[g.source],
+        owner=owner,
+        power_w=g.power_w,
+        power_limit_w=g.power_limit_w,
+        energy_mj=g.energy_mj,
+        utilization_gpu_percent=g.utilization_gpu_percent,
+        degraded_reason=g.degraded_reason,
+        clock_event_reasons=list(g.clock_event_reasons),
+    )
+    if g.locked_sm_clock_mhz is not None:
+        msg.locked_sm_clock_mhz = g.locked_sm_clock_mhz
+    if g.would_lock_sm_clock_mhz is not None:
+        msg.would_lock_sm_clock_mhz = g.would_lock_sm_clock_mhz
+    return msg
+
+
+def _phase_status_out(p: PhaseStatusView) -> pb.PhaseStatus:
+    return pb.PhaseStatus(
+        kind=kind_out(p.kind),
+        state=state_out(p.state),
+        sm_clock_mhz=p.sm_clock_mhz or 0,
+        candidate_sm_clock_mhz=p.candidate_sm_clock_mhz or 0,
+        phases=p.phases,
+        energy_mj=p.energy_mj,
+        valid_tokens=p.valid_tokens,
+        energy_per_valid_token_j=p.energy_per_valid_token_j,
+        throughput_tokens_per_s=p.throughput_tokens_per_s,
+        estimated_savings_fraction=p.estimated_savings_fraction,
+        exploration_cost_mj=p.exploration_cost_mj,
+        predictor_error_fraction=p.predictor_error_fraction,
+    )
+
+
+def session_out(s: SessionView) -> pb.SessionInfo:
+    """Session view → SessionInfo."""
+    return pb.SessionInfo(
+        session_id=s.session_id,
+        job_id=s.job_id,
+        rank=s.rank,
+        world_size=s.world_size,
+        gpu_indices=list(s.gpu_indices),
+        mode=_MODES_OUT[s.mode],
+        role=_ROLES_OUT[GpuRole(s.role)],
+        current_phase=kind_out(s.current_phase),
+        iteration=s.iteration,
+        phases=[_phase_status_out(p) for p in s.phases],
+        opened_at_unix_s=s.opened_at_unix_s,
+        attached=s.attached,
+        lease_remaining_s=s.lease_remaining_s,
+        throughput_threshold=s.throughput_threshold,
+    )
+
+
+def daemon_out(d: DaemonView) -> pb.DaemonInfo:
+    """Daemon view → DaemonInfo."""
+    return pb.DaemonInfo(
+        version=d.version,
+        backend=d.backend,
+        controller=d.controller,
+        dry_run=d.dry_run,
+        uptime_s=d.uptime_s,
+        hostname=d.hostname,
+    )
+
+
+def decision_out(v: DecisionView) -> pb.Decision:
+    """Decision view → Decision."""
+    d = v.decision
+    return pb.Decision(
+        session_id=v.session_id,
+        kind=kind_out(d.kind),
+        iteration=d.iteration,
+        timestamp_unix_s=v.timestamp_unix_s,
+        state=state_out(d.state),
+        sm_clock_mhz=d.sm_clock_mhz or 0,
+        reason=d.reason,
+        throughput_ratio=d.throughput_ratio or 0.0,
+        energy_ratio=d.energy_ratio or 0.0,
+    )

@@ -1,0 +1,135 @@
+"""The one place where domain errors become gRPC status codes (and where RPC latency is observed).
+
+Servicers let :mod:`eerld.errors` exceptions fly; this interceptor maps each branch of the tree to one
+status code with the error's message (which names the field or the holder). Anything outside the tree is
+a bug: the client gets INTERNAL with a generic message, the log gets the traceback.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import structlog
+
+from eerld.daemon import RpcObserver
+from eerld.errors import (
+    BackendFailure,
+    ConfigError,
+    Conflict,
+    EerlError,
+    GpuError,
+    GpuLost,
+    NotFound,
+    PermissionDenied,
+    Unavailable,
+    ValidationError,
+)
+
+log = structlog.get_logger("eerld.api")
+
+OWN_SERVICES_PREFIX = "/eerl.v1."
+INTERNAL_MESSAGE = "internal error in eerld; the daemon's log has the details"
+
+
+def status_code_for(error: EerlError) -> grpc.StatusCode:
+    """The gRPC status code of a domain error."""
+    if isinstance(error, ValidationError):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(error, NotFound):
+        return grpc.StatusCode.NOT_FOUND
+    if isinstance(error, Conflict | ConfigError):
+        return grpc.StatusCode.FAILED_PRECONDITION
+    if isinstance(error, PermissionDenied):
+        return grpc.StatusCode.PERMISSION_DENIED
+    if isinstance(error, Unavailable | GpuLost | BackendFailure):
+        return grpc.StatusCode.UNAVAILABLE
+    if isinstance(error, GpuError):
+        return grpc.StatusCode.FAILED_PRECONDITION
+    return grpc.StatusCode.INTERNAL
+
+
+if TYPE_CHECKING:  # the stubs make ServerInterceptor generic; the runtime class is not subscriptable
+    _InterceptorBase = grpc.ServerInterceptor[Any, Any]
+else:
+    _InterceptorBase = grpc.ServerInterceptor
+
+
+class ErrorMappingInterceptor(_InterceptorBase):
+    """Wraps eerl.v1 handlers: maps errors to status codes and reports each RPC to the observers."""
+
+    def __init__(self, observers: Sequence[RpcObserver]) -> None:
+        self._observers = observers
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = continuation(handler_call_details)
+        method: str = handler_call_details.method
+        if handler is None or not method.startswith(OWN_SERVICES_PREFIX):
+            return handler
+        name = method.rsplit("/", 1)[-1]
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._unary(name, handler.unary_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._stream(name, handler.unary_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+    def _unary(self, name: str, inner: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[..., Any]:
+        def call(request: Any, context: grpc.ServicerContext) -> Any:
+            start = time.perf_counter()
+            code = grpc.StatusCode.OK
+            try:
+                return inner(request, context)
+            except Exception as e:
+                code, message = self._map(name, e)
+                context.abort(code, message)
+            finally:
+                self._observe(name, code, time.perf_counter() - start)
+
+        return call
+
+    def _stream(
+        self, name: str, inner: Callable[[Any, grpc.ServicerContext], Iterator[Any]]
+    ) -> Callable[..., Iterator[Any]]:
+        def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            start = time.perf_counter()
+            code = grpc.StatusCode.OK
+            try:
+                yield from inner(request, context)
+            except Exception as e:
+                code, message = self._map(name, e)
+                context.abort(code, message)
+            finally:
+                self._observe(name, code, time.perf_counter() - start)
+
+        return call
+
+    @staticmethod
+    def _map(name: str, error: Exception) -> tuple[grpc.StatusCode, str]:
+        if isinstance(error, EerlError):
+            code = status_code_for(error)
+            if code is not grpc.StatusCode.INTERNAL:
+                log.debug("rpc_rejected", method=name, code=code.name, error=str(error))
+                return code, str(error)
+        log.error("rpc_internal_error", method=name, exc_info=error)
+        return grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE
+
+    def _observe(self, name: str, code: grpc.StatusCode, duration_s: float) -> None:
+        for observer in list(self._observers):
+            try:
+                observer(name, code.name, duration_s)
+            except Exception:
+                log.exception("rpc_observer_error")

@@ -1,0 +1,126 @@
+# ruff: noqa: N802 - method names are the RPC names of the v1 contract
+"""Thin servicers: decode the request (codec), call one Daemon method, encode the reply.
+
+Errors are not handled here; :mod:`eerld.api.interceptors` maps them. The worker socket serves only
+:class:`PhaseServicer` and the admin socket only :class:`AdminServicer`.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator
+
+import grpc
+from eerl.v1 import eerl_pb2 as pb
+from eerl.v1 import eerl_pb2_grpc as pb_grpc
+
+from eerld.api import codec
+from eerld.daemon import Daemon
+
+ATTACH_POLL_S = 0.5
+
+
+class PhaseServicer(pb_grpc.PhaseServiceServicer):
+    """The worker API."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self._daemon = daemon
+
+    def OpenSession(
+        self, request: pb.OpenSessionRequest, context: grpc.ServicerContext
+    ) -> pb.OpenSessionResponse:
+        opened = self._daemon.open_session(codec.open_session(request))
+        return pb.OpenSessionResponse(
+            session_id=opened.session_id,
+            lease_ttl_s=opened.lease_ttl_s,
+            gpus=[codec.gpu_info_out(g) for g in opened.gpus],
+        )
+
+    def Attach(self, request: pb.AttachRequest, context: grpc.ServicerContext) -> Iterator[pb.SessionEvent]:
+        attachment = self._daemon.attach(codec.session_id(request.session_id))
+        if not context.add_callback(lambda: self._daemon.detach(attachment)):
+            self._daemon.detach(attachment)
+            return
+        while context.is_active():
+            try:
+                timestamp, message = attachment.events.get(timeout=ATTACH_POLL_S)
+            except queue.Empty:
+                if attachment.ended.is_set():
+                    return
+                continue
+            yield pb.SessionEvent(timestamp_unix_s=timestamp, message=message)
+
+    def BeginPhase(
+        self, request: pb.BeginPhaseRequest, context: grpc.ServicerContext
+    ) -> pb.BeginPhaseResponse:
+        began = self._daemon.begin_phase(*codec.begin_phase(request))
+        return pb.BeginPhaseResponse(
+            clocks=[codec.clock_out(c) for c in began.clocks],
+            state=codec.state_out(began.state),
+            target_sm_clock_mhz=began.target_sm_clock_mhz or 0,
+        )
+
+    def EndPhase(self, request: pb.EndPhaseRequest, context: grpc.ServicerContext) -> pb.EndPhaseResponse:
+        ended = self._daemon.end_phase(*codec.end_phase(request))
+        return pb.EndPhaseResponse(
+            duration_s=ended.duration_s,
+            energy_mj=ended.energy_mj,
+            mean_power_w=ended.mean_power_w,
+            state=codec.state_out(ended.state),
+        )
+
+    def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatResponse:
+        return pb.HeartbeatResponse(
+            lease_remaining_s=self._daemon.heartbeat(codec.session_id(request.session_id))
+        )
+
+    def CloseSession(
+        self, request: pb.CloseSessionRequest, context: grpc.ServicerContext
+    ) -> pb.CloseSessionResponse:
+        closed = self._daemon.close_session(codec.session_id(request.session_id))
+        return pb.CloseSessionResponse(energy_mj=closed.energy_mj, valid_tokens=closed.valid_tokens)
+
+
+class AdminServicer(pb_grpc.AdminServiceServicer):
+    """The admin API."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self._daemon = daemon
+
+    def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusResponse:
+        status = self._daemon.status()
+        return pb.StatusResponse(
+            daemon=codec.daemon_out(status.daemon),
+            gpus=[codec.gpu_status_out(g) for g in status.gpus],
+            sessions=[codec.session_out(s) for s in status.sessions],
+        )
+
+    def Pin(self, request: pb.PinRequest, context: grpc.ServicerContext) -> pb.PinResponse:
+        args = codec.pin(request)
+        clocks = self._daemon.pin(
+            args.gpus, args.sm_clock_mhz, args.mem_clock_mhz, args.duration_s, args.reason
+        )
+        return pb.PinResponse(clocks=[codec.clock_out(c) for c in clocks])
+
+    def Unpin(self, request: pb.UnpinRequest, context: grpc.ServicerContext) -> pb.UnpinResponse:
+        clocks = self._daemon.unpin(codec.unpin(request))
+        return pb.UnpinResponse(clocks=[codec.clock_out(c) for c in clocks])
+
+    def ListSessions(
+        self, request: pb.ListSessionsRequest, context: grpc.ServicerContext
+    ) -> pb.ListSessionsResponse:
+        return pb.ListSessionsResponse(sessions=[codec.session_out(s) for s in self._daemon.sessions()])
+
+    def GetDecisions(
+        self, request: pb.GetDecisionsRequest, context: grpc.ServicerContext
+    ) -> pb.GetDecisionsResponse:
+        views = self._daemon.decisions(*codec.decisions(request))
+        return pb.GetDecisionsResponse(decisions=[codec.decision_out(v) for v in views])
+
+    def ResetAll(self, request: pb.ResetAllRequest, context: grpc.ServicerContext) -> pb.ResetAllResponse:
+        gpus, reason = codec.reset(request)
+        outcome = self._daemon.reset(gpus, reason or "admin reset")
+        return pb.ResetAllResponse(
+            clocks=[codec.clock_out(c) for c in outcome.clocks],
+            closed_session_ids=list(outcome.closed_session_ids),
+        )

@@ -1,0 +1,395 @@
+"""The clock arbiter: for each GPU, an admin pin beats the holding session's controller beats the default.
+
+The arbiter is the only code that actuates clocks. Every change goes through :meth:`ClockArbiter._apply`,
+which (1) computes the GPU's target from pin > session > default, (2) skips the call when the target holds
+already, (3) lists the GPU in the ledger before any lock, (4) locks or resets, (5) unlists it after a reset.
+A backend error marks only that GPU degraded (with the reason) and schedules a retry with back-off; one
+decision is applied to many GPUs in parallel so that a slow or failing GPU never holds up the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
+
+import structlog
+
+from eerld.clocks.ledger import Ledger, LedgerEntry
+from eerld.clocks.pins import Pin
+from eerld.errors import GpuError, NotSupported
+from eerld.gpu.base import GpuBackend, GpuIdentity
+
+log = structlog.get_logger("eerld.clocks")
+
+RETRY_INITIAL_S = 0.5
+RETRY_MAX_S = 30.0
+APPLY_TIMEOUT_S = 10.0
+
+
+class ClockSource(enum.StrEnum):
+    """Who decides a GPU's clock now."""
+
+    DEFAULT = "default"
+    SESSION = "session"
+    ADMIN_PIN = "admin_pin"
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedClock:
+    """The outcome of applying the arbiter's target to one GPU."""
+
+    index: int
+    uuid: str
+    sm_clock_mhz: int
+    """Read back after the change; 0 when it could not be read."""
+    requested_sm_clock_mhz: int | None
+    """The lock asked for; None for the default governor."""
+    source: ClockSource
+    dry_run: bool
+    degraded_reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Arbitration:
+    """The arbiter's view of one GPU, for Status."""
+
+    index: int
+    uuid: str
+    source: ClockSource
+    pin: Pin | None
+    session_id: str | None
+    locked_sm_clock_mhz: int | None
+    would_lock_sm_clock_mhz: int | None
+    degraded_reason: str
+
+
+class _Slot:
+    """Mutable per-GPU state; guarded by its own lock so GPUs never wait on each other."""
+
+    def __init__(self, identity: GpuIdentity, locks_work: bool, max_mem_clock_mhz: int) -> None:
+        self.identity = identity
+        self.locks_work = locks_work
+        self.max_mem_clock_mhz = max_mem_clock_mhz
+        self.lock = threading.Lock()
+        self.pin: Pin | None = None
+        self.session_id: str | None = None
+        self.session_clock_mhz: int | None = None
+        self.applied_sm_mhz: int | None = None
+        self.applied_mem_mhz: int | None = None
+        self.would_lock_mhz: int | None = None
+        self.degraded_reason = ""
+        self.retry_at_s = 0.0
+        self.backoff_s = RETRY_INITIAL_S
+
+    def target(self) -> tuple[int | None, int | None, ClockSource]:
+        if self.pin is not None:
+            mem = self.pin.mem_clock_mhz or None
+            return self.pin.sm_clock_mhz, mem, ClockSource.ADMIN_PIN
+        if self.session_id is not None and self.session_clock_mhz is not None:
+            return self.session_clock_mhz, None, ClockSource.SESSION
+        return None, None, ClockSource.DEFAULT
+
+
+class ClockArbiter:
+    """Applies pin > session > default to each GPU, crash-safely and in parallel."""
+
+    def __init__(
+        self,
+        backend: GpuBackend,
+        ledger: Ledger,
+        *,
+        dry_run: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+        max_workers: int = 8,
+    ) -> None:
+        self._backend = backend
+        self._ledger = ledger
+        self._dry_run = dry_run
+        self._clock = clock
+        self._slots: dict[int, _Slot] = {}
+        for identity in backend.inventory():
+            self._slots[identity.index] = self._make_slot(identity)
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="eerld-clocks")
+
+    def _make_slot(self, identity: GpuIdentity) -> _Slot:
+        try:
+            locks_work = self._backend.supports_locked_clocks(identity.index)
+        except GpuError:
+            locks_work = True
+        try:
+            mems = self._backend.supported_mem_clocks_mhz(identity.index)
+            max_mem = max(mems) if mems else 0
+        except GpuError:
+            max_mem = 0
+        return _Slot(identity, locks_work, max_mem)
+
+    @property
+    def dry_run(self) -> bool:
+        """True when no clock is ever actuated."""
+        return self._dry_run
+
+    def close(self) -> None:
+        """Stop the worker threads."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- recovery -----------------------------------------------------------------------------------
+
+    def recover_from_ledger(self) -> list[int]:
+        """Reset every GPU the ledger names (locks left by a dead daemon); return the indices reset."""
+        reset: list[int] = []
+        for index, entry in sorted(self._ledger.entries().items()):
+            slot = self._slots.get(index)
+            if slot is None:
+                log.warning("ledger_gpu_unknown", gpu_index=index, gpu_uuid=entry.uuid)
+                self._ledger.remove(index)
+                continue
+            with slot.lock:
+                if self._reset_hardware(slot, reason="ledger recovery at start"):
+                    self._ledger.remove(index)
+                    reset.append(index)
+                    log.info("ledger_reset", gpu_index=index, gpu_uuid=entry.uuid, owner=entry.owner)
+        return reset
+
+    def reset_everything(self) -> list[AppliedClock]:
+        """Reset every GPU of the node regardless of state, clear the ledger (``--reset-clocks``)."""
+        for slot in self._slots.values():
+            slot.pin = None
+            slot.session_id = None
+            slot.session_clock_mhz = None
+        results = self._map(list(self._slots), self._force_reset)
+        if not any(r.degraded_reason for r in results):
+            self._ledger.clear()
+        return results
+
+    def _force_reset(self, slot: _Slot) -> AppliedClock:
+        with slot.lock:
+            if self._reset_hardware(slot, reason="reset requested"):
+                self._ledger.remove(slot.identity.index)
+            return self._result(slot, None, ClockSource.DEFAULT, None)
+
+    # -- requests -----------------------------------------------------------------------------------
+
+    def set_session(
+        self, indices: Sequence[int], session_id: str | None, sm_clock_mhz: int | None
+    ) -> list[AppliedClock]:
+        """Record the session's wish for its GPUs (None session: released) and apply it."""
+
+        def update(slot: _Slot) -> None:
+            slot.session_id = session_id
+            slot.session_clock_mhz = sm_clock_mhz if session_id is not None else None
+
+        return self._update_and_apply(indices, update)
+
+    def set_pins(self, pins: Sequence[Pin], indices: Sequence[int]) -> list[AppliedClock]:
+        """Install pins (one per index, same order) and apply them."""
+        by_index = dict(zip(indices, pins, strict=True))
+
+        def update(slot: _Slot) -> None:
+            slot.pin = by_index[slot.identity.index]
+
+        return self._update_and_apply(indices, update)
+
+    def clear_pins(self, indices: Sequence[int]) -> list[AppliedClock]:
+        """Remove pins; the holding session or the default governor decides again."""
+
+        def update(slot: _Slot) -> None:
+            slot.pin = None
+
+        return self._update_and_apply(indices, update)
+
+    def retry_degraded(self) -> list[AppliedClock]:
+        """Re-apply degraded GPUs whose back-off has passed (called by the daemon's reaper)."""
+        now = self._clock()
+        due = [i for i, s in self._slots.items() if s.degraded_reason and now >= s.retry_at_s]
+        return self._update_and_apply(due, lambda _slot: None) if due else []
+
+    def release_all(self) -> list[AppliedClock]:
+        """Forget every pin and session wish and reset every GPU eerld locked (shutdown path)."""
+        for slot in self._slots.values():
+            with slot.lock:
+                slot.pin = None
+                slot.session_id = None
+                slot.session_clock_mhz = None
+        listed = set(self._ledger.entries())
+        indices = [
+            i
+            for i, s in self._slots.items()
+            if i in listed or s.applied_sm_mhz is not None or s.applied_mem_mhz
+        ]
+        return self._update_and_apply(indices, lambda _slot: None, force=True)
+
+    def _update_and_apply(
+        self, indices: Sequence[int], update: Callable[[_Slot], None], *, force: bool = False
+    ) -> list[AppliedClock]:
+        def one(slot: _Slot) -> AppliedClock:
+            with slot.lock:
+                update(slot)
+                return self._apply(slot, force=force)
+
+        return self._map(indices, one)
+
+    def _map(self, indices: Iterable[int], fn: Callable[[_Slot], AppliedClock]) -> list[AppliedClock]:
+        slots = [self._slots[i] for i in indices]
+        if len(slots) == 1:
+            return [fn(slots[0])]
+        futures = [self._pool.submit(fn, s) for s in slots]
+        wait_futures(futures, timeout=APPLY_TIMEOUT_S)
+        results: list[AppliedClock] = []
+        for slot, future in zip(slots, futures, strict=True):
+            if future.done() and future.exception() is None:
+                results.append(future.result())
+            else:
+                reason = "backend call timed out" if not future.done() else f"{future.exception()!r}"
+                results.append(
+                    AppliedClock(
+                        slot.identity.index,
+                        slot.identity.uuid,
+                        0,
+                        None,
+                        ClockSource.DEFAULT,
+                        self._dry_run,
+                        reason,
+                    )
+                )
+        return results
+
+    # -- actuation (slot lock held) -------------------------------------------------------------------
+
+    def _apply(self, slot: _Slot, *, force: bool = False) -> AppliedClock:
+        target_sm, target_mem, source = slot.target()
+        index, uuid = slot.identity.index, slot.identity.uuid
+        if self._dry_run:
+            slot.would_lock_mhz = target_sm
+            return self._result(slot, target_sm, source, None)
+        unchanged = target_sm == slot.applied_sm_mhz and target_mem == slot.applied_mem_mhz
+        if unchanged and not slot.degraded_reason and not force:
+            return self._result(slot, target_sm, source, None)
+        read_back: int | None = None
+        try:
+            if target_sm is not None or target_mem is not None:
+                self._ledger.add(LedgerEntry(index, uuid, source.value))
+            if target_mem != slot.applied_mem_mhz or force:
+                self._actuate_mem(slot, target_mem)
+            if target_sm != slot.applied_sm_mhz or slot.degraded_reason or force:
+                read_back = self._actuate_sm(slot, target_sm)
+            if target_sm is None and target_mem is None:
+                self._ledger.remove(index)
+        except GpuError as e:
+            self._degrade(slot, e)
+            return self._result(slot, target_sm, source, None)
+        if slot.degraded_reason:
+            log.info("gpu_recovered", gpu_index=index, gpu_uuid=uuid)
+        slot.degraded_reason = ""
+        slot.backoff_s = RETRY_INITIAL_S
+        return self._result(slot, target_sm, source, read_back)
+
+    def _actuate_sm(self, slot: _Slot, target_sm: int | None) -> int | None:
+        index, uuid = slot.identity.index, slot.identity.uuid
+        read_back: int | None = None
+        if target_sm is None:
+            if slot.locks_work:
+                self._backend.reset_sm_clock(index)
+            else:
+                self._backend.reset_application_clocks(index)
+            log.info("clock_reset", gpu_index=index, gpu_uuid=uuid, session_id=(slot.session_id or "")[:8])
+        elif slot.locks_work:
+            read_back = self._backend.lock_sm_clock(index, target_sm)
+            log.info(
+                "clock_lock",
+                gpu_index=index,
+                gpu_uuid=uuid,
+                sm_clock_mhz=target_sm,
+                read_back_mhz=read_back,
+                session_id=(slot.session_id or "")[:8],
+                pinned=slot.pin is not None,
+            )
+        else:
+            self._backend.set_application_clocks(index, slot.max_mem_clock_mhz, target_sm)
+            log.info("application_clock_set", gpu_index=index, gpu_uuid=uuid, sm_clock_mhz=target_sm)
+        slot.applied_sm_mhz = target_sm
+        return read_back
+
+    def _actuate_mem(self, slot: _Slot, target_mem: int | None) -> None:
+        index = slot.identity.index
+        if target_mem is None:
+            if slot.applied_mem_mhz is not None:
+                self._backend.reset_mem_clock(index)
+        else:
+            self._backend.lock_mem_clock(index, target_mem)
+        slot.applied_mem_mhz = target_mem
+
+    def _reset_hardware(self, slot: _Slot, *, reason: str) -> bool:
+        """Reset SM (and memory) clocks whatever eerld believes; degrade on failure."""
+        index = slot.identity.index
+        try:
+            if slot.locks_work:
+                self._backend.reset_sm_clock(index)
+            else:
+                self._backend.reset_application_clocks(index)
+            with contextlib.suppress(NotSupported):
+                self._backend.reset_mem_clock(index)
+        except GpuError as e:
+            self._degrade(slot, e)
+            return False
+        slot.applied_sm_mhz = None
+        slot.applied_mem_mhz = None
+        slot.degraded_reason = ""
+        log.info("clock_reset", gpu_index=index, gpu_uuid=slot.identity.uuid, reason=reason)
+        return True
+
+    def _degrade(self, slot: _Slot, error: GpuError) -> None:
+        reason = f"{type(error).__name__}: {error}"
+        first = not slot.degraded_reason
+        slot.degraded_reason = reason
+        slot.retry_at_s = self._clock() + slot.backoff_s
+        log.warning(
+            "gpu_degraded",
+            gpu_index=slot.identity.index,
+            gpu_uuid=slot.identity.uuid,
+            reason=reason,
+            retry_in_s=slot.backoff_s,
+            session_id=(slot.session_id or "")[:8],
+            first=first,
+        )
+        slot.backoff_s = min(RETRY_MAX_S, slot.backoff_s * 2)
+
+    def _result(
+        self, slot: _Slot, target_sm: int | None, source: ClockSource, read_back: int | None
+    ) -> AppliedClock:
+        if read_back is None and not slot.degraded_reason:
+            try:
+                read_back = self._backend.clocks(slot.identity.index).sm_clock_mhz
+            except GpuError as e:
+                self._degrade(slot, e)
+        return AppliedClock(
+            index=slot.identity.index,
+            uuid=slot.identity.uuid,
+            sm_clock_mhz=read_back or 0,
+            requested_sm_clock_mhz=target_sm,
+            source=source,
+            dry_run=self._dry_run,
+            degraded_reason=slot.degraded_reason,
+        )
+
+    # -- views ---------------------------------------------------------------------------------------
+
+    def view(self, index: int) -> Arbitration:
+        """The arbiter's view of one GPU."""
+        slot = self._slots[index]
+        _sm, _mem, source = slot.target()
+        return Arbitration(
+            index=index,
+            uuid=slot.identity.uuid,
+            source=source,
+            pin=slot.pin,
+            session_id=(slot.session_id or "")[:8],
+            locked_sm_clock_mhz=slot.applied_sm_mhz,
+            would_lock_sm_clock_mhz=slot.would_lock_mhz if self._dry_run else None,
+            degraded_reason=slot.degraded_reason,
+        )

@@ -1,0 +1,367 @@
+"""Daemon configuration: a TOML file, overridden by flags, every value validated before anything starts.
+
+A bad value raises :class:`~eerld.errors.ConfigError` with one line naming it; ``main`` prints it as
+``Error: ...`` and exits 2. A config file writable by others is refused: the daemon runs as root and the
+file decides which sockets and groups it exposes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import grp
+import ipaddress
+import math
+import os
+import stat
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, NoReturn
+
+from eerld.control.base import PhaseKind
+from eerld.control.registry import CONTROLLER_NAMES, DEFAULT_CONTROLLER
+from eerld.errors import ConfigError
+from eerld.sim.profiles import builtin_profile
+
+DEFAULT_SOCKET = Path("/run/eerld/eerld.sock")
+DEFAULT_ADMIN_SOCKET = Path("/run/eerld/admin.sock")
+DEFAULT_STATE_DIR = Path("/var/lib/eerld")
+DEFAULT_METRICS_ADDRESS = "127.0.0.1:9478"
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
+BACKENDS = ("nvml", "sim")
+LOG_FORMATS = ("json", "console")
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Everything eerld needs to start; defaults are the production ones."""
+
+    backend: str = "nvml"
+    sim_profile: str = "h100-sxm"
+    sim_gpus: int = 8
+    sim_speedup: float = 1.0
+    sim_state: Path | None = None
+    socket_path: Path = DEFAULT_SOCKET
+    socket_group: str | None = None
+    admin_socket_path: Path = DEFAULT_ADMIN_SOCKET
+    admin_group: str | None = None
+    state_dir: Path = DEFAULT_STATE_DIR
+    metrics_address: str | None = DEFAULT_METRICS_ADDRESS
+    """None (``--metrics-address off``) disables the metrics endpoint."""
+    listen: str | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    controller: str = DEFAULT_CONTROLLER
+    fixed_clocks_mhz: Mapping[PhaseKind, int] = field(default_factory=dict)
+    dry_run: bool = False
+    reset_clocks: bool = False
+    log_format: str | None = None
+    """None: JSON when stderr is not a terminal, console otherwise."""
+    lease_ttl_s: float = 10.0
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    grace_s: float = 5.0
+    max_workers: int = 128
+    debug: bool = False
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises ConfigError instead of printing usage and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The flags of ``eerld``; every default is None so that the config file can fill the gaps."""
+    p = _Parser(prog="eerld", description="Energy-efficient RL clock-control daemon for GPU nodes.")
+    p.add_argument("--config", type=Path, help="TOML config file; flags override it")
+    p.add_argument("--backend", help="GPU backend: nvml (default) or sim")
+    p.add_argument("--sim-profile", help="simulated GPU profile (h100-sxm, gb200)")
+    p.add_argument("--sim-gpus", help="number of simulated GPUs")
+    p.add_argument("--sim-speedup", help="simulated time runs this many times faster than real time")
+    p.add_argument("--sim-state", type=Path, help="file holding the simulated GPUs' state across processes")
+    p.add_argument(
+        "--socket", dest="socket_path", type=Path, help=f"worker socket (default {DEFAULT_SOCKET})"
+    )
+    p.add_argument("--socket-group", help="group that may use the worker socket (mode 0660)")
+    p.add_argument("--admin-socket", dest="admin_socket_path", type=Path, help="admin socket")
+    p.add_argument("--admin-group", help="group that may use the admin socket (0660 instead of 0600)")
+    p.add_argument("--state-dir", type=Path, help=f"ledger and pins (default {DEFAULT_STATE_DIR})")
+    p.add_argument(
+        "--metrics-address", help=f"HOST:PORT of /metrics, or 'off' (default {DEFAULT_METRICS_ADDRESS})"
+    )
+    p.add_argument("--listen", help="also serve the worker API on TCP HOST:PORT (mutual TLS required)")
+    p.add_argument("--tls-cert", type=Path, help="server certificate (PEM) for --listen")
+    p.add_argument("--tls-key", type=Path, help="server key (PEM) for --listen")
+    p.add_argument("--tls-client-ca", type=Path, help="CA that signs client certificates for --listen")
+    p.add_argument("--controller", help=f"{'|'.join(CONTROLLER_NAMES)} (default {DEFAULT_CONTROLLER})")
+    p.add_argument("--fixed-clocks", help="for --controller fixed: generation=MHZ,training=MHZ")
+    p.add_argument("--lease-ttl", dest="lease_ttl_s", help="default lease TTL of heartbeat sessions, seconds")
+    p.add_argument("--dry-run", action="store_true", default=None, help="decide and meter, never lock")
+    p.add_argument("--reset-clocks", action="store_true", default=None, help="reset every GPU, then exit")
+    p.add_argument("--log-format", help="json or console (default: json unless stderr is a terminal)")
+    p.add_argument("--debug", action="store_true", default=None, help="debug logs and tracebacks")
+    return p
+
+
+def parse_fixed_clocks(text: str, *, source: str = "--fixed-clocks") -> dict[PhaseKind, int]:
+    """``generation=1200,training=1500`` → clocks per phase kind."""
+    result: dict[PhaseKind, int] = {}
+    for part in text.split(","):
+        name, sep, value = part.strip().partition("=")
+        if not sep:
+            raise ConfigError(f"{source}: expected KIND=MHZ, got {part.strip()!r}")
+        result.update(_fixed_entry(name.strip(), value.strip(), source))
+    return result
+
+
+def _fixed_entry(name: str, value: object, source: str) -> dict[PhaseKind, int]:
+    try:
+        kind = PhaseKind(name)
+    except ValueError:
+        raise ConfigError(f"{source}: unknown phase kind {name!r} (generation or training)") from None
+    mhz = _int(value, f"{source} {name}", minimum=1, maximum=10_000)
+    return {kind: mhz}
+
+
+def _int(value: object, name: str, *, minimum: int, maximum: int) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"{name}: expected an integer, got {value!r}")
+    try:
+        number = int(value) if isinstance(value, int | str) else int(str(value), 10)
+    except ValueError:
+        raise ConfigError(f"{name}: expected an integer, got {value!r}") from None
+    if not minimum <= number <= maximum:
+        raise ConfigError(f"{name}: must be between {minimum} and {maximum}, got {number}")
+    return number
+
+
+def _float(value: object, name: str, *, minimum: float, maximum: float) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(f"{name}: expected a number, got {value!r}")
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: expected a number, got {value!r}") from None
+    if not math.isfinite(number) or not minimum <= number <= maximum:
+        raise ConfigError(
+            f"{name}: must be a finite number between {minimum:g} and {maximum:g}, got {value!r}"
+        )
+    return number
+
+
+def _host_port(value: str, name: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"{name}: expected HOST:PORT, got {value!r}")
+    _int(port, f"{name} port", minimum=0, maximum=65535)
+    bare = host.strip("[]")
+    try:
+        ipaddress.ip_address(bare)
+    except ValueError:
+        if not bare.replace("-", "").replace(".", "").isalnum():
+            raise ConfigError(f"{name}: {host!r} is not a host name or IP address") from None
+    return value
+
+
+_FILE_KEYS = {
+    "backend": "backend",
+    "sim_profile": "sim_profile",
+    "sim_gpus": "sim_gpus",
+    "sim_speedup": "sim_speedup",
+    "sim_state": "sim_state",
+    "socket": "socket_path",
+    "socket_group": "socket_group",
+    "admin_socket": "admin_socket_path",
+    "admin_group": "admin_group",
+    "state_dir": "state_dir",
+    "metrics_address": "metrics_address",
+    "listen": "listen",
+    "tls_cert": "tls_cert",
+    "tls_key": "tls_key",
+    "tls_client_ca": "tls_client_ca",
+    "controller": "controller",
+    "fixed_clocks": "fixed_clocks",
+    "lease_ttl_s": "lease_ttl_s",
+    "dry_run": "dry_run",
+    "log_format": "log_format",
+    "grace_s": "grace_s",
+    "max_message_bytes": "max_message_bytes",
+}
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """Raw values of a TOML config file, by Config field name; refuses files others may write."""
+    try:
+        st = path.stat()
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"--config: cannot read {path}: {e.strerror}") from None
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ConfigError(f"--config: {path} is writable by group or others; refusing it (chmod 0644)")
+    try:
+        data = tomllib.loads(raw.decode())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--config: {path} is not valid TOML: {e}") from None
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in _FILE_KEYS:
+            raise ConfigError(f"--config: {path}: unknown key {key!r}")
+        values[_FILE_KEYS[key]] = value
+    return values
+
+
+def load_config(argv: Sequence[str]) -> Config:
+    """Parse flags and the config file into a validated Config (ConfigError on the first bad value)."""
+    args = vars(build_parser().parse_args(list(argv)))
+    config_path = args.pop("config")
+    values: dict[str, Any] = read_config_file(config_path) if config_path is not None else {}
+    for key, value in args.items():
+        if value is not None:
+            values[key] = value
+    return validate(values)
+
+
+def validate(values: Mapping[str, Any]) -> Config:
+    """A Config from raw values (strings from flags, typed values from TOML), each checked."""
+    out: dict[str, Any] = {}
+    known = {f.name for f in fields(Config)}
+
+    def text(name: str, flag: str) -> str | None:
+        value = values.get(name)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(f"{flag}: expected a non-empty string, got {value!r}")
+        return value.strip()
+
+    def path(name: str, flag: str) -> Path | None:
+        value = values.get(name)
+        if value is None:
+            return None
+        if not isinstance(value, str | Path) or not str(value):
+            raise ConfigError(f"{flag}: expected a path, got {value!r}")
+        return Path(value)
+
+    backend = text("backend", "--backend")
+    if backend is not None:
+        if backend not in BACKENDS:
+            raise ConfigError(f"--backend: unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
+        out["backend"] = backend
+    profile = text("sim_profile", "--sim-profile")
+    if profile is not None:
+        builtin_profile(profile)
+        out["sim_profile"] = profile
+    if values.get("sim_gpus") is not None:
+        out["sim_gpus"] = _int(values["sim_gpus"], "--sim-gpus", minimum=1, maximum=64)
+    if values.get("sim_speedup") is not None:
+        out["sim_speedup"] = _float(values["sim_speedup"], "--sim-speedup", minimum=0.001, maximum=1e6)
+    for name, flag in (
+        ("sim_state", "--sim-state"),
+        ("socket_path", "--socket"),
+        ("admin_socket_path", "--admin-socket"),
+        ("state_dir", "--state-dir"),
+        ("tls_cert", "--tls-cert"),
+        ("tls_key", "--tls-key"),
+        ("tls_client_ca", "--tls-client-ca"),
+    ):
+        value = path(name, flag)
+        if value is not None:
+            out[name] = value
+    for name, flag in (("socket_group", "--socket-group"), ("admin_group", "--admin-group")):
+        group = text(name, flag)
+        if group is not None:
+            _check_group(group, flag)
+            out[name] = group
+    metrics = text("metrics_address", "--metrics-address")
+    if metrics is not None:
+        out["metrics_address"] = None if metrics == "off" else _host_port(metrics, "--metrics-address")
+    listen = text("listen", "--listen")
+    if listen is not None:
+        out["listen"] = _host_port(listen, "--listen")
+    controller = text("controller", "--controller")
+    if controller is not None:
+        if controller not in CONTROLLER_NAMES:
+            raise ConfigError(
+                f"--controller: unknown controller {controller!r} (choose from {', '.join(CONTROLLER_NAMES)})"
+            )
+        out["controller"] = controller
+    fixed = values.get("fixed_clocks")
+    if fixed is not None:
+        if isinstance(fixed, str):
+            out["fixed_clocks_mhz"] = parse_fixed_clocks(fixed)
+        elif isinstance(fixed, Mapping):
+            parsed: dict[PhaseKind, int] = {}
+            for k, v in fixed.items():
+                parsed.update(_fixed_entry(str(k), v, "fixed_clocks"))
+            out["fixed_clocks_mhz"] = parsed
+        else:
+            raise ConfigError(f"--fixed-clocks: expected generation=MHZ,training=MHZ, got {fixed!r}")
+    if values.get("lease_ttl_s") is not None:
+        out["lease_ttl_s"] = _float(values["lease_ttl_s"], "--lease-ttl", minimum=1.0, maximum=3600.0)
+    if values.get("grace_s") is not None:
+        out["grace_s"] = _float(values["grace_s"], "grace_s", minimum=0.0, maximum=600.0)
+    if values.get("max_message_bytes") is not None:
+        out["max_message_bytes"] = _int(
+            values["max_message_bytes"], "max_message_bytes", minimum=1024, maximum=64 * 1024 * 1024
+        )
+    for name, flag in (("dry_run", "--dry-run"), ("reset_clocks", "--reset-clocks"), ("debug", "--debug")):
+        value = values.get(name)
+        if value is not None:
+            if not isinstance(value, bool):
+                raise ConfigError(f"{flag}: expected true or false, got {value!r}")
+            out[name] = value
+    log_format = text("log_format", "--log-format")
+    if log_format is not None:
+        if log_format not in LOG_FORMATS:
+            raise ConfigError(f"--log-format: expected json or console, got {log_format!r}")
+        out["log_format"] = log_format
+    unknown = set(out) - known
+    assert not unknown, unknown
+    config = replace(Config(), **out)
+    _check_consistency(config)
+    return config
+
+
+def _check_group(group: str, flag: str) -> None:
+    try:
+        grp.getgrnam(group)
+    except KeyError:
+        raise ConfigError(f"{flag}: no group named {group!r} on this host") from None
+
+
+def _check_consistency(config: Config) -> None:
+    if config.socket_path == config.admin_socket_path:
+        raise ConfigError(
+            "--admin-socket: must differ from --socket (admin RPCs never share the worker socket)"
+        )
+    if config.listen is not None:
+        missing = [
+            flag
+            for flag, value in (
+                ("--tls-cert", config.tls_cert),
+                ("--tls-key", config.tls_key),
+                ("--tls-client-ca", config.tls_client_ca),
+            )
+            if value is None
+        ]
+        if missing:
+            raise ConfigError(f"--listen: TCP requires mutual TLS; missing {', '.join(missing)}")
+        for flag, file in (
+            ("--tls-cert", config.tls_cert),
+            ("--tls-key", config.tls_key),
+            ("--tls-client-ca", config.tls_client_ca),
+        ):
+            assert file is not None
+            if not os.access(file, os.R_OK):
+                raise ConfigError(f"{flag}: cannot read {file}")
+    elif any(v is not None for v in (config.tls_cert, config.tls_key, config.tls_client_ca)):
+        raise ConfigError("--tls-cert/--tls-key/--tls-client-ca: only meaningful with --listen")
+    if config.controller == "fixed" and not config.fixed_clocks_mhz:
+        raise ConfigError(
+            "--fixed-clocks: required with --controller fixed (e.g. generation=1200,training=1500)"
+        )
+    if config.backend != "sim" and config.sim_state is not None:
+        raise ConfigError("--sim-state: only meaningful with --backend sim")

@@ -1,0 +1,244 @@
+"""Sessions: who holds which GPUs, for how long, and where each session is in its phase sequence.
+
+A session owns its GPUs exclusively from OpenSession to its end (close, lease expiry, stream end, admin
+reset, daemon stop). This module keeps the bookkeeping and the phase-order rules; it never touches a GPU
+and takes time as an argument, so the rules can be tested without a daemon.
+"""
+
+from __future__ import annotations
+
+import enum
+import secrets
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from eerld.control.base import Controller, Decision, ExecutionMode, PhaseKind
+from eerld.energy import CounterReading
+from eerld.errors import Conflict, NotFound, ValidationError
+
+SESSION_ID_BYTES = 24
+RECENT_WINDOW = 8
+
+
+class GpuRole(enum.StrEnum):
+    """Which phases run on a session's GPUs."""
+
+    BOTH = "both"
+    GENERATION = "generation"
+    TRAINING = "training"
+
+    def kinds(self) -> tuple[PhaseKind, ...]:
+        """The phase kinds a session with this role runs."""
+        if self is GpuRole.GENERATION:
+            return (PhaseKind.GENERATION,)
+        if self is GpuRole.TRAINING:
+            return (PhaseKind.TRAINING,)
+        return (PhaseKind.GENERATION, PhaseKind.TRAINING)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSelector:
+    """A GPU named by index or UUID in a request; ``field`` is where it came from (``gpus[1]``)."""
+
+    field: str
+    index: int | None = None
+    uuid: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSpec:
+    """A validated OpenSession request."""
+
+    job_id: str
+    rank: int
+    world_size: int
+    gpus: tuple[GpuSelector, ...]
+    mode: ExecutionMode
+    role: GpuRole
+    throughput_threshold: float | None
+    """None: the daemon's default."""
+    lease_ttl_s: float | None
+    """None: the daemon's default."""
+    client_name: str = ""
+
+
+@dataclass(slots=True)
+class ActivePhase:
+    """A phase between its BeginPhase and EndPhase."""
+
+    kind: PhaseKind
+    iteration: int
+    sm_clock_mhz: int | None
+    begin: CounterReading
+
+
+@dataclass(slots=True)
+class PhaseTotals:
+    """Metered totals of one phase kind of a session, plus a recent window for rates."""
+
+    phases: int = 0
+    energy_mj: float = 0.0
+    valid_tokens: int = 0
+    tokens: int = 0
+    duration_s: float = 0.0
+    recent: deque[tuple[float, int, int, float]] = field(default_factory=lambda: deque(maxlen=RECENT_WINDOW))
+
+    def add(self, energy_mj: float, valid_tokens: int, tokens: int, duration_s: float) -> None:
+        """Credit one metered phase."""
+        self.phases += 1
+        self.energy_mj += energy_mj
+        self.valid_tokens += valid_tokens
+        self.tokens += tokens
+        self.duration_s += duration_s
+        self.recent.append((energy_mj, valid_tokens, tokens, duration_s))
+
+    def energy_per_valid_token_j(self) -> float:
+        """Energy per valid token over the recent window; 0 when no valid tokens were reported."""
+        valid = sum(r[1] for r in self.recent)
+        return sum(r[0] for r in self.recent) / 1000.0 / valid if valid else 0.0
+
+    def throughput_tokens_per_s(self) -> float:
+        """Tokens per second over the recent window; 0 when unknown."""
+        duration = sum(r[3] for r in self.recent)
+        return sum(r[2] for r in self.recent) / duration if duration > 0 else 0.0
+
+
+class Session:
+    """One open session. Phase calls of a session are serialised by ``lock``."""
+
+    def __init__(
+        self,
+        session_id: str,
+        spec: SessionSpec,
+        gpu_indices: tuple[int, ...],
+        controller: Controller,
+        *,
+        throughput_threshold: float,
+        lease_ttl_s: float,
+        opened_at_unix_s: float,
+        now_s: float,
+    ) -> None:
+        self.session_id = session_id
+        self.spec = spec
+        self.gpu_indices = gpu_indices
+        self.kinds = spec.role.kinds()
+        self.controller = controller
+        self.throughput_threshold = throughput_threshold
+        self.lease_ttl_s = lease_ttl_s
+        self.opened_at_unix_s = opened_at_unix_s
+        self.lease_expires_s = now_s + lease_ttl_s
+        self.attached = False
+        self.closed = False
+        self.active: ActivePhase | None = None
+        self.last_iteration: int | None = None
+        self.last_ended: dict[PhaseKind, int] = {}
+        self.totals: dict[PhaseKind, PhaseTotals] = {k: PhaseTotals() for k in self.kinds}
+        self.last_decision: dict[PhaseKind, Decision] = {}
+        self.lock = threading.Lock()
+
+    def renew(self, now_s: float) -> None:
+        """Push the lease out by one TTL."""
+        self.lease_expires_s = now_s + self.lease_ttl_s
+
+    def lease_remaining_s(self, now_s: float) -> float:
+        """Seconds until the lease runs out (never negative)."""
+        return max(0.0, self.lease_expires_s - now_s)
+
+    def check_begin(self, kind: PhaseKind, iteration: int) -> None:
+        """Raise unless ``kind`` may begin at ``iteration`` now; changes nothing."""
+        if kind not in self.kinds:
+            raise ValidationError("kind", f"this session runs {', '.join(k.value for k in self.kinds)} only")
+        if self.active is not None:
+            raise Conflict(
+                f"phase {self.active.kind.value} of iteration {self.active.iteration} is still running; "
+                "end it before beginning another"
+            )
+        if self.last_iteration is not None and iteration < self.last_iteration:
+            raise Conflict(f"iteration {iteration} goes backwards (last was {self.last_iteration})")
+        ended = self.last_ended.get(kind)
+        if ended is not None and iteration <= ended:
+            raise Conflict(f"phase {kind.value} of iteration {iteration} was already metered")
+
+    def check_end(self, kind: PhaseKind, iteration: int) -> ActivePhase:
+        """The running phase if ``kind``/``iteration`` match it; Conflict otherwise; changes nothing."""
+        if self.active is None:
+            raise Conflict(f"no phase is running; EndPhase({kind.value}, {iteration}) has no BeginPhase")
+        if self.active.kind != kind or self.active.iteration != iteration:
+            raise Conflict(
+                f"the running phase is {self.active.kind.value} of iteration {self.active.iteration}, "
+                f"not {kind.value} of iteration {iteration}"
+            )
+        return self.active
+
+
+class SessionRegistry:
+    """Open sessions by id and the exclusive claim of each GPU; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sessions: dict[str, Session] = {}
+        self._claims: dict[int, str] = {}
+
+    @staticmethod
+    def new_session_id() -> str:
+        """An unguessable token (192 bits from the OS's CSPRNG)."""
+        return secrets.token_urlsafe(SESSION_ID_BYTES)
+
+    def add(self, session: Session) -> None:
+        """Register a session and claim its GPUs; Conflict naming the holder when one is held."""
+        with self._lock:
+            for index in session.gpu_indices:
+                holder_id = self._claims.get(index)
+                if holder_id is not None:
+                    holder = self._sessions[holder_id]
+                    raise Conflict(
+                        f"GPU {index} is held by job {holder.spec.job_id!r} rank {holder.spec.rank} "
+                        f"(session opened at {holder.opened_at_unix_s:.0f})"
+                    )
+            self._sessions[session.session_id] = session
+            for index in session.gpu_indices:
+                self._claims[index] = session.session_id
+
+    def get(self, session_id: str) -> Session:
+        """The open session with this id; NotFound otherwise."""
+        session = self._sessions.get(session_id)
+        if session is None or session.closed:
+            raise NotFound("session_id: no open session with this id")
+        return session
+
+    def remove(self, session: Session) -> None:
+        """Forget a session and free its GPUs."""
+        with self._lock:
+            if self._sessions.pop(session.session_id, None) is not None:
+                for index in session.gpu_indices:
+                    if self._claims.get(index) == session.session_id:
+                        del self._claims[index]
+
+    def holder(self, index: int) -> Session | None:
+        """The session holding a GPU, if any."""
+        with self._lock:
+            session_id = self._claims.get(index)
+            return self._sessions.get(session_id) if session_id else None
+
+    def all(self) -> list[Session]:
+        """Every open session, oldest first."""
+        with self._lock:
+            return sorted(self._sessions.values(), key=lambda s: s.opened_at_unix_s)
+
+    def expired(self, now_s: float) -> list[Session]:
+        """Lease-bound sessions whose lease has run out at ``now_s``."""
+        with self._lock:
+            return [s for s in self._sessions.values() if not s.attached and now_s >= s.lease_expires_s]
+
+    def peers(self, session: Session) -> list[Session]:
+        """Other async sessions of the same job that run another phase kind (the peer pool)."""
+        with self._lock:
+            return [
+                s
+                for s in self._sessions.values()
+                if s is not session
+                and s.spec.mode is ExecutionMode.ASYNC
+                and s.spec.job_id == session.spec.job_id
+                and not set(s.kinds) & set(session.kinds)
+            ]
