@@ -1,0 +1,340 @@
+"""Where the simulated GPUs' state lives: in memory (one process) or in a shared state file.
+
+The state file is JSON (format in docs/sim-backend.md). Every change is a transaction under an
+exclusive ``fcntl.flock`` on ``<file>.lock`` and is written atomically (temp file in the same
+directory, ``fsync``, ``rename``, ``fsync`` of the directory), so a process killed mid-write leaves the
+previous state whole; reads take a shared lock. Because the state — clock locks included — lives in
+the file, it outlives a killed daemon as a real GPU's settings do.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import json
+import os
+import secrets
+import threading
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from eerld.gpu.sim_model import (
+    HISTORY_COLUMNS,
+    QUEUE_COLUMNS,
+    Fault,
+    FloatArray,
+    GpuState,
+    Head,
+    PendingSwitch,
+)
+from eerld.sim.profiles import GpuProfile
+
+STATE_FORMAT = "eerl-sim-device"
+STATE_VERSION = 1
+
+
+class CorruptState(ValueError):
+    """The state file exists but cannot be read as a device state; the message says why."""
+
+
+@dataclass(slots=True)
+class ClockBinding:
+    """How simulated time is counted for this device; every process sharing it must agree."""
+
+    kind: str
+    speedup: float | None = None
+    epoch_monotonic_s: float | None = None
+    boot_id: str | None = None
+
+
+@dataclass(slots=True)
+class DeviceState:
+    """The whole simulated node: its profile, seed, time base and one :class:`GpuState` per GPU."""
+
+    profile: GpuProfile
+    seed: int
+    clock: ClockBinding
+    gpus: list[GpuState]
+
+    def clone(self) -> DeviceState:
+        """A deep copy."""
+        return DeviceState(
+            profile=self.profile,
+            seed=self.seed,
+            clock=replace(self.clock),
+            gpus=[g.clone() for g in self.gpus],
+        )
+
+
+@dataclass(slots=True)
+class Transaction:
+    """What a transaction body sees: the state (``None`` when there is none yet) and whether to write it."""
+
+    state: DeviceState | None
+    write: bool = True
+
+
+class StateStore(Protocol):
+    """Shared storage of a :class:`DeviceState`."""
+
+    @property
+    def description(self) -> str:
+        """Where the state lives, for messages."""
+        ...
+
+    def load(self) -> DeviceState | None:
+        """The current state (``None`` if there is none), shared: callers must not change it."""
+        ...
+
+    def transaction(self) -> contextlib.AbstractContextManager[Transaction]:
+        """Exclusive access; the state set on the transaction is stored when the body exits normally."""
+        ...
+
+
+class MemoryStore:
+    """State in this process only (no sharing, nothing outlives the process)."""
+
+    def __init__(self) -> None:
+        self._state: DeviceState | None = None
+        self._lock = threading.RLock()
+
+    @property
+    def description(self) -> str:
+        """``"memory"``."""
+        return "memory"
+
+    def load(self) -> DeviceState | None:
+        """The state; never changed in place (a transaction replaces it with a changed copy)."""
+        with self._lock:
+            return self._state
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        """Exclusive within the process; a body that raises leaves the state untouched."""
+        with self._lock:
+            txn = Transaction(None if self._state is None else self._state.clone())
+            yield txn
+            if txn.write and txn.state is not None:
+                self._state = txn.state
+
+
+class FileStore:
+    """State in a JSON file shared by processes, guarded by ``flock`` on ``<file>.lock``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.lock_path = self.path.with_name(self.path.name + ".lock")
+        self._cache_lock = threading.Lock()
+        self._cache: tuple[bytes, DeviceState] | None = None
+
+    @property
+    def description(self) -> str:
+        """The state file's path."""
+        return str(self.path)
+
+    @contextlib.contextmanager
+    def _flock(self, mode: int) -> Iterator[None]:
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, mode)
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock
+
+    def _read(self) -> DeviceState | None:
+        """The parsed file, shared with the cache (parsed again only when the bytes changed)."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        with self._cache_lock:
+            if self._cache is not None and self._cache[0] == raw:
+                return self._cache[1]
+        state = decode_state(raw)
+        with self._cache_lock:
+            self._cache = (raw, state)
+        return state
+
+    def load(self) -> DeviceState | None:
+        """Read under a shared lock (CorruptState if the file cannot be parsed); do not change it."""
+        with self._flock(fcntl.LOCK_SH):
+            return self._read()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        """Read, let the body change the state, write it atomically — all under an exclusive lock."""
+        with self._flock(fcntl.LOCK_EX):
+            current = self._read()
+            txn = Transaction(None if current is None else current.clone())
+            yield txn
+            if txn.write and txn.state is not None:
+                raw = encode_state(txn.state)
+                self._write_atomically(raw)
+                with self._cache_lock:
+                    self._cache = (raw, txn.state)
+
+    def _write_atomically(self, raw: bytes) -> None:
+        directory = self.path.parent
+        tmp = directory / f".{self.path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            mode = self.path.stat().st_mode & 0o777
+        except FileNotFoundError:
+            mode = 0o600
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(raw)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            raise
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+# ---- encoding ------------------------------------------------------------------------------------------
+
+
+def _encode_rows(rows: FloatArray) -> dict[str, Any]:
+    data = np.ascontiguousarray(rows, dtype="<f8")
+    return {"rows": int(data.shape[0]), "f8le": base64.b64encode(data.tobytes()).decode("ascii")}
+
+
+def _decode_rows(obj: Any, columns: int, what: str) -> FloatArray:
+    if (
+        not isinstance(obj, dict)
+        or not isinstance(obj.get("rows"), int)
+        or not isinstance(obj.get("f8le"), str)
+    ):
+        raise CorruptState(f"{what}: expected {{'rows': int, 'f8le': base64}}")
+    raw = base64.b64decode(obj["f8le"], validate=True)
+    data = np.frombuffer(raw, dtype="<f8").astype(np.float64)
+    if data.size != obj["rows"] * columns:
+        raise CorruptState(f"{what}: {data.size} numbers for {obj['rows']} rows of {columns}")
+    return data.reshape(obj["rows"], columns)
+
+
+def _encode_gpu(gpu: GpuState) -> dict[str, Any]:
+    return {
+        "time_s": gpu.time_s,
+        "energy_j": gpu.energy_j,
+        "step_energy_j": gpu.step_energy_j,
+        "counter_base_mj": gpu.counter_base_mj,
+        "sm_lock_mhz": gpu.sm_lock_mhz,
+        "app_sm_clock_mhz": gpu.app_sm_clock_mhz,
+        "app_mem_clock_mhz": gpu.app_mem_clock_mhz,
+        "mem_lock_mhz": gpu.mem_lock_mhz,
+        "cap_mhz": gpu.cap_mhz,
+        "pending": None if gpu.pending is None else asdict(gpu.pending),
+        "queue": _encode_rows(gpu.queue),
+        "head_seq": gpu.head_seq,
+        "head": None if gpu.head is None else asdict(gpu.head),
+        "history": _encode_rows(gpu.history),
+        "marks": gpu.marks,
+        "lost": gpu.lost,
+        "faults": {name: asdict(fault) for name, fault in gpu.faults.items()},
+    }
+
+
+def _opt_int(value: Any, what: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CorruptState(f"{what}: expected an integer or null, got {value!r}")
+    return value
+
+
+def _num(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise CorruptState(f"{what}: expected a number, got {value!r}")
+    return float(value)
+
+
+def _decode_gpu(obj: Any, index: int) -> GpuState:
+    where = f"gpus[{index}]"
+    if not isinstance(obj, dict):
+        raise CorruptState(f"{where}: expected an object")
+    try:
+        pending = obj["pending"]
+        head = obj["head"]
+        marks = obj["marks"]
+        faults = obj["faults"]
+        if not isinstance(marks, dict) or not isinstance(faults, dict):
+            raise CorruptState(f"{where}: marks and faults must be objects")
+        return GpuState(
+            time_s=_num(obj["time_s"], f"{where}.time_s"),
+            energy_j=_num(obj["energy_j"], f"{where}.energy_j"),
+            step_energy_j=_num(obj["step_energy_j"], f"{where}.step_energy_j"),
+            counter_base_mj=_num(obj["counter_base_mj"], f"{where}.counter_base_mj"),
+            sm_lock_mhz=_opt_int(obj["sm_lock_mhz"], f"{where}.sm_lock_mhz"),
+            app_sm_clock_mhz=_opt_int(obj["app_sm_clock_mhz"], f"{where}.app_sm_clock_mhz"),
+            app_mem_clock_mhz=_opt_int(obj["app_mem_clock_mhz"], f"{where}.app_mem_clock_mhz"),
+            mem_lock_mhz=_opt_int(obj["mem_lock_mhz"], f"{where}.mem_lock_mhz"),
+            cap_mhz=_opt_int(obj["cap_mhz"], f"{where}.cap_mhz"),
+            pending=None
+            if pending is None
+            else PendingSwitch(
+                _opt_int(pending["cap_mhz"], f"{where}.pending.cap_mhz"),
+                _num(pending["at_s"], f"{where}.pending.at_s"),
+            ),
+            queue=_decode_rows(obj["queue"], len(QUEUE_COLUMNS), f"{where}.queue"),
+            head_seq=int(obj["head_seq"]),
+            head=None if head is None else Head(**{f.name: head[f.name] for f in fields(Head)}),
+            history=_decode_rows(obj["history"], len(HISTORY_COLUMNS), f"{where}.history"),
+            marks={str(k): None if v is None else [float(x) for x in v] for k, v in marks.items()},
+            lost=bool(obj["lost"]),
+            faults={str(k): Fault(str(v["error"]), bool(v["once"])) for k, v in faults.items()},
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, CorruptState):
+            raise
+        raise CorruptState(f"{where}: {type(exc).__name__}: {exc}") from exc
+
+
+def encode_state(state: DeviceState) -> bytes:
+    """The state file's bytes."""
+    doc = {
+        "format": STATE_FORMAT,
+        "version": STATE_VERSION,
+        "profile": asdict(state.profile),
+        "seed": state.seed,
+        "clock": asdict(state.clock),
+        "gpus": [_encode_gpu(g) for g in state.gpus],
+    }
+    return (json.dumps(doc, separators=(",", ":"), allow_nan=False) + "\n").encode()
+
+
+def decode_state(raw: bytes) -> DeviceState:
+    """Parse a state file; CorruptState names what is wrong."""
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptState(f"not JSON ({exc})") from exc
+    if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT:
+        raise CorruptState(f"not an eerl sim device state (missing 'format': {STATE_FORMAT!r})")
+    if doc.get("version") != STATE_VERSION:
+        raise CorruptState(f"unsupported version {doc.get('version')!r} (this eerld reads {STATE_VERSION})")
+    try:
+        profile = GpuProfile(**doc["profile"])
+        profile.validate("state file")
+        clock = ClockBinding(**doc["clock"])
+        seed = doc["seed"]
+        gpus = doc["gpus"]
+    except Exception as exc:
+        raise CorruptState(f"bad header: {type(exc).__name__}: {exc}") from exc
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise CorruptState(f"seed: expected an integer, got {seed!r}")
+    if not isinstance(gpus, list) or not gpus:
+        raise CorruptState("gpus: expected a non-empty list")
+    return DeviceState(profile, seed, clock, [_decode_gpu(g, i) for i, g in enumerate(gpus)])
