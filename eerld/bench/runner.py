@@ -24,6 +24,7 @@ from eerld.control.base import (
 )
 from eerld.sim.evaluate import (
     IterationSample,
+    PhaseOutcome,
     clock_grid,
     combine_phases,
     evaluate_phase,
@@ -188,7 +189,7 @@ class ScenarioRun:
         mode = scenario.workload.mode
         if mode is ExecutionMode.SYNC:
             shared = factory(ControllerSettings(clocks, KINDS, mode, threshold))
-            controllers = {k: shared for k in KINDS}
+            controllers = dict.fromkeys(KINDS, shared)
         else:
             controllers = {k: factory(ControllerSettings(clocks, (k,), mode, threshold)) for k in KINDS}
         timeline = Timeline()
@@ -220,7 +221,7 @@ class ScenarioRun:
                     exploring += 1
                 if mode is ExecutionMode.SYNC:
                     now_s += float(outcome.duration_s[0])
-                    self._observe(controllers, kind, i, outcome, clock, now_s, mode)
+                    self._observe(controllers, outcome, iteration=i, clock=clock, now_s=now_s, mode=mode)
             wall, energy = combine_phases(
                 scenario.workload,
                 scenario.gpu.idle_power_w,
@@ -233,7 +234,12 @@ class ScenarioRun:
                 now_s += float(wall[0])
                 for kind in KINDS:
                     self._observe(
-                        controllers, kind, i, outcomes[kind], timeline.sm_clock_mhz[kind][-1], now_s, mode
+                        controllers,
+                        outcomes[kind],
+                        iteration=i,
+                        clock=timeline.sm_clock_mhz[kind][-1],
+                        now_s=now_s,
+                        mode=mode,
                     )
             wall_total += float(wall[0])
             energy_total += float(energy[0])
@@ -248,16 +254,14 @@ class ScenarioRun:
     @staticmethod
     def _observe(
         controllers: dict[PhaseKind, Controller],
-        kind: PhaseKind,
+        outcome: PhaseOutcome,
+        *,
         iteration: int,
-        outcome: object,
         clock: int | None,
         now_s: float,
         mode: ExecutionMode,
     ) -> None:
-        from eerld.sim.evaluate import PhaseOutcome
-
-        assert isinstance(outcome, PhaseOutcome)
+        kind = outcome.kind
         observation = PhaseObservation(
             kind=kind,
             iteration=iteration,

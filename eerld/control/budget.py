@@ -56,10 +56,7 @@ def allocate_sync(options: list[KindOptions], threshold: float) -> Allocation:
         time = (time[:, None] + t[None, :]).ravel()
         energy = (energy[:, None] + e[None, :]).ravel()
     feasible = time <= default_time / threshold
-    if not feasible.any():
-        best = int(np.argmin(time))
-    else:
-        best = int(np.argmin(np.where(feasible, energy, np.inf)))
+    best = int(np.argmin(np.where(feasible, energy, np.inf))) if feasible.any() else int(np.argmin(time))
     chosen: dict[PhaseKind, int | None] = {}
     index = best
     for o in reversed(options):

@@ -1,6 +1,8 @@
 """The response of one phase kind to its SM clock: time and energy ratios against the predicted default.
 
-Every trial phase gives one point (clock, measured/predicted duration, measured/predicted energy). Single
+Every trial phase gives one point (clock, measured/predicted duration, measured/predicted energy). The
+trial keeps its raw measurement and workload, and its ratios are recomputed with the current predictor
+each time, so that every default phase added later sharpens all past trials too. Single
 points are noisy (the predictor's error is a percent or two), so the curve is a kernel-weighted local-linear
 fit over neighbouring clocks: samples at nearby clocks share their information, and a robust (Huber)
 re-weighting keeps a single outlier phase from moving the estimate much. Older samples fade with age so
@@ -10,6 +12,7 @@ that the curve follows a drifting workload.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,12 +23,17 @@ FloatArray = npt.NDArray[np.float64]
 
 @dataclass(frozen=True, slots=True)
 class Trial:
-    """One phase run at a locked clock, judged against the predicted default of its own workload."""
+    """One phase run at a locked clock: its workload features and what it cost."""
 
     sm_clock_mhz: int
-    time_ratio: float
-    energy_ratio: float
+    features: FloatArray
+    duration_s: float
+    energy_j: float
     iteration: int
+
+
+Baseline = Callable[[FloatArray], tuple[FloatArray, FloatArray]]
+"""Predicted default (duration, energy) for rows of workload features."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +50,13 @@ class ClockCurve:
     """Time and energy ratio versus clock for one phase kind, from trials."""
 
     def __init__(
-        self, bandwidth_mhz: float, half_life_iterations: float = 120.0, capacity: int = 240
+        self,
+        baseline: Baseline,
+        bandwidth_mhz: float,
+        half_life_iterations: float = 120.0,
+        capacity: int = 240,
     ) -> None:
+        self._baseline = baseline
         self._bandwidth_mhz = bandwidth_mhz
         self._half_life = half_life_iterations
         self._trials: deque[Trial] = deque(maxlen=capacity)
@@ -65,13 +78,21 @@ class ClockCurve:
         """Trials run at exactly this clock (optionally only recent ones)."""
         return [t for t in self._trials if t.sm_clock_mhz == sm_clock_mhz and t.iteration >= since_iteration]
 
+    def ratios(self, trials: list[Trial]) -> tuple[FloatArray, FloatArray]:
+        """Time and energy ratios of trials against the current predicted default of their workloads."""
+        if not trials:
+            return np.zeros(0), np.zeros(0)
+        duration, energy = self._baseline(np.stack([t.features for t in trials]))
+        times = np.array([t.duration_s for t in trials]) / duration
+        energies = np.array([t.energy_j for t in trials]) / energy
+        return times, energies
+
     def measured_at(self, sm_clock_mhz: int, since_iteration: int = -1) -> tuple[float, float, int] | None:
         """Robust mean (median beyond two samples) of the trials at exactly this clock."""
         trials = self.trials_at(sm_clock_mhz, since_iteration)
         if not trials:
             return None
-        times = np.array([t.time_ratio for t in trials])
-        energies = np.array([t.energy_ratio for t in trials])
+        times, energies = self.ratios(trials)
         if len(trials) >= 3:
             return float(np.median(times)), float(np.median(energies)), len(trials)
         return float(times.mean()), float(energies.mean()), len(trials)
@@ -89,9 +110,9 @@ class ClockCurve:
         if not self._trials:
             nan = np.full(grid.shape, np.nan)
             return CurveEstimate(grid, nan, nan.copy(), np.zeros(grid.shape))
-        clocks = np.array([t.sm_clock_mhz for t in self._trials], dtype=np.float64)
-        times = np.array([t.time_ratio for t in self._trials])
-        energies = np.array([t.energy_ratio for t in self._trials])
+        trials = list(self._trials)
+        clocks = np.array([t.sm_clock_mhz for t in trials], dtype=np.float64)
+        times, energies = self.ratios(trials)
         ages = now_iteration - np.array([t.iteration for t in self._trials], dtype=np.float64)
         age_weight = 0.5 ** (np.maximum(ages, 0.0) / self._half_life)
         kernel = np.exp(-0.5 * ((grid[:, None] - clocks[None, :]) / self._bandwidth_mhz) ** 2)
@@ -114,7 +135,7 @@ class ClockCurve:
 
 def _self_kernel(clocks: FloatArray, bandwidth_mhz: float, age_weight: FloatArray) -> FloatArray:
     kernel = np.exp(-0.5 * ((clocks[:, None] - clocks[None, :]) / bandwidth_mhz) ** 2)
-    return kernel * age_weight[None, :]  # type: ignore[no-any-return]
+    return kernel * age_weight[None, :]
 
 
 def _huber_weights(residuals: FloatArray) -> FloatArray:
@@ -123,7 +144,7 @@ def _huber_weights(residuals: FloatArray) -> FloatArray:
     scale = max(scale, 1e-3)
     limit = 2.5 * scale
     magnitude = np.abs(residuals)
-    return np.where(magnitude <= limit, 1.0, limit / np.maximum(magnitude, 1e-12))  # type: ignore[no-any-return]
+    return np.where(magnitude <= limit, 1.0, limit / np.maximum(magnitude, 1e-12))
 
 
 def _local_linear(

@@ -58,12 +58,14 @@ class EerlConfig:
     """Plan for threshold + margin, so that predictor error rarely pushes the run below the threshold."""
     energy_stop_margin: float = 0.01
     control_interval_phases: int = 40
-    drift_ratio_band: float = 0.03
+    drift_ratio_band: float = 0.04
     drift_feature_band: float = 0.12
-    monitor_window: int = 5
+    monitor_window: int = 10
+    rebaseline_phases: int = 3
     retune_window_steps: int = 3
     switch_gain: float = 0.003
     history: int = 512
+    predictor_window: int = 24
 
 
 @dataclass(slots=True)
@@ -87,9 +89,10 @@ class _Kind:
     default_duration_s: float = 0.0
     default_energy_j: float = 0.0
     rebaseline_left: int = 0
+    fresh_start: bool = False
     since_control: int = 0
-    recent_time: deque[float] = field(default_factory=lambda: deque(maxlen=8))
-    recent_energy: deque[float] = field(default_factory=lambda: deque(maxlen=8))
+    recent_time: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+    recent_energy: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     recent_shift: deque[float] = field(default_factory=lambda: deque(maxlen=8))
     reference_time: float = 1.0
     reference_energy: float = 1.0
@@ -116,9 +119,10 @@ class EerlController:
         self._fine = _fine_grid(clocks, self._config.fine_step_fraction * self._max_mhz)
         self._fine_step_mhz = max(1.0, self._config.fine_step_fraction * self._max_mhz)
         bandwidth = 2.2 * self._fine_step_mhz
-        self._kinds: dict[PhaseKind, _Kind] = {
-            kind: _Kind(kind, BaselinePredictor(kind), ClockCurve(bandwidth)) for kind in settings.kinds
-        }
+        self._kinds: dict[PhaseKind, _Kind] = {}
+        for kind in settings.kinds:
+            predictor = BaselinePredictor(kind, window=self._config.predictor_window)
+            self._kinds[kind] = _Kind(kind, predictor, ClockCurve(predictor.predict_many, bandwidth))
         for track in self._kinds.values():
             track.coarse = self._coarse_schedule()
         self._history: deque[Decision] = deque(maxlen=self._config.history)
@@ -243,11 +247,18 @@ class EerlController:
             time_ratio = np.maximum(time_ratio, 1.0)
         else:
             time_ratio = energy_ratio = np.zeros(0)
+        if track.state is ControllerState.RETUNING and track.committed_mhz is not None and candidates:
+            # A local re-tune moves the clock; falling back to the default is not a local move.
+            time_ratio = np.concatenate(([np.nan], time_ratio))
+            energy_ratio = np.concatenate(([np.nan], energy_ratio))
+        else:
+            time_ratio = np.concatenate(([1.0], time_ratio))
+            energy_ratio = np.concatenate(([1.0], energy_ratio))
         return KindOptions(
             kind=track.kind,
             sm_clocks_mhz=(None, *candidates),
-            time_ratio=np.concatenate(([1.0], time_ratio)),
-            energy_ratio=np.concatenate(([1.0], energy_ratio)),
+            time_ratio=time_ratio,
+            energy_ratio=energy_ratio,
             default_duration_s=max(track.default_duration_s, 1e-9),
             default_energy_j=max(track.default_energy_j, 1e-9),
         )
@@ -308,7 +319,9 @@ class EerlController:
         if track.rebaseline_left > 0:
             track.rebaseline_left -= 1
             if track.rebaseline_left == 0:
-                self._start_retune(track, obs.iteration)
+                if track.fresh_start:
+                    track.predictor.forget(keep=self._config.rebaseline_phases)
+                self._start_retune(track, obs.iteration, fresh=track.fresh_start)
             return None
         if track.state in (ControllerState.EXPLORING, ControllerState.RETUNING):
             # The allocation chose the default governor for this kind: that is a measured choice too.
@@ -320,8 +333,8 @@ class EerlController:
             track.since_control = 0
             band = max(3.0 * track.predictor.error_fraction, 0.04)
             if error is not None and abs(error) > band:
-                track.predictor.forget(keep=1)
-                track.rebaseline_left = 2
+                track.rebaseline_left = self._config.rebaseline_phases - 1
+                track.fresh_start = True
                 track.state = ControllerState.RETUNING
                 return Decision(
                     track.kind,
@@ -340,7 +353,8 @@ class EerlController:
         clock = int(obs.sm_clock_mhz) if obs.sm_clock_mhz is not None else 0
         time_ratio = obs.duration_s / prediction.duration_s
         energy_ratio = obs.energy_j / prediction.energy_j
-        track.curve.add(Trial(clock, time_ratio, energy_ratio, obs.iteration))
+        features = workload_features(track.kind, obs.workload)
+        track.curve.add(Trial(clock, features, obs.duration_s, obs.energy_j, obs.iteration))
         track.predicted_energy_j += prediction.energy_j
         track.savings_j += prediction.energy_j - obs.energy_j
         self._track_default_scale(track, obs.workload)
@@ -366,7 +380,8 @@ class EerlController:
             if track.coarse[0] == clock:
                 track.coarse.pop(0)
             track.min_energy_ratio = min(track.min_energy_ratio, energy_ratio)
-            if time_ratio > self._time_cap(track):
+            noise = max(0.01, 1.25 * track.predictor.error_fraction)
+            if time_ratio > self._time_cap(track) + 2.0 * noise:
                 track.coarse_stopped = True
                 verdict_reason = f"coarse descent stops: time ratio {time_ratio:.3f} over the budget"
             elif energy_ratio > track.min_energy_ratio + self._config.energy_stop_margin:
@@ -426,7 +441,8 @@ class EerlController:
             if clock is None:
                 continue
             count = len(track.curve.trials_at(clock, track.epoch_iteration))
-            if count < (2 if exhausted else needed):
+            local = track.state is ControllerState.RETUNING
+            if count < (2 if exhausted or local else needed):
                 return None
         failing = self._failing_kind(plan)
         if failing is not None:
@@ -506,23 +522,26 @@ class EerlController:
             track.recent_shift.clear()
             track.state = ControllerState.RETUNING
             track.rebaseline_left = 1
+            track.fresh_start = False
             return "workload left its band: control phase, then re-tune"
-        if len(track.recent_time) < window:
-            return None
-        time_shift = float(np.median(list(track.recent_time)[-window:])) - track.reference_time
-        energy_shift = float(np.median(list(track.recent_energy)[-window:])) - track.reference_energy
-        ratio_band = max(config.drift_ratio_band, 3.5 * track.predictor.error_fraction)
-        if abs(time_shift) > ratio_band or abs(energy_shift) > ratio_band:
+        time_shift = _median_shift(list(track.recent_time), window, config.drift_ratio_band)
+        energy_shift = _median_shift(list(track.recent_energy), window, config.drift_ratio_band)
+        if time_shift is not None or energy_shift is not None:
             track.state = ControllerState.RETUNING
-            track.rebaseline_left = 1
-            return f"ratios left their band (time {time_shift:+.3f}, energy {energy_shift:+.3f}): re-tune"
+            track.rebaseline_left = self._config.rebaseline_phases
+            track.fresh_start = True
+            return (
+                f"ratios left their band (time {time_shift or 0.0:+.3f}, energy {energy_shift or 0.0:+.3f}): "
+                "control phase, then re-tune"
+            )
         return None
 
-    def _start_retune(self, track: _Kind, iteration: int) -> None:
-        """Search again around the committed clock, with trials from now on only."""
+    def _start_retune(self, track: _Kind, iteration: int, *, fresh: bool) -> None:
+        """Search again around the committed clock (with trials from now on only, after a step change)."""
         track.state = ControllerState.RETUNING
         track.epoch_iteration = iteration
-        track.curve.discount(keep_after_iteration=iteration - 1)
+        if fresh:
+            track.curve.discount(keep_after_iteration=iteration - 1)
         center = track.committed_mhz if track.committed_mhz is not None else self._max_mhz
         span = self._config.retune_window_steps * self._fine_step_mhz
         track.window = (int(center - span), int(center + span))
@@ -537,6 +556,22 @@ class EerlController:
 def create_eerl_controller(settings: ControllerSettings) -> Controller:
     """The factory the daemon looks up: an EE-RL controller for one session."""
     return EerlController(settings)
+
+
+def _median_shift(values: list[float], window: int, floor: float) -> float | None:
+    """The shift of the last ``window`` values' median from the earlier ones', when it is significant.
+
+    Significant: beyond ``floor`` and beyond four standard errors (robust scale of the earlier values).
+    Medians on both sides: a single outlier moves neither.
+    """
+    if len(values) < 2 * window:
+        return None
+    before = np.asarray(values[:-window])
+    recent = np.asarray(values[-window:])
+    shift = float(np.median(recent) - np.median(before))
+    scale = max(1.4826 * float(np.median(np.abs(before - np.median(before)))), 0.003)
+    bound = max(floor, 5.0 * 1.25 * scale * float(np.sqrt(1.0 / window + 1.0 / len(before))))
+    return shift if abs(shift) > bound else None
 
 
 def _nearest(clocks: Sequence[int], target: float) -> int:

@@ -81,7 +81,7 @@ class BaselinePredictor:
             return None
         features = np.stack(list(self._features))
         means = features.mean(axis=0)
-        return np.where(means > 0, features.std(axis=0) / np.where(means > 0, means, 1.0), 0.0)  # type: ignore[no-any-return]
+        return np.where(means > 0, features.std(axis=0) / np.where(means > 0, means, 1.0), 0.0)
 
     def add(self, workload: Workload, duration_s: float, energy_j: float) -> float | None:
         """Add a default-governor phase; return its relative duration error as predicted beforehand."""
@@ -117,6 +117,22 @@ class BaselinePredictor:
         factor_d = max(0.05, 1.0 + float(rel @ slopes_d_e[0]))
         factor_e = max(0.05, 1.0 + float(rel @ slopes_d_e[1]))
         return Prediction(duration_s=d_mean * factor_d, energy_j=e_mean * factor_e)
+
+    def predict_many(
+        self, features: npt.NDArray[np.float64]
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """Predicted default duration and energy for rows of :func:`workload_features` (NaN when empty)."""
+        if not self._durations:
+            nan = np.full(len(features), np.nan)
+            return nan, nan.copy()
+        if self._model is None:
+            self._model = self._fit()
+        x_mean, slopes, d_mean, e_mean = self._model
+        safe = np.where(x_mean > 0, x_mean, 1.0)
+        rel = np.clip(np.where(x_mean > 0, features / safe - 1.0, 0.0), -0.9, 3.0)
+        factor_d = np.maximum(0.05, 1.0 + rel @ slopes[0])
+        factor_e = np.maximum(0.05, 1.0 + rel @ slopes[1])
+        return d_mean * factor_d, e_mean * factor_e
 
     def _fit(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], float, float]:
         """Ridge fit of relative cost on relative features, shrunk towards the prior slopes."""

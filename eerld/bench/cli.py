@@ -1,0 +1,239 @@
+"""``eerl-bench``: the controller against the default governor and the offline oracle, in virtual time.
+
+eerl-bench controller --scenario NAME|FILE [--threshold 0.95] [--iterations N] [--json OUT] [--timeline PNG]
+eerl-bench sweep --scenario NAME|FILE [--threshold 0.95] [--iterations N] [--plot PNG]
+eerl-bench all [--threshold 0.95] [--iterations N] [--out-dir bench/results] [--markdown docs/results.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Never
+
+import numpy as np
+from tqdm import tqdm
+
+from eerld.bench.plots import pareto_plot, timeline_plot
+from eerld.bench.report import ControllerReport, exploration_cost_j, final_states
+from eerld.bench.runner import KINDS, Progress, ScenarioRun
+from eerld.control.base import PhaseKind
+from eerld.control.eerl import create_eerl_controller
+from eerld.errors import EerlError
+from eerld.sim.scenario import Scenario, builtin_scenario_names, load_scenario
+
+
+def _updater(bar: tqdm[Never]) -> Progress:
+    """A progress callback that advances the bar."""
+
+    def advance(done: int) -> None:
+        bar.update(done)
+
+    return advance
+
+
+def _progress(total: int, description: str) -> tqdm[Never]:
+    bar: tqdm[Never] = tqdm(
+        total=total, desc=description, unit="it", leave=False, file=sys.stderr, dynamic_ncols=True
+    )
+    return bar
+
+
+def run_controller(
+    scenario: Scenario,
+    threshold: float,
+    iterations: int | None = None,
+    timeline_png: Path | None = None,
+) -> ControllerReport:
+    """Default, oracle and online on the same sampled workload; optionally draw the timeline."""
+    started = time.perf_counter()
+    run = ScenarioRun(scenario, iterations)
+    with _progress(run.iterations, f"{scenario.name}: pricing every clock") as bar:
+        run.price_table(_updater(bar))
+    default = run.default_totals()
+    pair, oracle = run.oracle(threshold)
+    clocks = run.price_table().sm_clocks_mhz
+    top = len(clocks) - 1
+    oracle_clocks = {
+        kind: (None if index == top else clocks[index]) for kind, index in zip(KINDS, pair, strict=True)
+    }
+    with _progress(run.iterations, f"{scenario.name}: online EE-RL") as bar:
+        online = run.run_online(create_eerl_controller, threshold, _updater(bar))
+    report = ControllerReport(
+        scenario=scenario.name,
+        iterations=run.iterations,
+        threshold=threshold,
+        default=default,
+        oracle=oracle,
+        oracle_sm_clocks_mhz=oracle_clocks,
+        online=online.totals,
+        exploration_phases=online.exploration_phases,
+        exploration_cost_j=exploration_cost_j(online),
+        final_states=final_states(online),
+        runtime_s=time.perf_counter() - started,
+    )
+    if timeline_png is not None:
+        table = run.price_table()
+        wall = table.duration_s[PhaseKind.GENERATION][:, top] + table.duration_s[PhaseKind.TRAINING][:, top]
+        if scenario.workload.mode.value == "async":
+            wall = np.maximum(
+                table.duration_s[PhaseKind.GENERATION][:, top], table.duration_s[PhaseKind.TRAINING][:, top]
+            )
+        energy = table.energy_j[PhaseKind.GENERATION][:, top] + table.energy_j[PhaseKind.TRAINING][:, top]
+        valid = np.maximum(table.valid_tokens.astype(np.float64), 1.0)
+        title = (
+            f"{scenario.name}: online saves {report.savings_online:.1%} at throughput "
+            f"{report.throughput_ratio_online:.3f} "
+            f"(oracle {report.savings_oracle:.1%}; capture {report.capture:.2f})"
+        )
+        timeline_plot(
+            online,
+            default_iteration_energy_per_token_j=energy / valid,
+            default_iteration_throughput=valid / wall,
+            top_clock_mhz=int(clocks[-1]),
+            title=title,
+            path=timeline_png,
+        )
+    return report
+
+
+def _cmd_controller(args: argparse.Namespace) -> int:
+    scenario = load_scenario(args.scenario)
+    report = run_controller(scenario, args.threshold, args.iterations, args.timeline)
+    print(report.table())
+    print(f"runtime {report.runtime_s:.1f} s")
+    if args.json is not None:
+        args.json.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    return 0
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    scenario = load_scenario(args.scenario)
+    run = ScenarioRun(scenario, args.iterations)
+    with _progress(run.iterations, f"{scenario.name}: pricing every clock") as bar:
+        run.price_table(_updater(bar))
+    energy, wall = run.sweep()
+    default = run.default_totals()
+    clocks = run.price_table().sm_clocks_mhz
+    pair, best = run.oracle(args.threshold)
+    tokens = run.price_table().valid_tokens.sum()
+    per_token = energy / tokens
+    throughput = tokens / wall
+    print(
+        f"scenario {scenario.name}, {run.iterations} iterations: "
+        f"fixed-clock sweep ({len(clocks)} clocks per phase)"
+    )
+    print(f"{'generation':>10} {'training':>9} {'J/valid token':>14} {'savings':>8} {'throughput':>10}")
+    top = len(clocks) - 1
+    rows = [(top, top)]
+    rows += [(g, t) for g in range(0, len(clocks), max(1, len(clocks) // 12)) for t in (pair[1],)]
+    rows.append(pair)
+    for g, t in rows:
+        savings = 1.0 - per_token[g, t] / default.energy_per_valid_token_j
+        ratio = default.wall_s / wall[g, t]
+        label_g = "default" if g == top else str(clocks[g])
+        label_t = "default" if t == top else str(clocks[t])
+        mark = "  <- best at threshold" if (g, t) == pair else ""
+        print(f"{label_g:>10} {label_t:>9} {per_token[g, t]:>14.4f} {savings:>8.1%} {ratio:>10.3f}{mark}")
+    if args.plot is not None:
+        pareto_plot(
+            per_token,
+            throughput=throughput,
+            default=default,
+            best=best,
+            threshold=args.threshold,
+            title=f"{scenario.name}: fixed-clock sweep",
+            path=args.plot,
+        )
+    return 0
+
+
+def _cmd_all(args: argparse.Namespace) -> int:
+    out_dir: Path = args.out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    reports = []
+    for name in builtin_scenario_names():
+        scenario = load_scenario(name)
+        report = run_controller(scenario, args.threshold, args.iterations, out_dir / f"{name}-timeline.png")
+        (out_dir / f"{name}.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        print(report.table())
+        print(f"runtime {report.runtime_s:.1f} s\n")
+        reports.append(report)
+    table = results_markdown(reports)
+    print(table)
+    if args.markdown is not None:
+        args.markdown.write_text(table)
+    return 0
+
+
+def results_markdown(reports: Sequence[ControllerReport]) -> str:
+    """The results table of docs/results.md."""
+    lines = [
+        "| scenario | iterations | oracle savings | online savings | capture | online throughput "
+        "| oracle clocks (gen, train) | runtime |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in reports:
+        clocks = ", ".join(str(r.oracle_sm_clocks_mhz.get(k) or "default") for k in KINDS)
+        lines.append(
+            f"| {r.scenario} | {r.iterations} | {r.savings_oracle:.1%} | {r.savings_online:.1%} "
+            f"| {r.capture:.3f} "
+            f"| {r.throughput_ratio_online:.3f} | {clocks} | {r.runtime_s:.0f} s |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line."""
+    parser = argparse.ArgumentParser(prog="eerl-bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def common(sub: argparse.ArgumentParser, scenario: bool = True) -> None:
+        if scenario:
+            sub.add_argument("--scenario", required=True, help="built-in scenario name or TOML file")
+        sub.add_argument("--threshold", type=float, default=0.95, help="throughput threshold (default 0.95)")
+        sub.add_argument("--iterations", type=int, default=None, help="run only the first N iterations")
+
+    controller = commands.add_parser("controller", help="default vs oracle vs online EE-RL")
+    common(controller)
+    controller.add_argument("--json", type=Path, default=None, help="write the figures as JSON here")
+    controller.add_argument("--timeline", type=Path, default=None, help="write the timeline plot (PNG) here")
+    controller.set_defaults(handler=_cmd_controller)
+    sweep = commands.add_parser("sweep", help="the fixed-clock sweep and its Pareto front")
+    common(sweep)
+    sweep.add_argument("--plot", type=Path, default=None, help="write the Pareto plot (PNG) here")
+    sweep.set_defaults(handler=_cmd_sweep)
+    every = commands.add_parser("all", help="every built-in scenario; writes JSON, timelines and a table")
+    common(every, scenario=False)
+    every.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    every.add_argument("--markdown", type=Path, default=None, help="write the results table here")
+    every.set_defaults(handler=_cmd_all)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``eerl-bench``; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not 0.0 < args.threshold <= 1.0:
+        print("Error: --threshold must be in (0, 1]", file=sys.stderr)
+        return 2
+    if args.iterations is not None and args.iterations < 1:
+        print("Error: --iterations must be positive", file=sys.stderr)
+        return 2
+    try:
+        return int(args.handler(args))
+    except (EerlError, OSError) as error:
+        if args.debug:
+            raise
+        print(f"Error: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
