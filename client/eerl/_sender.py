@@ -154,7 +154,8 @@ class Sender:
                 if dropped.done is not None:
                     dropped.done.set()
             self._queue.append(event)
-        self._wake.set()
+        if not self._wake.is_set():  # setting it again would take its lock for nothing
+            self._wake.set()
 
     @property
     def connected(self) -> bool:

@@ -1,4 +1,4 @@
-"""Fixtures for the client tests: a recording fake daemon on a short Unix socket path, fast tuning."""
+"""Fixtures for the client tests: a recording fake daemon, the real daemon on the sim backend, fast tuning."""
 
 from __future__ import annotations
 
@@ -11,6 +11,10 @@ from pathlib import Path
 import pytest
 from eerl import ClientConfig
 from eerl.testing import FakeDaemon
+
+from eerld.config import Config
+from eerld.daemon import PhaseRecord, SessionView
+from eerld.server import Server, create_server
 
 
 @pytest.fixture
@@ -44,3 +48,62 @@ def fake(socket_dir: Path) -> Iterator[FakeDaemon]:
 def config(fake: FakeDaemon) -> ClientConfig:
     """A fast client config that reaches ``fake``."""
     return fast(fake.config)
+
+
+class SimDaemon:
+    """The real eerld (worker and admin sockets, sim GPU backend) in this process, restartable.
+
+    ``records`` collects every phase the daemon metered (its phase observer hook), across restarts.
+    """
+
+    def __init__(self, directory: Path, *, controller: str = "off") -> None:
+        self.directory = directory
+        self.controller = controller
+        self.records: list[PhaseRecord] = []
+        self._server: Server | None = None
+
+    @property
+    def socket_path(self) -> Path:
+        return self.directory / "eerld.sock"
+
+    @property
+    def config(self) -> ClientConfig:
+        return fast(ClientConfig.uds(self.socket_path))
+
+    def start(self) -> SimDaemon:
+        config = dataclasses.replace(
+            Config(),
+            backend="sim",
+            sim_gpus=2,
+            socket_path=self.socket_path,
+            admin_socket_path=self.directory / "admin.sock",
+            state_dir=self.directory / "state",
+            controller=self.controller,
+            metrics_address=None,
+        )
+        server = create_server(config)
+        server.daemon.phase_observers.append(self.records.append)
+        server.start()
+        self._server = server
+        return self
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop(grace_s=0.2)
+
+    def gpu_uuid(self, index: int) -> str:
+        assert self._server is not None
+        return self._server.daemon.gpu_status()[index].info.uuid
+
+    def sessions(self) -> tuple[SessionView, ...]:
+        assert self._server is not None
+        return self._server.daemon.sessions()
+
+
+@pytest.fixture
+def sim_daemon(socket_dir: Path) -> Iterator[SimDaemon]:
+    """The real daemon on the sim backend, serving on a Unix socket."""
+    daemon = SimDaemon(socket_dir).start()
+    yield daemon
+    daemon.stop()
