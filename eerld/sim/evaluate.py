@@ -252,7 +252,6 @@ def evaluate_phase(
 ) -> PhaseOutcome:
     """Duration, energy and mean clock of one phase at each requested clock (None: default governor)."""
     profile = scenario.gpu
-    grid = clock_grid(profile)
     phase = sample.phase(kind)
     segments = phase.segments
     requested = np.array([clock_index(profile, c) for c in sm_clocks_mhz], dtype=np.int64)
@@ -262,15 +261,10 @@ def evaluate_phase(
         zeros = np.zeros(len(requested))
         return PhaseOutcome(kind, clocks, zeros, zeros.copy(), zeros.copy(), gpus, phase.workload)
 
-    effective = np.minimum(requested[None, :], phase.capped_index[:, None])
-    duration, energy, clock_time = _price(profile, grid, segments, effective)
+    totals = _phase_totals(profile, phase, requested)
     if previous_sm_clock_mhz is not None:
-        previous_index = clock_index(profile, previous_sm_clock_mhz)
-        _apply_clock_switch(
-            profile, phase, previous_index, requested, duration=duration, energy=energy, clock_time=clock_time
-        )
-    busy = _per_gpu_sum(duration, segments.gpu_bounds)
-    gpu_energy = _per_gpu_sum(energy, segments.gpu_bounds)
+        _apply_clock_switch(profile, phase, clock_index(profile, previous_sm_clock_mhz), requested, totals)
+    busy, gpu_energy, clock_time = totals
     phase_duration = busy.max(axis=0)
     idle_energy = profile.idle_power_w * (phase_duration[None, :] - busy).sum(axis=0)
     total_busy = busy.sum(axis=0)
@@ -288,12 +282,72 @@ def evaluate_phase(
     )
 
 
+_Totals = tuple[FloatArray, FloatArray, FloatArray]
+"""Per GPU and requested clock: busy seconds, energy (J) and clock × busy seconds (MHz·s)."""
+
+
+def _phase_totals(profile: GpuProfile, phase: PhaseSample, requested: IntArray) -> _Totals:
+    """Per-GPU totals of a phase, split by whether the power limit can bind.
+
+    Segments whose power-limited clock is at or above every requested clock run at exactly the requested
+    clocks. For them energy is linear in the noise-free duration ``d0``: ``E = pn·dn·((idle + leak·v)·d0
+    + sm·v²·C/f_max + mem·scale·M)``, so the per-GPU sums are matrix products over segments and only
+    ``d0`` has to be formed per (segment, clock). The few segments the limit holds back (compute-heavy
+    ones) are priced element by element at ``min(requested, capped)``.
+    """
+    grid = clock_grid(profile)
+    segments = phase.segments
+    gpu_of = np.repeat(np.arange(segments.gpus), np.diff(segments.gpu_bounds))
+    held = phase.capped_index < requested.max()
+    free_rows = np.nonzero(~held)[0]
+    held_rows = np.nonzero(held)[0]
+    shape = (segments.gpus, len(requested))
+    busy, energy, clock_time = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    if len(free_rows):
+        clocks = grid.sm_clocks_mhz[requested].astype(np.float64)
+        volts = grid.voltage[requested]
+        compute = segments.compute_mhz_s[free_rows]
+        memory = segments.memory_s[free_rows]
+        clean = physics.segment_duration_s(compute[:, None], memory[:, None], clocks[None, :])
+        owner = gpu_of[free_rows]
+        duration_noise = segments.duration_noise[free_rows]
+        energy_noise = duration_noise * segments.power_noise[free_rows]
+        busy += _sum_by_gpu(clean * duration_noise[:, None], owner, segments.gpus)
+        static_w = profile.idle_power_w + profile.leak_power_w * volts
+        energy += _sum_by_gpu(clean * energy_noise[:, None], owner, segments.gpus) * static_w[None, :]
+        compute_per_gpu = np.bincount(owner, weights=energy_noise * compute, minlength=segments.gpus)
+        energy += compute_per_gpu[:, None] * ((profile.sm_power_w / profile.sm_clock_max_mhz) * volts * volts)
+        memory_work = energy_noise * segments.mem_activity_scale[free_rows] * memory
+        energy += (
+            profile.mem_power_w * np.bincount(owner, weights=memory_work, minlength=segments.gpus)[:, None]
+        )
+        clock_time += busy * clocks[None, :]
+    if len(held_rows):
+        effective = np.minimum(requested[None, :], phase.capped_index[held_rows, None])
+        duration, segment_energy, segment_clock_time = _price(profile, grid, segments, held_rows, effective)
+        owner = gpu_of[held_rows]
+        busy += _sum_by_gpu(duration, owner, segments.gpus)
+        energy += _sum_by_gpu(segment_energy, owner, segments.gpus)
+        clock_time += _sum_by_gpu(segment_clock_time, owner, segments.gpus)
+    return busy, energy, clock_time
+
+
+def _sum_by_gpu(values: FloatArray, gpu_of_row: IntArray, gpus: int) -> FloatArray:
+    """Sum the rows of ``values`` per GPU (rows sorted by GPU; a GPU without rows sums to 0)."""
+    result = np.zeros((gpus, values.shape[1]))
+    if len(gpu_of_row) == 0:
+        return result
+    starts = np.flatnonzero(np.r_[True, gpu_of_row[1:] != gpu_of_row[:-1]])
+    result[gpu_of_row[starts]] = np.add.reduceat(values, starts, axis=0)
+    return result
+
+
 def _price(
-    profile: GpuProfile, grid: ClockGrid, segments: Segments, effective: IntArray
-) -> tuple[FloatArray, FloatArray, FloatArray]:
-    """Per (segment, column): noisy duration, noisy energy and clock × duration, for grid indices."""
-    compute = segments.compute_mhz_s[:, None]
-    memory = segments.memory_s[:, None]
+    profile: GpuProfile, grid: ClockGrid, segments: Segments, rows: IntArray, effective: IntArray
+) -> _Totals:
+    """Per (row, column): noisy duration, noisy energy and clock × duration at grid indices ``effective``."""
+    compute = segments.compute_mhz_s[rows, None]
+    memory = segments.memory_s[rows, None]
     clocks = grid.sm_clocks_mhz[effective].astype(np.float64)
     clean = physics.segment_duration_s(compute, memory, clocks)
     power = physics.segment_power_given_w(
@@ -302,54 +356,33 @@ def _price(
         memory,
         clean,
         grid.voltage[effective],
-        mem_activity_scale=segments.mem_activity_scale[:, None],
+        mem_activity_scale=segments.mem_activity_scale[rows, None],
     )
-    duration = clean * segments.duration_noise[:, None]
-    energy = power * segments.power_noise[:, None] * duration
+    duration = clean * segments.duration_noise[rows, None]
+    energy = power * segments.power_noise[rows, None] * duration
     return duration, energy, clocks * duration
 
 
 def _apply_clock_switch(
-    profile: GpuProfile,
-    phase: PhaseSample,
-    previous_index: int,
-    requested: IntArray,
-    *,
-    duration: FloatArray,
-    energy: FloatArray,
-    clock_time: FloatArray,
+    profile: GpuProfile, phase: PhaseSample, previous_index: int, requested: IntArray, totals: _Totals
 ) -> None:
     """Blend each GPU's first segment with its price at the previous clock (in place; see module doc)."""
     switching = requested != previous_index
     bounds = phase.segments.gpu_bounds
-    firsts = bounds[:-1][np.diff(bounds) > 0]
+    has_work = np.diff(bounds) > 0
+    firsts = bounds[:-1][has_work]
     if not switching.any() or len(firsts) == 0:
         return
-    old_index = np.minimum(previous_index, phase.capped_index[firsts])
-    sub = Segments(
-        phase.segments.compute_mhz_s[firsts],
-        phase.segments.memory_s[firsts],
-        phase.segments.mem_activity_scale[firsts],
-        phase.segments.duration_noise[firsts],
-        phase.segments.power_noise[firsts],
-        np.arange(len(firsts) + 1),
-    )
-    priced = _price(profile, clock_grid(profile), sub, old_index[:, None])
-    old_duration, old_energy, old_clock_time = (a[:, 0] for a in priced)
+    grid = clock_grid(profile)
+    capped = phase.capped_index[firsts, None]
+    new = _price(profile, grid, phase.segments, firsts, np.minimum(requested[None, :], capped))
+    old = _price(profile, grid, phase.segments, firsts, np.minimum(previous_index, capped))
     window_s = profile.clock_switch_ms / 1000.0
-    share = np.minimum(1.0, window_s / np.maximum(old_duration, 1e-30))[:, None]
-    columns = np.nonzero(switching)[0]
-    rows = np.ix_(firsts, columns)
-    duration[rows] = share * old_duration[:, None] + (1 - share) * duration[rows]
-    energy[rows] = share * old_energy[:, None] + (1 - share) * energy[rows]
-    clock_time[rows] = share * old_clock_time[:, None] + (1 - share) * clock_time[rows]
-
-
-def _per_gpu_sum(values: FloatArray, bounds: IntArray) -> FloatArray:
-    """Sum rows per GPU block (empty blocks give 0): shape [gpus, columns]."""
-    padded = np.zeros((values.shape[0] + 1, values.shape[1]))
-    np.cumsum(values, axis=0, out=padded[1:])
-    return padded[bounds[1:]] - padded[bounds[:-1]]
+    share = np.minimum(1.0, window_s / np.maximum(old[0], 1e-30))
+    gpu_rows = np.nonzero(has_work)[0]
+    for total, new_value, old_value in zip(totals, new, old, strict=True):
+        delta = share * (old_value - new_value)
+        total[np.ix_(gpu_rows, np.nonzero(switching)[0])] += delta[:, switching]
 
 
 def combine_phases(

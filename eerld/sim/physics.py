@@ -31,7 +31,8 @@ def segment_duration_s(
 ) -> ArrayOrFloat:
     """d(f) = ((C/f)^3 + M^3)^(1/3): a smooth roofline where the larger term dominates."""
     compute_s = compute_mhz_s / sm_clock_mhz
-    return np.cbrt(compute_s**3 + memory_s**3)  # type: ignore[no-any-return]
+    # Products, not ** 3: NumPy's generic power is an order of magnitude slower on large arrays.
+    return np.cbrt(compute_s * compute_s * compute_s + memory_s * memory_s * memory_s)  # type: ignore[no-any-return]
 
 
 def segment_power_w(
