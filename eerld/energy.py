@@ -7,40 +7,12 @@ never produce negative energy: the reset is reported and the counter's new value
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import cast
 
 from eerld.errors import GpuError
 from eerld.gpu.base import GpuBackend
-
-
-def _local_counter_delta_mj(previous_mj: int, current_mj: int) -> tuple[int, bool]:
-    """Energy between two readings and whether the counter was reset in between (never negative)."""
-    if current_mj >= previous_mj:
-        return current_mj - previous_mj, False
-    return current_mj, True
-
-
-_DeltaFn = Callable[[int, int], tuple[int, bool]]
-
-
-def _shared_counter_delta() -> _DeltaFn:
-    """The GPU layer's canonical helper when it exists; the same rule, local, until then."""
-    try:
-        module = importlib.import_module("eerld.gpu.counters")
-    except ImportError:
-        return _local_counter_delta_mj
-    return cast(_DeltaFn, getattr(module, "counter_delta_mj", _local_counter_delta_mj))
-
-
-_counter_delta = _shared_counter_delta()
-
-
-def counter_delta_mj(previous_mj: int, current_mj: int) -> tuple[int, bool]:
-    """Energy between two counter readings, millijoules, and True when the counter went backwards."""
-    return _counter_delta(previous_mj, current_mj)
+from eerld.gpu.counters import counter_delta_mj
 
 
 @dataclass(frozen=True, slots=True)

@@ -255,6 +255,7 @@ def create_server(
     *,
     backend: GpuBackend | None = None,
     clock: Callable[[], float] = time.monotonic,
+    wall_clock: Callable[[], float] = time.time,
     reaper: bool = True,
 ) -> Server:
     """Check sockets, build backend and daemon, bind both servers; nothing is reset or served yet."""
@@ -272,6 +273,7 @@ def create_server(
             dry_run=config.dry_run,
             default_lease_ttl_s=config.lease_ttl_s,
             clock=clock,
+            wall_clock=wall_clock,
         )
         return Server(config, daemon, gpu_backend, reaper=reaper)
     except BaseException:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from eerld.config import Config, parse_fixed_clocks
 from eerld.errors import GpuError, InvalidArgument
-from eerld.gpu.base import ClockEventReasons, GpuClocks, GpuIdentity, GpuUtilization
+from eerld.gpu.base import ClockEventReasons, GpuBackend, GpuClocks, GpuIdentity, GpuUtilization
 from eerld.server import Server, create_server
 
 if TYPE_CHECKING:
@@ -271,7 +271,7 @@ class DaemonHandle:
     """A running in-process daemon: its domain object, backend and socket paths."""
 
     daemon: Daemon
-    backend: FakeGpuBackend
+    backend: GpuBackend
     socket_path: Path
     admin_socket_path: Path
     server: Server
@@ -281,15 +281,19 @@ class DaemonHandle:
 def running_daemon(
     directory: Path,
     *,
-    backend: FakeGpuBackend | None = None,
+    backend: GpuBackend | None = None,
     controller: str = "fixed",
     fixed_clocks: str = "generation=1200,training=1500",
     dry_run: bool = False,
     clock: Callable[[], float] = time.monotonic,
+    wall_clock: Callable[[], float] = time.time,
     reaper: bool = True,
 ) -> Iterator[DaemonHandle]:
-    """Serve both services on Unix sockets under ``directory`` with a fake backend; stop on exit."""
-    fake = backend if backend is not None else FakeGpuBackend(clock=clock)
+    """Serve both services on Unix sockets under ``directory`` (a fake backend by default); stop on exit.
+
+    ``directory`` must be short: a Unix socket path holds at most 107 bytes.
+    """
+    gpus = backend if backend is not None else FakeGpuBackend(clock=clock)
     config = replace(
         Config(),
         socket_path=directory / "eerld.sock",
@@ -300,10 +304,10 @@ def running_daemon(
         dry_run=dry_run,
         metrics_address=None,
     )
-    server = create_server(config, backend=fake, clock=clock, reaper=reaper)
+    server = create_server(config, backend=gpus, clock=clock, wall_clock=wall_clock, reaper=reaper)
     server.start()
     try:
-        yield DaemonHandle(server.daemon, fake, config.socket_path, config.admin_socket_path, server)
+        yield DaemonHandle(server.daemon, gpus, config.socket_path, config.admin_socket_path, server)
     finally:
         server.stop(grace_s=0.5)
 

@@ -79,6 +79,8 @@ class _Slot:
         self.lock = threading.Lock()
         self.pin: Pin | None = None
         self.session_id: str | None = None
+        self.log_session_id = ""
+        """The session named in logs: the holder, or the one that just released the GPU."""
         self.session_clock_mhz: int | None = None
         self.applied_sm_mhz: int | None = None
         self.applied_mem_mhz: int | None = None
@@ -181,6 +183,7 @@ class ClockArbiter:
         """Record the session's wish for its GPUs (None session: released) and apply it."""
 
         def update(slot: _Slot) -> None:
+            slot.log_session_id = (session_id or slot.session_id or "")[:8]
             slot.session_id = session_id
             slot.session_clock_mhz = sm_clock_mhz if session_id is not None else None
 
@@ -297,7 +300,7 @@ class ClockArbiter:
                 self._backend.reset_sm_clock(index)
             else:
                 self._backend.reset_application_clocks(index)
-            log.info("clock_reset", gpu_index=index, gpu_uuid=uuid, session_id=(slot.session_id or "")[:8])
+            log.info("clock_reset", gpu_index=index, gpu_uuid=uuid, session_id=slot.log_session_id)
         elif slot.locks_work:
             read_back = self._backend.lock_sm_clock(index, target_sm)
             log.info(
@@ -306,7 +309,7 @@ class ClockArbiter:
                 gpu_uuid=uuid,
                 sm_clock_mhz=target_sm,
                 read_back_mhz=read_back,
-                session_id=(slot.session_id or "")[:8],
+                session_id=slot.log_session_id,
                 pinned=slot.pin is not None,
             )
         else:
@@ -354,7 +357,7 @@ class ClockArbiter:
             gpu_uuid=slot.identity.uuid,
             reason=reason,
             retry_in_s=slot.backoff_s,
-            session_id=(slot.session_id or "")[:8],
+            session_id=slot.log_session_id,
             first=first,
         )
         slot.backoff_s = min(RETRY_MAX_S, slot.backoff_s * 2)
@@ -388,7 +391,7 @@ class ClockArbiter:
             uuid=slot.identity.uuid,
             source=source,
             pin=slot.pin,
-            session_id=(slot.session_id or "")[:8],
+            session_id=slot.log_session_id,
             locked_sm_clock_mhz=slot.applied_sm_mhz,
             would_lock_sm_clock_mhz=slot.would_lock_mhz if self._dry_run else None,
             degraded_reason=slot.degraded_reason,

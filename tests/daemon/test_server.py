@@ -1,0 +1,184 @@
+"""Sockets, health, reflection and the command line of eerld."""
+
+from __future__ import annotations
+
+import json
+import socket
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+from eerl.v1 import eerl_pb2 as pb
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from eerld.config import Config, load_config
+from eerld.control.base import PhaseKind
+from eerld.control.registry import controller_factory
+from eerld.errors import ConfigError
+from eerld.gpu.base import GpuBackend
+from eerld.gpu.sim import create_sim_backend
+from eerld.main import main
+from eerld.server import prepare_socket_path
+from eerld.sim.profiles import builtin_profile
+from eerld.testing import FakeGpuBackend
+
+from .conftest import GEN, REPO_ROOT, begin, open_session
+
+
+class TestSockets:
+    def test_the_worker_socket_is_0660_and_the_admin_socket_0600(self, daemon):
+        assert stat.S_IMODE(daemon.socket_path.stat().st_mode) == 0o660
+        assert stat.S_IMODE(daemon.admin_socket_path.stat().st_mode) == 0o600
+
+    def test_a_stale_socket_of_a_dead_daemon_is_removed(self, sock_dir):
+        path = sock_dir / "old.sock"
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(path))
+        listener.close()
+        prepare_socket_path(path, "--socket")
+        assert not path.exists()
+
+    def test_a_live_daemon_on_the_path_makes_the_start_fail_clearly(self, daemon, start_daemon):
+        with pytest.raises(ConfigError, match="another eerld is already serving"), start_daemon():
+            pass
+
+    def test_a_path_that_is_not_a_socket_is_never_removed(self, sock_dir):
+        path = sock_dir / "file"
+        path.write_text("keep me")
+        with pytest.raises(ConfigError, match="not a socket"):
+            prepare_socket_path(path, "--socket")
+        assert path.read_text() == "keep me"
+
+
+class TestHealthAndReflection:
+    @pytest.mark.parametrize("which", ["socket_path", "admin_socket_path"])
+    def test_both_sockets_report_serving(self, daemon, which):
+        with grpc.insecure_channel(f"unix:{getattr(daemon, which)}") as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    def test_health_is_not_serving_once_the_daemon_stops(self, daemon):
+        daemon.server.stop(grace_s=0)
+        assert daemon.server.worker_health.Check(health_pb2.HealthCheckRequest(), None).status == (
+            health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+
+    def test_reflection_lists_the_phase_service_on_the_worker_socket_only(self, daemon):
+        def services(path: Path) -> set[str]:
+            with grpc.insecure_channel(f"unix:{path}") as channel:
+                stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+                replies = stub.ServerReflectionInfo(
+                    iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+                )
+                return {s.name for s in next(replies).list_services_response.service}
+
+        assert "eerl.v1.PhaseService" in services(daemon.socket_path)
+        assert "eerl.v1.AdminService" not in services(daemon.socket_path)
+        assert "eerl.v1.AdminService" in services(daemon.admin_socket_path)
+
+
+class TestStop:
+    def test_stopping_resets_every_locked_gpu_but_keeps_pins_on_disk(
+        self, daemon, phase, admin, fake, sock_dir
+    ):
+        session = open_session(phase, 0)
+        begin(phase, session.session_id, GEN, 0)
+        admin.Pin(pb.PinRequest(gpus=[pb.GpuRef(index=2)], sm_clock_mhz=900, reason="thermal"))
+        daemon.server.stop(grace_s=0)
+        assert fake.locked() == {}
+        pins = json.loads((sock_dir / "state" / "pins.json").read_text())["pins"]
+        assert [(p["sm_clock_mhz"], p["reason"]) for p in pins] == [(900, "thermal")]
+
+
+class TestConfig:
+    def test_flags_override_the_config_file(self, sock_dir):
+        path = sock_dir / "eerld.toml"
+        path.write_text(
+            'controller = "fixed"\nfixed_clocks = { generation = 1200 }\nsocket = "/tmp/a.sock"\n'
+        )
+        path.chmod(0o644)
+        config = load_config(["--config", str(path), "--socket", "/tmp/b.sock"])
+        assert config.socket_path == Path("/tmp/b.sock")
+        assert config.controller == "fixed"
+        assert config.fixed_clocks_mhz == {PhaseKind.GENERATION: 1200}
+
+    def test_defaults_are_the_production_paths(self):
+        config = Config()
+        assert (config.socket_path, config.admin_socket_path, config.state_dir) == (
+            Path("/run/eerld/eerld.sock"),
+            Path("/run/eerld/admin.sock"),
+            Path("/var/lib/eerld"),
+        )
+        assert config.metrics_address == "127.0.0.1:9478"
+
+    def test_a_config_file_writable_by_others_is_refused(self, sock_dir):
+        path = sock_dir / "eerld.toml"
+        path.write_text('backend = "sim"\n')
+        path.chmod(0o666)
+        with pytest.raises(ConfigError, match="writable"):
+            load_config(["--config", str(path)])
+
+    @pytest.mark.parametrize(
+        ("argv", "names"),
+        [
+            (["--backend", "cuda"], "--backend"),
+            (["--sim-gpus", "0"], "--sim-gpus"),
+            (["--sim-speedup", "nan"], "--sim-speedup"),
+            (["--sim-profile", "a100"], "a100"),
+            (["--controller", "magic"], "--controller"),
+            (["--controller", "fixed"], "--fixed-clocks"),
+            (["--fixed-clocks", "decode=1200"], "--fixed-clocks"),
+            (["--fixed-clocks", "generation=fast"], "--fixed-clocks"),
+            (["--listen", "0.0.0.0:7000"], "mutual TLS"),
+            (["--listen", "nonsense"], "--listen"),
+            (["--metrics-address", "localhost:99999"], "--metrics-address"),
+            (["--socket-group", "no-such-group-eerl"], "--socket-group"),
+            (["--log-format", "xml"], "--log-format"),
+            (["--lease-ttl", "-3"], "--lease-ttl"),
+            (["--socket", "/tmp/x.sock", "--admin-socket", "/tmp/x.sock"], "--admin-socket"),
+            (["--no-such-flag"], "no-such-flag"),
+        ],
+    )
+    def test_a_bad_value_gives_one_error_line_naming_it_and_exit_code_2(self, argv, names, capsys):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("Error: ")
+        assert err.count("\n") == 1
+        assert names in err
+
+    def test_an_unknown_controller_name_is_a_config_error(self):
+        with pytest.raises(ConfigError, match="unknown controller"):
+            controller_factory("magic")
+
+
+class TestResetClocks:
+    def test_reset_clocks_resets_every_gpu_and_empties_the_ledger_then_exits_zero(self, sock_dir):
+        state = sock_dir / "sim.state"
+        args = [
+            sys.executable,
+            "-m",
+            "eerld.main",
+            "--backend=sim",
+            "--sim-gpus=2",
+            f"--sim-state={state}",
+            f"--state-dir={sock_dir / 'state'}",
+            "--log-format=json",
+        ]
+        backend = create_sim_backend(builtin_profile("h100-sxm"), 2, state_file=state)
+        backend.lock_sm_clock(1, 1200)
+        backend.close()
+        result = subprocess.run(
+            [*args, "--reset-clocks"], check=False, cwd=REPO_ROOT, capture_output=True, timeout=60
+        )
+        assert result.returncode == 0, result.stderr
+        backend = create_sim_backend(builtin_profile("h100-sxm"), 2, state_file=state)
+        assert backend.device.observe(1).sm_lock_mhz is None
+        assert json.loads((sock_dir / "state" / "ledger.json").read_text())["locked"] == []
+
+
+def test_the_fake_backend_implements_the_gpu_backend_protocol():
+    assert isinstance(FakeGpuBackend(1), GpuBackend)
