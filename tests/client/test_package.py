@@ -1,0 +1,52 @@
+"""The package's promises: a small public API, and ``import eerl`` pulls in only grpcio and protobuf."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import eerl
+
+PUBLIC_API = {
+    "DEFAULT_SOCKET_PATH",
+    "ClientConfig",
+    "ClientError",
+    "ClientStats",
+    "ConfigError",
+    "ExecutionMode",
+    "GpuId",
+    "GpuRole",
+    "Phase",
+    "PhaseKind",
+    "Session",
+    "Workload",
+    "__version__",
+    "connect",
+    "visible_gpus",
+}
+
+HEAVY = ["numpy", "torch", "transformers", "trl", "structlog", "eerld", "ray", "verl", "openrlhf"]
+
+
+def test_the_public_api_is_exactly_the_documented_names() -> None:
+    assert set(eerl.__all__) == PUBLIC_API
+    assert all(hasattr(eerl, name) for name in PUBLIC_API)
+
+
+def test_importing_eerl_loads_no_framework_or_heavy_library() -> None:
+    code = (
+        "import sys, json, eerl, eerl.session;"
+        f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(loaded.stdout) == []
+
+
+def test_the_hooks_import_without_their_frameworks() -> None:
+    code = (
+        "import sys, json, eerl.integrations.verl, eerl.integrations.openrlhf;"
+        f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(loaded.stdout) == []
