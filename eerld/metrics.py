@@ -8,8 +8,10 @@ every interface; 9400 is dcgm-exporter's port and 9100 node-exporter's).
 
 The daemon meets this module at :class:`MetricsSource`: one method returning a :class:`MetricsSnapshot`
 of plain values. :func:`start_metrics_server` accepts either such a source or the daemon itself
-(adapted by :func:`_adapt`). The daemon's servicers call :meth:`EerlMetrics.observe_rpc`
-and :meth:`EerlMetrics.observe_phase_event`; those are the only metrics kept in process.
+(adapted by :class:`DaemonMetricsSource` through its ``status()``). For the daemon, the server also
+subscribes to its RPC and phase observers, which feed :meth:`EerlMetrics.observe_rpc`,
+:meth:`EerlMetrics.observe_phase_event` and :meth:`EerlMetrics.observe_phase`: the only metrics kept in
+process.
 
 GPU series carry dcgm-exporter's labels (``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``,
 ``Hostname``) so that dashboards can join them with ``DCGM_FI_*`` series. Session series are labelled by
@@ -19,12 +21,14 @@ GPU series carry dcgm-exporter's labels (``gpu``, ``UUID``, ``pci_bus_id``, ``de
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from socketserver import ThreadingMixIn
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
@@ -40,9 +44,13 @@ from prometheus_client.registry import Collector
 from eerld.control.base import ControllerState, PhaseKind
 from eerld.errors import ConfigError
 
+if TYPE_CHECKING:
+    from eerld.daemon import Daemon, PhaseRecord, StatusView
+
 __all__ = [
     "DEFAULT_METRICS_ADDRESS",
     "DEFAULT_METRICS_PORT",
+    "DaemonMetricsSource",
     "DaemonSample",
     "EerlCollector",
     "EerlMetrics",
@@ -53,6 +61,7 @@ __all__ = [
     "PhaseSample",
     "SessionSample",
     "parse_address",
+    "snapshot_from_status",
     "start_metrics_server",
 ]
 
@@ -368,6 +377,29 @@ class EerlMetrics:
             buckets=_PHASE_EVENT_BUCKETS_S,
             registry=self.registry,
         )
+        # Node totals per phase kind: no job label, so closed sessions keep counting and the
+        # cardinality stays fixed; rate(energy) / rate(valid tokens) is the node's J per valid token.
+        self._phases = Counter(
+            "eerl_phases", "Phases metered on this node.", labelnames=("phase",), registry=self.registry
+        )
+        self._phase_energy = Counter(
+            "eerl_phase_energy_joules",
+            "Energy of the phases metered on this node.",
+            labelnames=("phase",),
+            registry=self.registry,
+        )
+        self._phase_valid_tokens = Counter(
+            "eerl_phase_valid_tokens",
+            "Valid training tokens credited to the phases metered on this node.",
+            labelnames=("phase",),
+            registry=self.registry,
+        )
+        self._phase_duration = Counter(
+            "eerl_phase_duration_seconds",
+            "Wall time of the phases metered on this node.",
+            labelnames=("phase",),
+            registry=self.registry,
+        )
 
     def observe_rpc(self, method: str, code: str, duration_s: float) -> None:
         """Count one handled RPC, e.g. ``observe_rpc("BeginPhase", "OK", 0.003)``.
@@ -382,6 +414,14 @@ class EerlMetrics:
         """Record the latency of one phase event: ``event`` is ``"begin"`` or ``"end"``."""
         self._phase_event_duration.labels(event=event).observe(max(duration_s, 0.0))
 
+    def observe_phase(self, kind: PhaseKind, energy_j: float, valid_tokens: int, duration_s: float) -> None:
+        """Add one metered phase to the node's totals (which outlive the session that ran it)."""
+        labels = {"phase": kind.value}
+        self._phases.labels(**labels).inc()
+        self._phase_energy.labels(**labels).inc(max(energy_j, 0.0))
+        self._phase_valid_tokens.labels(**labels).inc(max(valid_tokens, 0))
+        self._phase_duration.labels(**labels).inc(max(duration_s, 0.0))
+
 
 @dataclass
 class MetricsServer:
@@ -392,6 +432,7 @@ class MetricsServer:
     port: int
     _server: WSGIServer
     _thread: threading.Thread
+    _detach: list[Any] = field(default_factory=list)
 
     def observe_rpc(self, method: str, code: str, duration_s: float) -> None:
         """See :meth:`EerlMetrics.observe_rpc`."""
@@ -402,7 +443,9 @@ class MetricsServer:
         self.metrics.observe_phase_event(event, duration_s)
 
     def close(self) -> None:
-        """Stop serving and release the port; idempotent."""
+        """Stop serving, detach from the daemon and release the port; idempotent."""
+        while self._detach:
+            self._detach.pop()()
         if self._thread.is_alive():
             self._server.shutdown()
             self._thread.join()
@@ -430,11 +473,14 @@ def start_metrics_server(
 ) -> MetricsServer:
     """Serve ``/metrics`` for ``daemon`` on ``address`` in a background thread.
 
-    ``daemon`` is a :class:`MetricsSource`, or the eerld daemon object, which is adapted to one.
-    Raises :class:`ConfigError` when the address is malformed or cannot be bound.
+    ``daemon`` is a :class:`MetricsSource`, or the eerld :class:`~eerld.daemon.Daemon`, which is adapted
+    to one and whose RPC and phase observers then feed the in-process metrics. ``hostname`` overrides the
+    ``Hostname`` label; when None, ``$NODE_NAME`` does (set from the downward API in Kubernetes, where the
+    host name is the pod's), else the daemon's host name. Raises :class:`ConfigError` when the address is
+    malformed or cannot be bound.
     """
     source = daemon if isinstance(daemon, MetricsSource) else _adapt(daemon)
-    metrics = EerlMetrics(source, hostname=hostname)
+    metrics = EerlMetrics(source, hostname=hostname or os.environ.get("NODE_NAME") or None)
     host, port = parse_address(address)
     server_class = _Server6 if ":" in host else _Server4
     try:
@@ -449,7 +495,10 @@ def start_metrics_server(
     )
     thread.start()
     bound_port = int(server.server_address[1])
-    return MetricsServer(metrics=metrics, host=host, port=bound_port, _server=server, _thread=thread)
+    handle = MetricsServer(metrics=metrics, host=host, port=bound_port, _server=server, _thread=thread)
+    if isinstance(source, DaemonMetricsSource):
+        handle._detach.extend(_attach_observers(source.daemon, metrics))
+    return handle
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -469,6 +518,105 @@ class _Server6(_Server4):
     address_family = socket.AF_INET6
 
 
-def _adapt(daemon: object) -> MetricsSource:
+def _adapt(daemon: object) -> DaemonMetricsSource:
     """Wrap the daemon object in a :class:`MetricsSource`."""
-    raise ConfigError(f"metrics: {type(daemon).__name__} is not a MetricsSource")
+    if not callable(getattr(daemon, "status", None)):
+        raise ConfigError(f"metrics: {type(daemon).__name__} is neither a MetricsSource nor the eerld Daemon")
+    return DaemonMetricsSource(daemon)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- the eerld daemon as a source
+
+_PHASE_EVENT_RPCS = {"BeginPhase": "begin", "EndPhase": "end"}
+
+
+class DaemonMetricsSource:
+    """The eerld :class:`~eerld.daemon.Daemon` seen through :class:`MetricsSource` (its ``status()``)."""
+
+    def __init__(self, daemon: Daemon, *, wall_clock: Callable[[], float] = time.time) -> None:
+        self.daemon = daemon
+        self._wall = wall_clock
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        """One ``Daemon.status()`` call, converted."""
+        return snapshot_from_status(self.daemon.status(), now_unix_s=self._wall())
+
+
+def snapshot_from_status(status: StatusView, *, now_unix_s: float) -> MetricsSnapshot:
+    """Convert the daemon's Status view (pure; ``now_unix_s`` turns uptime into a start time)."""
+    d = status.daemon
+    daemon = DaemonSample(
+        version=d.version,
+        backend=d.backend,
+        controller=d.controller,
+        dry_run=d.dry_run,
+        hostname=d.hostname,
+        started_at_unix_s=float(round(now_unix_s - d.uptime_s)),
+    )
+    gpus = tuple(
+        GpuSample(
+            index=g.info.index,
+            uuid=g.info.uuid,
+            name=g.info.name,
+            pci_bus_id=g.info.pci_bus_id,
+            energy_j=g.energy_mj / 1000.0,
+            power_w=g.power_w,
+            power_limit_w=g.power_limit_w,
+            sm_clock_mhz=g.sm_clock_mhz,
+            locked_sm_clock_mhz=g.locked_sm_clock_mhz,
+            admin_pinned=g.pin is not None,
+            degraded_reason=g.degraded_reason,
+        )
+        for g in status.gpus
+    )
+    sessions = tuple(
+        SessionSample(
+            job_id=s.job_id,
+            rank=s.rank,
+            gpu_indices=tuple(s.gpu_indices),
+            mode=s.mode.value,
+            phases=tuple(
+                PhaseSample(
+                    kind=p.kind,
+                    state=p.state,
+                    sm_clock_mhz=p.sm_clock_mhz,
+                    phases=p.phases,
+                    energy_j=p.energy_mj / 1000.0,
+                    valid_tokens=p.valid_tokens,
+                    energy_per_valid_token_j=p.energy_per_valid_token_j,
+                    throughput_tokens_per_s=p.throughput_tokens_per_s,
+                    estimated_savings_fraction=p.estimated_savings_fraction,
+                    exploration_cost_j=p.exploration_cost_mj / 1000.0,
+                    predictor_error_fraction=p.predictor_error_fraction,
+                )
+                for p in s.phases
+            ),
+        )
+        for s in status.sessions
+    )
+    return MetricsSnapshot(daemon=daemon, gpus=gpus, sessions=sessions)
+
+
+def _attach_observers(daemon: Daemon, metrics: EerlMetrics) -> list[Callable[[], None]]:
+    """Subscribe to the daemon's RPC and phase observers; return the callables that unsubscribe."""
+
+    def on_rpc(method: str, code: str, duration_s: float) -> None:
+        metrics.observe_rpc(method, code, duration_s)
+        event = _PHASE_EVENT_RPCS.get(method)
+        if event is not None and code == "OK":
+            metrics.observe_phase_event(event, duration_s)
+
+    def on_phase(record: PhaseRecord) -> None:
+        metrics.observe_phase(record.kind, record.energy_mj / 1000.0, record.valid_tokens, record.duration_s)
+
+    daemon.rpc_observers.append(on_rpc)
+    daemon.phase_observers.append(on_phase)
+    return [
+        lambda: _discard(daemon.rpc_observers, on_rpc),
+        lambda: _discard(daemon.phase_observers, on_phase),
+    ]
+
+
+def _discard(observers: list[Any], observer: object) -> None:
+    if observer in observers:
+        observers.remove(observer)

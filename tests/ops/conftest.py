@@ -8,8 +8,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
-from eerld.metrics import MetricsServer, start_metrics_server
+from eerld.control.base import PhaseKind
+from eerld.metrics import EerlMetrics, MetricsServer, start_metrics_server
 from tests.ops.fakes import FakeAdminServer, FakeMetricsSource, start_fake_admin
 
 
@@ -47,3 +50,33 @@ def fake_admin(short_tmp: Path) -> Iterator[FakeAdminServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def exposition() -> str:
+    """The full text exposition with every family populated (the fake source plus one of each event)."""
+    metrics = EerlMetrics(FakeMetricsSource())
+    metrics.observe_rpc("BeginPhase", "OK", 0.002)
+    metrics.observe_phase_event("begin", 0.002)
+    metrics.observe_phase(PhaseKind.GENERATION, energy_j=100.0, valid_tokens=1000, duration_s=2.0)
+    return generate_latest(metrics.registry).decode()
+
+
+@pytest.fixture
+def exported_names(exposition: str) -> set[str]:
+    """Every sample name eerld exports (``_total``, ``_bucket``, ``_info`` … included)."""
+    return {s.name for family in text_string_to_metric_families(exposition) for s in family.samples}
+
+
+def require_tool(name: str, package: str) -> str:
+    """The tool's path; FAIL (never skip) when missing, saying how to install it."""
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is missing: run scripts/ensure_prometheus.sh (installs Debian's {package})")
+    return path
+
+
+@pytest.fixture
+def promtool() -> str:
+    """Path of promtool (Debian package prometheus)."""
+    return require_tool("promtool", "prometheus")

@@ -1,0 +1,189 @@
+"""Deployment files: the systemd unit, Slurm scripts, Dockerfile."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.ops.conftest import require_tool
+
+ROOT = Path(__file__).resolve().parents[2]
+UNIT = ROOT / "systemd/eerld.service"
+SLURM = ROOT / "deploy/slurm"
+
+
+def unit_lines() -> list[tuple[str, str]]:
+    pairs = []
+    for line in UNIT.read_text().splitlines():
+        if "=" in line and not line.lstrip().startswith(("#", ";")):
+            key, value = line.split("=", 1)
+            pairs.append((key.strip(), value.strip()))
+    return pairs
+
+
+class TestSystemdUnit:
+    def test_systemd_analyze_verify_is_clean(self, tmp_path: Path) -> None:
+        """systemd-analyze verify reports nothing (ExecStart pointed at a real executable)."""
+        analyze = require_tool("systemd-analyze", "systemd")
+        fake_eerld = tmp_path / "eerld"
+        fake_eerld.write_text("#!/bin/sh\nexit 0\n")
+        fake_eerld.chmod(0o755)
+        unit = tmp_path / "eerld.service"
+        unit.write_text(UNIT.read_text().replace("/usr/local/bin/eerld", str(fake_eerld)))
+        done = subprocess.run([analyze, "verify", str(unit)], check=False, capture_output=True, text=True)
+        assert (done.returncode, done.stdout + done.stderr) == (0, "")
+
+    def test_verify_would_catch_a_bad_directive(self, tmp_path: Path) -> None:
+        """The verify check is real: an unknown key makes it speak."""
+        analyze = require_tool("systemd-analyze", "systemd")
+        unit = tmp_path / "eerld.service"
+        unit.write_text(
+            UNIT.read_text().replace("/usr/local/bin/eerld", "/bin/true") + "\n[Service]\nBogus=1\n"
+        )
+        done = subprocess.run([analyze, "verify", str(unit)], check=False, capture_output=True, text=True)
+        assert "Bogus" in done.stderr
+
+    def test_clocks_are_reset_after_every_stop(self) -> None:
+        """ExecStopPost runs eerld --reset-clocks, and a failed daemon is restarted."""
+        lines = dict(unit_lines())
+        assert "--reset-clocks" in lines["ExecStopPost"]
+        assert lines["Restart"] == "on-failure"
+
+    def test_directories_and_hardening(self) -> None:
+        """Runtime and state directories, and the hardening the issue lists, are all set."""
+        lines = dict(unit_lines())
+        assert (lines["RuntimeDirectory"], lines["StateDirectory"]) == ("eerld", "eerld")
+        assert (lines["NoNewPrivileges"], lines["ProtectSystem"], lines["ProtectHome"]) == (
+            "yes",
+            "strict",
+            "yes",
+        )
+        assert lines["PrivateTmp"] == "yes"
+        assert set(lines["CapabilityBoundingSet"].split()) == {"CAP_SYS_ADMIN", "CAP_CHOWN"}
+
+    def test_only_nvidia_devices_are_allowed(self) -> None:
+        """DevicePolicy=closed with DeviceAllow entries for the NVIDIA devices only."""
+        pairs = unit_lines()
+        assert ("DevicePolicy", "closed") in pairs
+        allowed = [v for k, v in pairs if k == "DeviceAllow"]
+        assert allowed
+        assert all("nvidia" in v for v in allowed)
+
+
+@pytest.fixture
+def fake_tools(tmp_path: Path) -> Path:
+    """eerlctl and eerld stand-ins that log their arguments; eerlctl fails when FAIL_EERLCTL is set."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(tmp_path / "admin.sock"))  # a socket file: "eerld is running"
+    sock.close()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, fail in (("eerlctl", '[ -n "${FAIL_EERLCTL:-}" ] && exit 1'), ("eerld", "")):
+        tool = bin_dir / name
+        tool.write_text(f'#!/bin/sh\necho "{name} $*" >> "{tmp_path}/calls"\n{fail}\nexit 0\n')
+        tool.chmod(0o755)
+    return bin_dir
+
+
+def run_slurm(
+    script: str, fake_tools: Path, *, daemon_running: bool = True, **env: str
+) -> tuple[int, list[str]]:
+    socket_path = fake_tools.parent / ("admin.sock" if daemon_running else "absent.sock")
+    environ = {
+        "PATH": f"{fake_tools}:/usr/bin:/bin",
+        "SLURM_JOB_ID": "1234",
+        "EERLCTL_SOCKET": str(socket_path),
+        **env,
+    }
+    done = subprocess.run(
+        ["bash", str(SLURM / script)], env=environ, check=False, capture_output=True, text=True
+    )
+    calls = fake_tools.parent / "calls"
+    return done.returncode, calls.read_text().splitlines() if calls.exists() else []
+
+
+class TestSlurm:
+    @pytest.mark.parametrize("script", ["prolog.sh", "epilog.sh", "reset-gpus.sh"])
+    def test_scripts_parse_and_are_shellcheck_clean(self, script: str) -> None:
+        """bash -n and shellcheck accept every script."""
+        subprocess.run(["bash", "-n", str(SLURM / script)], check=True)
+        shellcheck = require_tool("shellcheck", "shellcheck")
+        done = subprocess.run(
+            [shellcheck, "-x", str(SLURM / script)], check=False, capture_output=True, text=True, cwd=ROOT
+        )
+        assert done.returncode == 0, done.stdout
+
+    @pytest.mark.parametrize("script", ["prolog.sh", "epilog.sh"])
+    def test_scripts_are_executable(self, script: str) -> None:
+        """slurmd runs the prolog and epilog directly, so they carry the executable bit."""
+        assert os.stat(SLURM / script).st_mode & stat.S_IXUSR
+
+    def test_epilog_resets_the_jobs_gpus(self, fake_tools: Path) -> None:
+        """The epilog resets exactly SLURM_JOB_GPUS through eerlctl, naming the job in the reason."""
+        code, calls = run_slurm("epilog.sh", fake_tools, SLURM_JOB_GPUS="0,1")
+        sock = fake_tools.parent / "admin.sock"
+        assert code == 0
+        assert calls == [
+            f"eerlctl --socket {sock} --timeout 10 reset --gpus 0,1 --reason slurm epilog job 1234"
+        ]
+
+    def test_prolog_falls_back_to_cuda_visible_devices(self, fake_tools: Path) -> None:
+        """Without SLURM_JOB_GPUS the prolog uses CUDA_VISIBLE_DEVICES."""
+        _, calls = run_slurm("prolog.sh", fake_tools, CUDA_VISIBLE_DEVICES="3")
+        assert [c.split(" reset ")[1] for c in calls] == ["--gpus 3 --reason slurm prolog job 1234"]
+
+    def test_without_eerld_the_ledger_reset_runs(self, fake_tools: Path) -> None:
+        """With no daemon socket, eerld --reset-clocks resets what the ledger names; the job still runs."""
+        code, calls = run_slurm("epilog.sh", fake_tools, daemon_running=False, SLURM_JOB_GPUS="0")
+        assert (code, calls) == (0, ["eerld --state-dir /var/lib/eerld --reset-clocks"])
+
+    def test_a_failing_eerlctl_never_resets_behind_a_running_daemon(self, fake_tools: Path) -> None:
+        """If eerld runs but eerlctl fails, nothing else is tried and the epilog still succeeds."""
+        code, calls = run_slurm("epilog.sh", fake_tools, SLURM_JOB_GPUS="0", FAIL_EERLCTL="1")
+        assert code == 0
+        assert [c.split()[0] for c in calls] == ["eerlctl"]
+
+    @pytest.mark.parametrize("env", [{"SLURM_JOB_GPUS": ""}, {}, {"CUDA_VISIBLE_DEVICES": "NoDevFiles"}])
+    def test_a_job_without_gpus_touches_nothing(self, fake_tools: Path, env: dict[str, str]) -> None:
+        """No GPU list (or an empty one) calls nothing: never every GPU of a shared node."""
+        code, calls = run_slurm("epilog.sh", fake_tools, **env)
+        assert (code, calls) == (0, [])
+
+
+class TestDockerfile:
+    def dockerfile(self) -> str:
+        return (ROOT / "Dockerfile").read_text()
+
+    def test_the_base_is_pinned_and_the_build_is_multi_stage(self) -> None:
+        """Every stage starts from the same exact python:3.11.x-slim-bookworm tag; there are two stages."""
+        text = self.dockerfile()
+        base = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", text, re.MULTILINE)
+        assert base is not None
+        assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?", base.group(1))
+        assert re.findall(r"^FROM (\S+) AS (\w+)$", text, re.MULTILINE) == [
+            ("${PYTHON_IMAGE}", "build"),
+            ("${PYTHON_IMAGE}", "runtime"),
+        ]
+
+    def test_it_runs_eerld(self) -> None:
+        """The entry point is eerld, serving on the conventional socket paths."""
+        text = self.dockerfile()
+        assert 'ENTRYPOINT ["eerld"]' in text
+        assert "--socket=/run/eerld/eerld.sock" in text
+
+    def test_everything_copied_exists_and_is_in_the_build_context(self) -> None:
+        """Each COPY source exists and is re-included by the deny-all .dockerignore."""
+        ignore = (ROOT / ".dockerignore").read_text().splitlines()
+        included = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
+        assert "*" in ignore
+        for line in re.findall(r"^COPY (?!--from)(.+)$", self.dockerfile(), re.MULTILINE):
+            *sources, _dest = line.split()
+            for source in sources:
+                assert (ROOT / source).exists(), source
+                assert source.rstrip("/") in included, source
