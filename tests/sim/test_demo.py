@@ -1,0 +1,47 @@
+"""The demo and its fixed-clock comparison table."""
+
+from __future__ import annotations
+
+import pytest
+
+from eerld import demo
+from eerld.sim.fixed_report import FixedSetting, compare_fixed, format_table
+from eerld.sim.scenario import Scenario
+
+
+class TestCompareFixed:
+    def test_the_default_comes_first_and_is_its_own_baseline(self, sync_h100: Scenario) -> None:
+        rows = compare_fixed(sync_h100, [FixedSetting("gen 1200", 1200, None)], iterations=2)
+        assert rows[0].setting.label == "default governor"
+        assert rows[0].energy_saving_fraction == 0.0
+        assert rows[0].throughput_ratio == 1.0
+
+    def test_a_lower_generation_clock_saves_energy_at_a_small_throughput_cost(
+        self, sync_h100: Scenario
+    ) -> None:
+        rows = compare_fixed(sync_h100, [FixedSetting("gen 1200", 1200, None)], iterations=2)
+        assert rows[1].energy_saving_fraction > 0.05
+        assert 0.95 < rows[1].throughput_ratio < 1.0
+        assert rows[1].generation_mean_clock_mhz == pytest.approx(1200, rel=1e-3)
+
+    def test_the_table_has_a_line_per_setting(self, sync_h100: Scenario) -> None:
+        rows = compare_fixed(sync_h100, [FixedSetting("gen 1200", 1200, None)], iterations=1)
+        table = format_table(rows)
+        assert len(table.splitlines()) == 2 + len(rows)
+        assert "gen 1200" in table
+
+
+class TestDemo:
+    def test_the_demo_prints_the_comparison_and_exits_zero(self, capsys: pytest.CaptureFixture[str]) -> None:
+        assert demo.main(["--iterations", "2"]) == 0
+        out = capsys.readouterr().out
+        assert "default governor" in out
+        assert "best pair of the sweep" in out
+
+    def test_a_bad_scenario_prints_one_error_line_and_exits_one(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        assert demo.main(["--scenario", "no-such-scenario", "--iterations", "2"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("Error: ")
+        assert len(err.strip().splitlines()) == 1
