@@ -193,18 +193,22 @@ class SimDevice:
         clock: SimClock,
         state_file: Path | None = None,
         seed: int = 0,
+        durable_writes: bool = True,
     ) -> SimDevice:
         """A device with these parameters; with ``state_file`` re-open the one stored there if present.
 
         A missing file starts a fresh device. An existing one must match (profile, GPU count, seed and
         the clock's kind and speed-up) or ConfigError says what differs; a corrupt one raises ConfigError
         naming the file (delete it to start fresh). A file written before the machine rebooted starts a
-        fresh device, as a reboot resets real GPUs (logged).
+        fresh device, as a reboot resets real GPUs (logged). ``durable_writes=False`` skips the fsync of
+        each write (see :class:`eerld.gpu.sim_store.FileStore`).
         """
         if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
             raise ConfigError(f"sim GPU count must be a positive integer, got {gpus!r}")
         profile.validate("sim profile")
-        store: StateStore = MemoryStore() if state_file is None else FileStore(Path(state_file))
+        store: StateStore = (
+            MemoryStore() if state_file is None else FileStore(Path(state_file), durable=durable_writes)
+        )
         try:
             with store.transaction() as txn:
                 state = txn.state
@@ -228,9 +232,11 @@ class SimDevice:
         return cls(store, clock, state)
 
     @classmethod
-    def attach(cls, state_file: Path, *, clock: SimClock | None = None) -> SimDevice:
+    def attach(
+        cls, state_file: Path, *, clock: SimClock | None = None, durable_writes: bool = True
+    ) -> SimDevice:
         """Join the device stored in ``state_file`` (a simulated worker's side); ConfigError if unusable."""
-        store = FileStore(Path(state_file))
+        store = FileStore(Path(state_file), durable=durable_writes)
         try:
             state = store.load()
         except CorruptState as exc:

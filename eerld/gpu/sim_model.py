@@ -296,8 +296,14 @@ class GpuModel:
         """Start queued segments from ``cur`` under the current cap until ``time_s`` or the next switch."""
         change_s = gpu.pending.at_s if gpu.pending is not None else math.inf
         limit_s = min(time_s, change_s)
-        priced = self.price(gpu.queue, gpu.cap_mhz)
-        ends = cur + np.cumsum(priced.duration_s)
+        # Price a growing prefix of the queue: a read shortly after the last one touches few segments.
+        size = 32
+        while True:
+            priced = self.price(gpu.queue[:size], gpu.cap_mhz)
+            ends = cur + np.cumsum(priced.duration_s)
+            if ends[-1] >= limit_s or size >= gpu.queued_segments:
+                break
+            size *= 4
         starts = np.concatenate(([cur], ends[:-1]))
         started = max(1, int(np.searchsorted(starts, limit_s, side="left")))
         done = int(np.searchsorted(ends[:started], time_s, side="right"))

@@ -2,7 +2,7 @@
 
 The state file is JSON (format in docs/sim-backend.md). Every change is a transaction under an
 exclusive ``fcntl.flock`` on ``<file>.lock`` and is written atomically (temp file in the same
-directory, ``fsync``, ``rename``, ``fsync`` of the directory), so a process killed mid-write leaves the
+directory, ``fsync``, ``rename``), so a process killed mid-write leaves the
 previous state whole; reads take a shared lock. Because the state — clock locks included — lives in
 the file, it outlives a killed daemon as a real GPU's settings do.
 """
@@ -124,10 +124,16 @@ class MemoryStore:
 
 
 class FileStore:
-    """State in a JSON file shared by processes, guarded by ``flock`` on ``<file>.lock``."""
+    """State in a JSON file shared by processes, guarded by ``flock`` on ``<file>.lock``.
 
-    def __init__(self, path: Path) -> None:
+    ``durable=False`` skips the ``fsync``: writes stay atomic for readers and survive any process's
+    death (the page cache does); only a power loss could drop the last write, and a reboot resets the
+    simulated device anyway. The directory is not fsynced for the same reason.
+    """
+
+    def __init__(self, path: Path, *, durable: bool = True) -> None:
         self.path = Path(path)
+        self.durable = durable
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self._cache_lock = threading.Lock()
         self._cache: tuple[bytes, DeviceState] | None = None
@@ -190,17 +196,13 @@ class FileStore:
             with os.fdopen(fd, "wb") as out:
                 out.write(raw)
                 out.flush()
-                os.fsync(out.fileno())
+                if self.durable:
+                    os.fsync(out.fileno())
             os.replace(tmp, self.path)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
             raise
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
 
 
 # ---- encoding ------------------------------------------------------------------------------------------
