@@ -374,8 +374,10 @@ class SimDevice:
 
         def body(gpu: GpuState, _now: float) -> None:
             gpu.lost = True
+            gpu.head_seq += gpu.queued_segments
             gpu.queue = gpu.queue[:0]
             gpu.head = None
+            gpu.marks = {k: v for k, v in gpu.marks.items() if v is not None}  # that work never ends
 
         self.update(gpu_index, None, body)
 
