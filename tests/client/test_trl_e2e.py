@@ -1,8 +1,8 @@
 """End to end: TRL's GRPOTrainer with the eerl hook, on the CPU, against the real daemon (sim backend).
 
-A tiny randomly initialised Llama and a word-level tokenizer are built here (no download); three GRPO
-steps run. The daemon must meter generation and training phases alternately, and their token counts
-must equal what TRL itself counted and logged.
+A tiny randomly initialised Llama and a word-level tokenizer are built offline (tests/client/_grpo.py);
+three GRPO steps run. The daemon must meter generation and training phases alternately, and their token
+counts must equal what TRL itself counted and logged.
 """
 
 from __future__ import annotations
@@ -12,73 +12,10 @@ import tempfile
 import eerl
 import eerl.integrations.trl
 import pytest
-import torch
-from datasets import Dataset
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-from trl import GRPOConfig, GRPOTrainer
 
 from eerld.control.base import PhaseKind
 
 from .conftest import SimDaemon
-
-PROMPTS = ["the cat sat on the mat", "a dog ran in the park", "one two three four five", "red green blue sky"]
-STEPS = 3
-BATCH = 4
-
-
-def _tokenizer() -> PreTrainedTokenizerFast:
-    words = Tokenizer(models.WordLevel(unk_token="<unk>"))
-    words.pre_tokenizer = pre_tokenizers.Whitespace()  # type: ignore[assignment]
-    words.train_from_iterator(
-        PROMPTS, trainers.WordLevelTrainer(special_tokens=["<pad>", "<unk>", "<s>", "</s>"])
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=words, pad_token="<pad>", unk_token="<unk>", bos_token="<s>", eos_token="</s>"
-    )
-
-
-def _trainer(tokenizer: PreTrainedTokenizerFast, output_dir: str) -> GRPOTrainer:
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            max_position_embeddings=64,
-            pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-    )
-
-    def reward_length(completions: list[str], **_: object) -> list[float]:
-        return [float(len(c)) for c in completions]
-
-    args = GRPOConfig(
-        output_dir=output_dir,
-        per_device_train_batch_size=BATCH,
-        num_generations=2,
-        max_completion_length=6,
-        max_steps=STEPS,
-        logging_steps=1,
-        learning_rate=1e-3,
-        report_to="none",
-        use_cpu=True,
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=0,
-    )
-    return GRPOTrainer(
-        model=model,
-        reward_funcs=reward_length,
-        args=args,
-        train_dataset=Dataset.from_dict({"prompt": PROMPTS * 4}),
-        processing_class=tokenizer,
-    )
 
 
 @pytest.mark.e2e
@@ -86,8 +23,10 @@ def _trainer(tokenizer: PreTrainedTokenizerFast, output_dir: str) -> GRPOTrainer
 # transformers deprecates arguments that TRL still passes (gradient_checkpointing → activation_checkpointing)
 @pytest.mark.filterwarnings("ignore::FutureWarning")
 def test_grpo_phases_reach_the_daemon_with_trls_token_counts(sim_daemon: SimDaemon) -> None:
+    from ._grpo import BATCH, STEPS, build_tokenizer, grpo_trainer  # noqa: PLC0415 - torch and TRL load only here
+
     with tempfile.TemporaryDirectory() as output_dir:
-        trainer = _trainer(_tokenizer(), output_dir)
+        trainer = grpo_trainer(build_tokenizer(), output_dir)
         with eerl.connect(gpus=[0], job_id="grpo-e2e", config=sim_daemon.config) as session:
             eerl.integrations.trl.instrument(trainer, session)
             trainer.train()

@@ -23,7 +23,6 @@ phase is open ends that training phase first. The iteration is ``trainer.state.g
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from eerl.integrations._counting import longest_row, rows, total
@@ -40,7 +39,7 @@ class TrlHook:
         self._training: Phase | None = None
         self._original_generate = trainer._generate_and_score_completions
         self._original_prepare = trainer._prepare_inputs
-        self._callback = _make_callback(self)
+        self._callback = _StepCallback(self)
         trainer._generate_and_score_completions = self._generate_and_score_completions
         trainer._prepare_inputs = self._prepare_inputs
         trainer.add_callback(self._callback)
@@ -105,20 +104,28 @@ def instrument(trainer: Any, session: Session) -> TrlHook:
     return TrlHook(trainer, session)
 
 
-def _make_callback(hook: TrlHook) -> Any:
-    """A ``transformers.TrainerCallback`` that ends the training phase at each optimiser step.
+class _StepCallback:
+    """A ``transformers`` trainer callback that ends the training phase at each optimiser step.
 
-    Built at run time so that neither ``import eerl`` nor the type checker pulls in transformers.
+    Duck-typed rather than a ``TrainerCallback`` subclass, so that the hook never imports transformers:
+    the trainer's callback handler calls ``on_<event>(args, state, control, **kwargs)`` and keeps
+    ``control`` when the answer is None; every event this class does not define is such a no-op.
     """
-    transformers = importlib.import_module("transformers")
 
-    class EerlStepCallback(transformers.TrainerCallback):  # type: ignore[misc,name-defined]
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-            hook.end_training()
-            return control
+    def __init__(self, hook: TrlHook) -> None:
+        self._hook = hook
 
-        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-            hook.end_training()
-            return control
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._hook.end_training()
 
-    return EerlStepCallback()
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._hook.end_training()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("on_"):
+            return _ignore_event
+        raise AttributeError(name)
+
+
+def _ignore_event(*args: Any, **kwargs: Any) -> None:
+    return None
