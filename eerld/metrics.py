@@ -15,7 +15,7 @@ process.
 
 GPU series carry dcgm-exporter's labels (``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``,
 ``Hostname``) so that dashboards can join them with ``DCGM_FI_*`` series. Session series are labelled by
-``job_id``, ``rank`` and ``phase``, never by session id: the session id is a bearer token.
+``job_id``, ``rank``, ``gpus`` and ``phase``, never by session id: the session id is a bearer token.
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ DEFAULT_METRICS_ADDRESS = f"127.0.0.1:{DEFAULT_METRICS_PORT}"
 
 _MHZ_TO_HZ = 1_000_000.0
 _GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
-_PHASE_LABELS = ("job_id", "rank", "phase", "Hostname")
+# ``gpus`` keeps series unique when one job rank holds two sessions (async pools): claims are exclusive.
+_PHASE_LABELS = ("job_id", "rank", "gpus", "phase", "Hostname")
 
 # Phase events take milliseconds (a clock lock is ~1-10 ms on hardware); RPCs up to seconds.
 _PHASE_EVENT_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -269,7 +270,9 @@ def _session_families(sessions: Iterable[SessionSample], hostname: str) -> Itera
     yield open_sessions
 
     info = InfoMetricFamily(
-        "eerl_session", "An open session: its GPUs and execution mode.", labels=("job_id", "rank", "Hostname")
+        "eerl_session",
+        "An open session and its execution mode.",
+        labels=("job_id", "rank", "gpus", "Hostname"),
     )
     per_phase: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
         "eerl_session_phases": CounterMetricFamily(
@@ -316,12 +319,10 @@ def _session_families(sessions: Iterable[SessionSample], hostname: str) -> Itera
         "eerl_session_controller_state", "The controller's state for the phase.", labels=_PHASE_LABELS
     )
     for session in sessions:
-        info.add_metric(
-            [session.job_id, str(session.rank), hostname],
-            {"gpus": ",".join(str(i) for i in session.gpu_indices), "mode": session.mode},
-        )
+        gpus = ",".join(str(i) for i in session.gpu_indices)
+        info.add_metric([session.job_id, str(session.rank), gpus, hostname], {"mode": session.mode})
         for phase in session.phases:
-            labels = [session.job_id, str(session.rank), phase.kind.value, hostname]
+            labels = [session.job_id, str(session.rank), gpus, phase.kind.value, hostname]
             values: Mapping[str, float | None] = {
                 "eerl_session_phases": float(phase.phases),
                 "eerl_session_energy_joules": phase.energy_j,

@@ -119,10 +119,8 @@ class TestMetricsOfTheDaemon:
     def test_the_session_and_gpus_are_exported(self, daemon: DaemonHandle, metrics: MetricsServer) -> None:
         """The daemon's session appears per phase, and its GPU 0 as locked at 1.2 GHz."""
         text = scrape(metrics)
-        assert (
-            'eerl_session_phases_total{Hostname="node-a",job_id="job-42",phase="generation",rank="0"} 1.0'
-            in text
-        )
+        labels = 'Hostname="node-a",gpus="0",job_id="job-42",phase="generation",rank="0"'
+        assert f"eerl_session_phases_total{{{labels}}} 1.0" in text
         assert 'eerl_gpu_locked_sm_clock_hertz{Hostname="node-a",UUID="GPU-fake-0000' in text
 
     def test_rpcs_after_the_start_are_counted(self, daemon: DaemonHandle, metrics: MetricsServer) -> None:

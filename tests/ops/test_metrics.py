@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import urllib.request
+from dataclasses import dataclass, replace
 
 import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from eerld.errors import ConfigError
@@ -12,10 +14,20 @@ from eerld.metrics import (
     DEFAULT_METRICS_ADDRESS,
     EerlMetrics,
     MetricsServer,
+    MetricsSnapshot,
     parse_address,
     start_metrics_server,
 )
 from tests.ops.fakes import FakeMetricsSource
+
+
+@dataclass
+class StaticSource:
+    snapshot: MetricsSnapshot
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        return self.snapshot
+
 
 DCGM_LABELS = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname"}
 
@@ -79,7 +91,13 @@ class TestCollector:
         text = scrape(metrics_server)
         got = samples(text)
         labels, value = got["eerl_session_energy_per_valid_token_joules"][0]
-        assert labels == {"job_id": "job-42", "rank": "0", "phase": "generation", "Hostname": "node-1"}
+        assert labels == {
+            "job_id": "job-42",
+            "rank": "0",
+            "gpus": "0",
+            "phase": "generation",
+            "Hostname": "node-1",
+        }
         assert value == pytest.approx(0.03)
         assert "s-0123456789abcdef" not in text
 
@@ -127,6 +145,17 @@ class TestCollector:
         got = samples(scrape(metrics_server))
         assert got["eerl_metrics_collect_errors_total"][0][1] == 1.0
         assert "eerl_gpu_power_watts" not in got
+
+    def test_two_sessions_of_one_rank_keep_distinct_series(self, fake_source: FakeMetricsSource) -> None:
+        """An async job rank with a generation and a training session (other GPUs) gets two series."""
+        snapshot = fake_source.metrics_snapshot()
+        other = replace(snapshot.sessions[0], gpu_indices=(1,))
+        doubled = replace(snapshot, sessions=(snapshot.sessions[0], other))
+        metrics = EerlMetrics(StaticSource(doubled))
+        text = generate_latest(metrics.registry).decode()
+        got = samples(text)
+        series = [tuple(sorted(labels.items())) for labels, _ in got["eerl_session_phases_total"]]
+        assert len(series) == len(set(series)) == 4
 
 
 class TestHooks:
