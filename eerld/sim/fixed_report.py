@@ -1,4 +1,5 @@
-"""Fixed-clock comparison: a scenario under the default governor and at chosen clock pairs, as a table.
+"""Fixed-clock comparison: a scenario under the default governor and at chosen clock pairs, as a table,
+and the calibration figures of docs/simulator.md (``python -m eerld.sim.fixed_report``).
 
 Used by ``python -m eerld.demo``; every figure states its baseline (the default governor on the same
 iterations, which see the same workload and noise by construction).
@@ -6,12 +7,25 @@ iterations, which see the same workload and noise by construction).
 
 from __future__ import annotations
 
+import argparse
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from eerld.control.base import PhaseKind
-from eerld.sim.evaluate import ProgressCallback, RunResult, run_fixed
-from eerld.sim.scenario import Scenario
+from eerld.errors import EerlError
+from eerld.sim.evaluate import (
+    ProgressCallback,
+    RunResult,
+    clock_grid,
+    evaluate_phase,
+    run_fixed,
+    sample_iteration,
+)
+from eerld.sim.scenario import Scenario, load_scenario
+from eerld.sim.sweep import sweep
 from eerld.sim.workload import FloatArray
 
 
@@ -95,3 +109,111 @@ def format_table(rows: Sequence[FixedRow]) -> str:
 
 def _clock(sm_clock_mhz: int | None) -> str:
     return "default" if sm_clock_mhz is None else str(sm_clock_mhz)
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationFigures:
+    """The figures the sim-model calibration checks are about, for one scenario under the default governor."""
+
+    scenario: str
+    profile: str
+    iterations: int
+    generation_share: float
+    generation_power_w: float
+    """Average power per GPU during generation."""
+    training_power_w: float
+    training_capped_clock_mhz: tuple[int, int]
+    """Lowest and highest default-governor clock of the training micro-batch segments."""
+    generation_1200_time_change: float
+    generation_1200_energy_change: float
+    training_900_over_1500_vs_clock_ratio: float
+    """(T(900)/T(1500)) / (1500/900): 1.0 is exact 1/f scaling."""
+    best_generation_sm_clock_mhz: int | None
+    best_training_sm_clock_mhz: int | None
+    best_energy_saving_fraction: float
+    best_throughput_ratio: float
+
+
+def calibration_figures(scenario: Scenario, iterations: int | None = None) -> CalibrationFigures:
+    """Measure the calibration figures of ``scenario`` over its first ``iterations`` iterations."""
+    count = scenario.workload.iterations if iterations is None else iterations
+    gen_d = np.zeros(2)
+    gen_e = np.zeros(2)
+    train_d = np.zeros(3)
+    train_e = np.zeros(3)
+    capped: list[int] = []
+    grid = clock_grid(scenario.gpu).sm_clocks_mhz
+    micro_batches = scenario.workload.training.micro_batches
+    for i in range(count):
+        sample = sample_iteration(scenario, i)
+        gen = evaluate_phase(scenario, sample, PhaseKind.GENERATION, [None, 1200])
+        train = evaluate_phase(scenario, sample, PhaseKind.TRAINING, [None, 900, 1500])
+        gen_d += gen.duration_s
+        gen_e += gen.energy_j
+        train_d += train.duration_s
+        train_e += train.energy_j
+        bounds = sample.training.segments.gpu_bounds
+        for g in range(sample.training.segments.gpus):
+            if bounds[g + 1] > bounds[g]:
+                capped.extend(
+                    int(c) for c in grid[sample.training.capped_index[bounds[g] : bounds[g] + micro_batches]]
+                )
+    best = sweep(scenario, iterations=count).best(0.95)
+    gpus_gen = scenario.workload.pool_gpus(PhaseKind.GENERATION)
+    gpus_train = scenario.workload.pool_gpus(PhaseKind.TRAINING)
+    return CalibrationFigures(
+        scenario=scenario.name,
+        profile=scenario.gpu.name,
+        iterations=count,
+        generation_share=float(gen_d[0] / (gen_d[0] + train_d[0])),
+        generation_power_w=float(gen_e[0] / gen_d[0] / gpus_gen),
+        training_power_w=float(train_e[0] / train_d[0] / gpus_train),
+        training_capped_clock_mhz=(min(capped), max(capped)) if capped else (0, 0),
+        generation_1200_time_change=float(gen_d[1] / gen_d[0] - 1),
+        generation_1200_energy_change=float(gen_e[1] / gen_e[0] - 1),
+        training_900_over_1500_vs_clock_ratio=float((train_d[1] / train_d[2]) / (1500 / 900)),
+        best_generation_sm_clock_mhz=best.generation_sm_clock_mhz,
+        best_training_sm_clock_mhz=best.training_sm_clock_mhz,
+        best_energy_saving_fraction=best.energy_saving_fraction,
+        best_throughput_ratio=best.throughput_ratio,
+    )
+
+
+def format_calibration(figures: CalibrationFigures) -> str:
+    """The figures as the few lines docs/simulator.md and the closing notes quote."""
+    low, high = figures.training_capped_clock_mhz
+    return "\n".join(
+        [
+            f"{figures.scenario} ({figures.profile}, {figures.iterations} iterations, default governor):",
+            f"  generation share of the iteration   {figures.generation_share:.1%}",
+            f"  generation power per GPU            {figures.generation_power_w:.0f} W",
+            f"  training power per GPU              {figures.training_power_w:.0f} W",
+            f"  training clock under the power cap  {low}–{high} MHz",
+            f"  generation at 1200 MHz              time {figures.generation_1200_time_change:+.1%}, "
+            f"energy {figures.generation_1200_energy_change:+.1%}",
+            f"  training T(900)/T(1500) ÷ 1500/900  {figures.training_900_over_1500_vs_clock_ratio:.3f}",
+            f"  best fixed pair at ≥95% throughput  {_clock(figures.best_generation_sm_clock_mhz)} / "
+            f"{_clock(figures.best_training_sm_clock_mhz)} MHz: saves "
+            f"{figures.best_energy_saving_fraction:.1%} energy per valid token "
+            f"at {figures.best_throughput_ratio:.1%} throughput",
+        ]
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m eerld.sim.fixed_report [SCENARIO ...] [--iterations N]``: print calibration figures."""
+    parser = argparse.ArgumentParser(prog="python -m eerld.sim.fixed_report", description=main.__doc__)
+    parser.add_argument("scenarios", nargs="*", default=["sync-h100", "sync-gb200"])
+    parser.add_argument("--iterations", type=int, default=None, help="default: the scenario's own")
+    args = parser.parse_args(argv)
+    try:
+        for name in args.scenarios:
+            print(format_calibration(calibration_figures(load_scenario(name), args.iterations)))
+    except EerlError as e:
+        print(f"Error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from eerld import demo
-from eerld.sim.fixed_report import FixedSetting, compare_fixed, format_table
+from eerld.sim.fixed_report import (
+    FixedSetting,
+    calibration_figures,
+    compare_fixed,
+    format_calibration,
+    format_table,
+)
 from eerld.sim.scenario import Scenario
 
 
@@ -45,3 +51,10 @@ class TestDemo:
         err = capsys.readouterr().err
         assert err.startswith("Error: ")
         assert len(err.strip().splitlines()) == 1
+
+
+class TestCalibrationReport:
+    def test_the_report_names_every_calibration_figure(self, sync_h100: Scenario) -> None:
+        text = format_calibration(calibration_figures(sync_h100, iterations=2))
+        for phrase in ("generation share", "generation power", "power cap", "1200 MHz", "best fixed pair"):
+            assert phrase in text
