@@ -29,8 +29,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -177,6 +178,18 @@ class Totals:
         return self.valid_tokens / self.duration_s if self.duration_s > 0 else math.nan
 
 
+@dataclass(frozen=True, slots=True)
+class Overhead:
+    """Live over predicted, for the same phases at the same clocks (1.0: none)."""
+
+    time: float
+    energy: float
+    phases: int = 0
+
+
+_NO_OVERHEAD = Overhead(1.0, 1.0)
+
+
 @dataclass(slots=True)
 class Record:
     """Everything the demo saw, in order."""
@@ -196,22 +209,30 @@ class Record:
         """Generation and training of iteration ``i``."""
         return self.phases[(i, PhaseKind.GENERATION)], self.phases[(i, PhaseKind.TRAINING)]
 
-    def totals(self, iterations: Sequence[int], *, default: bool) -> Totals:
-        """Measured (or, with ``default``, predicted default-governor) totals over ``iterations``."""
+    def totals(
+        self,
+        iterations: Sequence[int],
+        *,
+        default: bool,
+        overhead: Mapping[PhaseKind, Overhead] | None = None,
+    ) -> Totals:
+        """Measured totals over ``iterations``; with ``default``, the simulator's default-governor prediction
+        for the same iterations, times this run's ``overhead`` per phase kind when given."""
         totals = Totals()
         for i in iterations:
-            gen, train = self.iteration(i)
+            views = self.iteration(i)
             if default:
+                scale = [overhead.get(v.run.kind, _NO_OVERHEAD) if overhead else _NO_OVERHEAD for v in views]
                 totals.add(
-                    gen.default_energy_j + train.default_energy_j,
-                    gen.default_duration_s + train.default_duration_s,
-                    train.run.workload.valid_tokens,
+                    sum(v.default_energy_j * o.energy for v, o in zip(views, scale, strict=True)),
+                    sum(v.default_duration_s * o.time for v, o in zip(views, scale, strict=True)),
+                    views[1].run.workload.valid_tokens,
                 )
             else:
                 totals.add(
-                    gen.run.energy_j + train.run.energy_j,
-                    gen.run.duration_s + train.run.duration_s,
-                    train.run.workload.valid_tokens,
+                    sum(v.run.energy_j for v in views),
+                    sum(v.run.duration_s for v in views),
+                    views[1].run.workload.valid_tokens,
                 )
         return totals
 
@@ -226,15 +247,27 @@ class Record:
             )
         ]
 
-    def default_phase_ratios(self) -> tuple[float, float] | None:
-        """Live over predicted time and energy, over the phases that ran under the default governor."""
-        views = [v for v in self.phases.values() if v.run.sm_lock_mhz is None and v.default_duration_s > 0]
-        if not views:
-            return None
-        return (
-            sum(v.run.duration_s for v in views) / sum(v.default_duration_s for v in views),
-            sum(v.run.energy_j for v in views) / sum(v.default_energy_j for v in views),
-        )
+    def overhead(self) -> dict[PhaseKind, Overhead]:
+        """Per phase kind, live over predicted time and energy of the phases run under the default governor.
+
+        Queuing a phase's work and the RPCs around it take wall time, which the speed-up turns into simulated
+        seconds the simulator's prediction does not have; this measures how much, where both ran the same
+        clocks.
+        """
+        result: dict[PhaseKind, Overhead] = {}
+        for kind in KINDS:
+            views = [
+                v
+                for v in self.phases.values()
+                if v.run.kind is kind and v.run.sm_lock_mhz is None and v.default_duration_s > 0
+            ]
+            if views:
+                result[kind] = Overhead(
+                    time=sum(v.run.duration_s for v in views) / sum(v.default_duration_s for v in views),
+                    energy=sum(v.run.energy_j for v in views) / sum(v.default_energy_j for v in views),
+                    phases=len(views),
+                )
+        return result
 
 
 # ---- admin socket ------------------------------------------------------------------------------------------
@@ -371,18 +404,22 @@ class LiveDemo:
         return args
 
     def start_daemon(self) -> None:
-        """Start eerld and wait until its admin socket answers."""
-        log = (self.work / "eerld.log").open("wb")
-        self.daemon = subprocess.Popen(
-            [sys.executable, "-c", _DAEMON_LAUNCHER, *self.daemon_args()],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            env=_child_env(),
-            start_new_session=True,
-        )
-        log.close()
+        """Start eerld (it creates the simulated GPUs' state file, then serves)."""
+        with (self.work / "eerld.log").open("wb") as log:
+            self.daemon = subprocess.Popen(
+                [sys.executable, "-c", _DAEMON_LAUNCHER, *self.daemon_args()],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=_child_env(),
+                start_new_session=True,
+            )
         self.admin = Admin(self.admin_socket)
+
+    def wait_for_daemon(self) -> None:
+        """Wait until eerld's admin socket answers; RuntimeError with its log if it exits or hangs."""
+        assert self.daemon is not None
+        assert self.admin is not None
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.daemon.poll() is not None:
@@ -460,14 +497,16 @@ class LiveDemo:
             f"{self.scenario.gpu.product_name}, {self.options.iterations} RL iterations, "
             f"simulated time ×{self.options.speedup:g}"
         )
+        threading.Thread(target=_preload_plotting, name="preload-matplotlib", daemon=True).start()
         self.start_daemon()
+        self.start_worker()  # it waits for the daemon's state file and socket: both start up at once
         assert self.daemon is not None
+        assert self.worker is not None
+        assert self.worker.stdout is not None
+        self.wait_for_daemon()
         self.say(
             f"eerld (pid {self.daemon.pid}): backend sim, controller {self.controller}, {self.socket.parent}"
         )
-        self.start_worker()
-        assert self.worker is not None
-        assert self.worker.stdout is not None
         self.say(
             f"simulated RL worker (pid {self.worker.pid}): "
             f"one eerl session on GPUs 0-{self.scenario.workload.gpus - 1}"
@@ -549,39 +588,45 @@ class LiveDemo:
             f"Summary · {len(iterations)} iterations, {live.duration_s:,.0f} simulated s "
             f"in {wall_s:.0f} s of wall time"
         )
+        overhead = record.overhead()
+        calibrated = record.totals(iterations, default=True, overhead=overhead)
         rows: list[tuple[str, Totals, Totals | None]] = [
-            ("default governor (simulator, same iterations)", default, None)
+            ("default governor: simulator, same iterations", default, None),
+            ("default governor: simulator × this run's overhead¹", calibrated, None),
+            (f"{self.controller} controller, live, whole run", live, calibrated),
         ]
-        rows.append((f"{self.controller} controller, live, whole run", live, default))
         if committed:
             span = f"it. {committed[0]}-{committed[-1]}" if len(committed) > 1 else f"it. {committed[0]}"
             rows.append(
                 (
                     f"{self.controller} controller, live, committed ({span})",
                     record.totals(committed, default=False),
-                    record.totals(committed, default=True),
+                    record.totals(committed, default=True, overhead=overhead),
                 )
             )
-        self.say(f"  {'':<48}  {'J/valid tok':>11}  {'valid tok/s':>11}  {'energy':>8}  {'throughput':>10}")
+        self.say(f"  {'':<52}  {'J/valid tok':>11}  {'valid tok/s':>11}  {'energy':>8}  {'throughput':>10}")
         for label, totals, base in rows:
             line = (
-                f"  {label:<48}  {totals.energy_per_valid_token_j:>11.4f}  "
+                f"  {label:<52}  {totals.energy_per_valid_token_j:>11.4f}  "
                 f"{totals.throughput_tokens_per_s:>11,.0f}"
             )
             if base is not None:
-                saving = totals.energy_per_valid_token_j / base.energy_per_valid_token_j - 1
-                speed = totals.throughput_tokens_per_s / base.throughput_tokens_per_s
-                line += f"  {_pct(saving):>8}  {speed:>10.1%}"
+                line += f"  {_pct(_saving(totals, base)):>8}  {_speed(totals, base):>10.1%}"
             self.say(line)
+        if overhead:
+            parts = [
+                f"{kind.value} time {_pct(o.time - 1)}, energy {_pct(o.energy - 1)} ({o.phases} phases)"
+                for kind, o in overhead.items()
+            ]
+            self.say(f"  ¹ live over simulator where both ran the default governor: {'; '.join(parts)}")
+            self.say(
+                "    (queuing work and RPCs take wall time, which the speed-up turns into simulated s); "
+                f"against the simulator alone: energy {_pct(_saving(live, default))}, "
+                f"throughput {_speed(live, default):.1%}"
+            )
         self.say()
         for line in self._controller_lines():
             self.say(line)
-        ratios = record.default_phase_ratios()
-        if ratios is not None:
-            self.say(
-                f"  live vs simulator under the default governor: time {_pct(ratios[0] - 1)}, "
-                f"energy {_pct(ratios[1] - 1)} (queuing work and RPCs take wall time, × the speed-up)"
-            )
         locked = self.locked_after_stop
         if locked is None:
             self.say("  GPUs after SIGTERM: could not read the simulated GPUs' state")
@@ -617,13 +662,21 @@ class LiveDemo:
                 ),
                 None,
             )
-            since = f" since it. {commit}" if commit is not None else ""
+            first = f", first committed at it. {commit}" if commit is not None else ""
+            cost = phase.exploration_cost_mj / 1e9
             lines.append(
-                f"  controller, {kind.value:<10}: {state} at {clock}{since}; its estimate of savings against "
-                f"its predicted default {phase.estimated_savings_fraction:.1%}; exploration cost "
-                f"{phase.exploration_cost_mj / 1e6:.2f} MJ; "
-                f"daemon's meter {phase.energy_per_valid_token_j:.4f} "
-                f"J/valid tok over {phase.phases} phases"
+                f"  controller, {kind.value}: {state} at {clock}{first}; by its own estimate it saves "
+                f"{phase.estimated_savings_fraction:.1%} against its predicted default"
+                + (f" (exploration cost {cost:.2f} MJ)" if cost > 0.005 else "")
+            )
+        daemon_j = sum(p.energy_mj for p in session.phases) / 1000.0
+        valid = sum(p.valid_tokens for p in session.phases)
+        worker_j = sum(v.run.energy_j for v in record.phases.values())
+        if valid and worker_j:
+            lines.append(
+                f"  daemon's own meter (counters at BeginPhase/EndPhase): {daemon_j / 1e6:.2f} MJ, "
+                f"{daemon_j / valid:.4f} J/valid tok; the worker's meter: {worker_j / 1e6:.2f} MJ "
+                f"({_pct(daemon_j / worker_j - 1)})"
             )
         return lines
 
@@ -667,6 +720,14 @@ _HEADER = (
     "iter  phase       state         clock   sim time    energy   J/valid tok  default   vs default\n"
     "----  ----------  ---------  --------  ---------  --------  ------------  -------  -----------"
 )
+
+
+def _saving(totals: Totals, base: Totals) -> float:
+    return totals.energy_per_valid_token_j / base.energy_per_valid_token_j - 1
+
+
+def _speed(totals: Totals, base: Totals) -> float:
+    return totals.throughput_tokens_per_s / base.throughput_tokens_per_s
 
 
 def _pct(fraction: float) -> str:
@@ -716,6 +777,15 @@ _STATE_COLOURS = {
 }
 
 
+def _preload_plotting() -> None:
+    """Import matplotlib while the demo runs (seconds of CPU that would otherwise delay the summary)."""
+    with contextlib.suppress(ImportError):
+        import matplotlib  # noqa: PLC0415 - warming the import cache only
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot  # noqa: PLC0415 - warming the import cache only
+
+
 def timeline_plot(record: Record, *, top_clock_mhz: int, path: Path, title: str) -> None:
     """Clock per phase, energy per valid token and throughput per iteration, controller states shaded."""
     # matplotlib is slow to import and only the plot needs it (the daemon launcher imports this module).
@@ -761,13 +831,16 @@ def timeline_plot(record: Record, *, top_clock_mhz: int, path: Path, title: str)
     seen = [s for s in _STATE_COLOURS if any(v.state is s for v in record.phases.values())]
     fig.legend(
         [Patch(color=_STATE_COLOURS[s]) for s in seen],
-        [s.value for s in seen],
+        [f"controller {s.value}" for s in seen],
         loc="upper center",
+        bbox_to_anchor=(0.5, 0.965),
         ncol=5,
         fontsize=8,
+        frameon=False,
     )
+    axes[2].xaxis.get_major_locator().set_params(integer=True)
     fig.suptitle(title, y=0.995, fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
     fig.savefig(path, dpi=90)
     plt.close(fig)
 

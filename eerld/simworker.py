@@ -25,9 +25,10 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
@@ -46,7 +47,7 @@ from eerld.sim.workload import Segments
 KINDS = (PhaseKind.GENERATION, PhaseKind.TRAINING)
 DEFAULT_WAIT_FOR_CLOCK_S = 2.0
 """How long a phase waits for the daemon to apply its clock before running anyway (fail-open)."""
-CONNECT_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 30.0
 HOLD_TIMEOUT_S = 30.0
 """With ``--hold``, the longest the worker keeps its session open waiting for stdin to close."""
 
@@ -177,32 +178,40 @@ class SimWorker:
     ) -> PhaseRun:
         """One phase of ``sample`` on the worker's GPUs, reported and metered (see the module docstring).
 
-        ``on_begin`` is called once the phase is open (its clock applied, or the wait for it over).
+        ``on_begin`` is called once the phase is open (its clock applied, or the wait for it over) and its
+        work is queued.
         """
         segments = sample.phase(kind).segments
         workload = reported_workload(sample, kind)
         hints = _client_workload(phase_hints(sample, kind))
+        work = [
+            (
+                self.gpu_indices[slot],
+                slice(int(segments.gpu_bounds[slot]), int(segments.gpu_bounds[slot + 1])),
+            )
+            for slot in _slowest_first(segments, self.scenario.gpu.sm_clock_max_mhz)
+        ]
         with self.session.phase(
             kind.value, iteration=sample.iteration, hints=hints, wait_for_clock_s=self.wait_for_clock_s
         ) as phase:
+            lock = self.device.observe(self.gpu_indices[0]).sm_lock_mhz
+            counters = read_counters(self._meter, self.gpu_indices, 0.0)
+            # The phase starts when the first work is queued: reading the counters takes wall time, which
+            # the speed-up turns into simulated idle seconds that are no part of the phase.
+            begin = replace(counters, time_s=self.device.now_s())
+            tickets = [
+                self.device.submit_segments(
+                    gpu,
+                    segments.compute_mhz_s[rows],
+                    segments.memory_s[rows],
+                    segments.mem_activity_scale[rows],
+                    segments.duration_noise[rows],
+                    segments.power_noise[rows],
+                )
+                for gpu, rows in work
+            ]
             if on_begin is not None:
                 on_begin(sample.iteration, kind)
-            lock = self.device.observe(self.gpu_indices[0]).sm_lock_mhz
-            begin = read_counters(self._meter, self.gpu_indices, self.device.now_s())
-            tickets = []
-            for slot in _slowest_first(segments, self.scenario.gpu.sm_clock_max_mhz):
-                gpu = self.gpu_indices[slot]
-                first, last = int(segments.gpu_bounds[slot]), int(segments.gpu_bounds[slot + 1])
-                tickets.append(
-                    self.device.submit_segments(
-                        gpu,
-                        segments.compute_mhz_s[first:last],
-                        segments.memory_s[first:last],
-                        segments.mem_activity_scale[first:last],
-                        segments.duration_noise[first:last],
-                        segments.power_noise[first:last],
-                    )
-                )
             results = [self.device.wait(ticket) for ticket in tickets]
             end_s = max((r.end_s for r in results), default=begin.time_s)
             end = read_counters(self._meter, self.gpu_indices, end_s)
@@ -321,6 +330,14 @@ def _wait_for_stdin_close(timeout_s: float) -> None:
     done.wait(timeout_s)
 
 
+def _open_device(state_file: Path, timeout_s: float) -> SimDevice:
+    """Join the daemon's simulated GPUs, waiting up to ``timeout_s`` for a daemon that is still starting."""
+    deadline = time.monotonic() + timeout_s
+    while not state_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return open_sim_device(state_file, durable_writes=False)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code (2 for a bad argument or scenario, 1 for a device failure)."""
     args = build_parser().parse_args(argv)
@@ -330,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         scenario = load_scenario(args.scenario)
         iterations = scenario.workload.iterations if args.iterations is None else args.iterations
         gpus = _parse_gpus(args.gpus) if args.gpus else list(range(scenario.workload.gpus))
-        device = open_sim_device(args.sim_state, durable_writes=False)
+        device = _open_device(args.sim_state, CONNECT_TIMEOUT_S)
     except ConfigError as e:
         print(f"Error: {e}", file=sys.stderr)
         return 2
