@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from eerld.config import load_config
 from tests.ops.conftest import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,6 +55,19 @@ class TestSystemdUnit:
         lines = dict(unit_lines())
         assert "--reset-clocks" in lines["ExecStopPost"]
         assert lines["Restart"] == "on-failure"
+
+    def test_the_commands_are_valid_eerld_invocations(self) -> None:
+        """eerld's configuration parser accepts ExecStart's and ExecStopPost's flags, on the unit's paths."""
+        lines = dict(unit_lines())
+        serve = load_config(lines["ExecStart"].split()[1:])
+        reset = load_config(lines["ExecStopPost"].split()[1:])
+        assert (str(serve.socket_path), str(serve.admin_socket_path)) == (
+            "/run/eerld/eerld.sock",
+            "/run/eerld/admin.sock",
+        )
+        assert serve.state_dir == reset.state_dir
+        assert str(serve.state_dir) == "/var/lib/" + lines["StateDirectory"]
+        assert reset.reset_clocks
 
     def test_directories_and_hardening(self) -> None:
         """Runtime and state directories, and the hardening the issue lists, are all set."""
