@@ -153,9 +153,15 @@ def _cmd_health(ctx: _Context) -> int:
 
 
 def _cmd_version(ctx: _Context) -> int:
+    if not ctx.args.json:  # the client's version shows even when the daemon cannot be reached
+        ctx.out.write(f"eerlctl {__version__}\n")
+        ctx.out.flush()
     reply = _admin(ctx).Status(eerl_pb2.StatusRequest(), timeout=ctx.args.timeout)
-    data = {"eerlctl": __version__, "eerld": reply.daemon.version, "backend": reply.daemon.backend}
-    _emit(ctx, data, f"eerlctl {__version__}\neerld {reply.daemon.version} (backend {reply.daemon.backend})")
+    if ctx.args.json:
+        data = {"eerlctl": __version__, "eerld": reply.daemon.version, "backend": reply.daemon.backend}
+        ctx.out.write(json.dumps(data, indent=2) + "\n")
+    else:
+        ctx.out.write(f"eerld {reply.daemon.version} (backend {reply.daemon.backend})\n")
     return _EXIT_OK
 
 

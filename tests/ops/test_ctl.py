@@ -179,6 +179,13 @@ class TestOtherCommands:
         assert out.startswith("eerlctl ")
         assert "eerld 0.1.0 (backend sim)" in out
 
+    def test_version_without_a_daemon_still_names_the_client(self, short_tmp: Path) -> None:
+        """version prints eerlctl's own version, then the Error line, when eerld is unreachable."""
+        code, out, err = run(short_tmp / "absent.sock", "version")
+        assert code == 1
+        assert out.startswith("eerlctl ")
+        assert err.startswith("Error: no eerld socket")
+
     def test_health_exits_zero_when_serving(self, fake_admin: FakeAdminServer) -> None:
         """health prints SERVING and exits 0."""
         assert run(fake_admin, "health")[:2] == (0, "SERVING\n")
