@@ -43,6 +43,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 pytest: $(STAMP)
+	bash scripts/ensure_prometheus.sh
 	$(BIN)/pytest -q
 
 test: check-proto lint typecheck pytest
