@@ -3,9 +3,11 @@
 The caller's side of a phase is ``Phase.__enter__`` (queue a begin) and ``Phase.__exit__`` (queue an end);
 the background sender does the RPCs. This script times both calls around an empty phase body, with the
 phases paced (``--gap-ms``) as a real job's are, so that the sender keeps up and competes for the GIL as
-it would. Target: under 50 µs per event.
+it would. Target: under 50 µs per event. The last row, a disabled session (no queue, no thread), is the
+floor that the interpreter and the machine set for the same calls: on a loaded machine, a thread that wakes
+from a sleep runs its first microseconds slowly, and that shows in every row alike.
 
-    .venv/bin/python bench/client_overhead.py [--phases 2000] [--gap-ms 1] [--daemon fake|eerld]
+    .venv/bin/python bench/client_overhead.py [--phases 1000] [--gap-ms 5] [--daemon fake|eerld]
 
 ``--daemon eerld`` runs the real daemon in-process (``eerld.testing.running_daemon``, fake GPU backend);
 ``fake`` (default) uses the client's recording fake (``eerl.testing.FakeDaemon``).
@@ -29,24 +31,39 @@ from eerl import ClientConfig
 from eerl.testing import FakeDaemon
 
 
-def measure(config: ClientConfig, phases: int, gap_s: float) -> tuple[list[int], eerl.ClientStats]:
-    """Per-phase caller cost (begin + end) in nanoseconds, and the sender's stats afterwards."""
-    costs_ns: list[int] = []
+def measure(configs: dict[str, ClientConfig], phases: int, gap_s: float) -> dict[str, list[int]]:
+    """Per-phase caller cost (begin + end) in nanoseconds for each config, measured interleaved.
+
+    One session per config is open at once and every round times one phase on each, in rotating order,
+    so that all of them see the same load on a shared machine.
+    """
     clock = time.perf_counter_ns
-    with eerl.connect(gpus=[0], job_id="bench", config=config) as session:
-        session.wait_until_connected(2.0)
+    sessions = {
+        label: eerl.connect(gpus=[0], job_id="bench", config=config) for label, config in configs.items()
+    }
+    costs_ns: dict[str, list[int]] = {label: [] for label in sessions}
+    try:
+        for session in sessions.values():
+            session.wait_until_connected(1.0)
+        order = list(sessions.items())
         for i in range(phases):
             kind = "generation" if i % 2 == 0 else "training"
-            phase = session.phase(kind, iteration=i // 2)
-            start_ns = clock()
-            phase.__enter__()
-            phase.report(tokens=100, valid_tokens=80, sequences=4)
-            phase.__exit__(None, None, None)
-            costs_ns.append(clock() - start_ns)
-            time.sleep(gap_s)
-        session.flush(5.0)
-        stats = session.stats()
-    return costs_ns, stats
+            for label, session in order[i % len(order) :] + order[: i % len(order)]:
+                phase = session.phase(kind, iteration=i // 2)
+                start_ns = clock()
+                phase.__enter__()
+                phase.report(tokens=100, valid_tokens=80, sequences=4)
+                phase.__exit__(None, None, None)
+                costs_ns[label].append(clock() - start_ns)
+                time.sleep(gap_s)
+        for label, session in sessions.items():
+            session.flush(5.0)
+            stats = session.stats()
+            report(label, costs_ns[label], stats)
+    finally:
+        for session in sessions.values():
+            session.close()
+    return costs_ns
 
 
 @contextlib.contextmanager
@@ -76,20 +93,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--phases", type=int, default=2000)
-    parser.add_argument("--gap-ms", type=float, default=1.0)
+    parser.add_argument("--phases", type=int, default=1000)
+    parser.add_argument("--gap-ms", type=float, default=5.0)
     parser.add_argument("--daemon", choices=["fake", "eerld"], default="fake")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     gap_s = args.gap_ms / 1000
     with tempfile.TemporaryDirectory(prefix="eerl-bench-", dir="/tmp") as tmp:
         directory = Path(tmp)
-        with daemon(args.daemon, directory) as config:
-            costs_ns, stats = measure(config, args.phases, gap_s)
-        report(f"present ({args.daemon})", costs_ns, stats)
-        absent = dataclasses.replace(ClientConfig.uds(directory / "nobody.sock"), close_timeout_s=0.5)
-        costs_ns, stats = measure(absent, args.phases, gap_s)
-        report("absent", costs_ns, stats)
+        with daemon(args.daemon, directory) as present:
+            absent = dataclasses.replace(ClientConfig.uds(directory / "nobody.sock"), close_timeout_s=0.5)
+            configs = {
+                f"present ({args.daemon})": present,
+                "absent": absent,
+                "disabled (base)": ClientConfig.disabled_config(),
+            }
+            measure(configs, args.phases, gap_s)
     return 0
 
 
