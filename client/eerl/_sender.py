@@ -211,7 +211,9 @@ class Sender:
         self._closing.set()
         self._wake.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(self._config.close_timeout_s + self._config.rpc_timeout_s)
+            # Bounded even if an RPC hangs: the thread is a daemon thread, and the Attach stream ends with
+            # the process, which ends the session at the daemon anyway.
+            self._thread.join(self._config.close_timeout_s + 0.1)
 
     # -- the background thread -----------------------------------------------------------------------
 
