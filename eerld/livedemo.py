@@ -52,7 +52,7 @@ from eerld.sim.profiles import builtin_profile
 from eerld.sim.scenario import load_scenario
 from eerld.simworker import KINDS, PhaseRun
 
-DEFAULT_ITERATIONS = 24
+DEFAULT_ITERATIONS = 30
 DEFAULT_SPEEDUP = 50.0
 DEFAULT_SCENARIO = "sync-h100"
 FALLBACK_FIXED_CLOCKS = "generation=1110,training=1470"
@@ -596,7 +596,7 @@ class LiveDemo:
             (f"{self.controller} controller, live, whole run", live, calibrated),
         ]
         if committed:
-            span = f"it. {committed[0]}-{committed[-1]}" if len(committed) > 1 else f"it. {committed[0]}"
+            span = f"{len(committed)} it. from {committed[0]}"
             rows.append(
                 (
                     f"{self.controller} controller, live, committed ({span})",
@@ -624,6 +624,8 @@ class LiveDemo:
                 f"against the simulator alone: energy {_pct(_saving(live, default))}, "
                 f"throughput {_speed(live, default):.1%}"
             )
+        if not committed and self.controller == "eerl":
+            self.say("  (the controller had not committed a clock pair yet: run more --iterations)")
         self.say()
         for line in self._controller_lines():
             self.say(line)
