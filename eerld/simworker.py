@@ -194,7 +194,6 @@ class SimWorker:
         with self.session.phase(
             kind.value, iteration=sample.iteration, hints=hints, wait_for_clock_s=self.wait_for_clock_s
         ) as phase:
-            lock = self.device.observe(self.gpu_indices[0]).sm_lock_mhz
             counters = read_counters(self._meter, self.gpu_indices, 0.0)
             # The phase starts when the first work is queued: reading the counters takes wall time, which
             # the speed-up turns into simulated idle seconds that are no part of the phase.
@@ -210,6 +209,7 @@ class SimWorker:
                 )
                 for gpu, rows in work
             ]
+            lock = self.device.observe(self.gpu_indices[0]).sm_lock_mhz
             if on_begin is not None:
                 on_begin(sample.iteration, kind)
             results = [self.device.wait(ticket) for ticket in tickets]
