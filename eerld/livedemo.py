@@ -346,7 +346,14 @@ def _work_dir() -> Path:
 class LiveDemo:
     """Starts the daemon and the worker, follows them, stops them; :meth:`run` returns the exit code."""
 
-    def __init__(self, options: Options, work_dir: Path, out: IO[str] = sys.stdout) -> None:
+    def __init__(
+        self,
+        options: Options,
+        work_dir: Path,
+        out: IO[str] = sys.stdout,
+        *,
+        started_wall_s: float | None = None,
+    ) -> None:
         self.options = options
         self.work = work_dir
         self.out = out
@@ -359,7 +366,7 @@ class LiveDemo:
         self.daemon: subprocess.Popen[bytes] | None = None
         self.worker: subprocess.Popen[str] | None = None
         self.admin: Admin | None = None
-        self.started_wall_s = time.monotonic()
+        self.started_wall_s = time.monotonic() if started_wall_s is None else started_wall_s
         self.plot_path: Path | None = None
         self.locked_after_stop: list[int] | None = None
         self._stopped = False
@@ -591,10 +598,11 @@ class LiveDemo:
         overhead = record.overhead()
         calibrated = record.totals(iterations, default=True, overhead=overhead)
         rows: list[tuple[str, Totals, Totals | None]] = [
-            ("default governor: simulator, same iterations", default, None),
-            ("default governor: simulator × this run's overhead¹", calibrated, None),
-            (f"{self.controller} controller, live, whole run", live, calibrated),
+            ("default governor: simulator, same iterations", default, None)
         ]
+        if overhead:
+            rows.append(("default governor: simulator × this run's overhead¹", calibrated, None))
+        rows.append((f"{self.controller} controller, live, whole run", live, calibrated))
         if committed:
             span = f"{len(committed)} it. from {committed[0]}"
             rows.append(
@@ -666,9 +674,15 @@ class LiveDemo:
             )
             first = f", first committed at it. {commit}" if commit is not None else ""
             cost = phase.exploration_cost_mj / 1e9
+            estimate = (
+                f"; by its own estimate it saves {phase.estimated_savings_fraction:.1%} against its "
+                "predicted "
+                "default"
+                if phase.estimated_savings_fraction
+                else ""
+            )
             lines.append(
-                f"  controller, {kind.value}: {state} at {clock}{first}; by its own estimate it saves "
-                f"{phase.estimated_savings_fraction:.1%} against its predicted default"
+                f"  controller, {kind.value}: {state} at {clock}{first}{estimate}"
                 + (f" (exploration cost {cost:.2f} MJ)" if cost > 0.005 else "")
             )
         daemon_j = sum(p.energy_mj for p in session.phases) / 1000.0
@@ -895,6 +909,7 @@ def _no_interrupts() -> Iterator[None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code (0: ran and left no GPU locked; 130 after Ctrl-C)."""
+    started_wall_s = time.monotonic()
     args = build_parser().parse_args(argv)
     if args.iterations < 1 or not (math.isfinite(args.speedup) and args.speedup > 0):
         print("Error: --iterations must be ≥ 1 and --speedup a positive number", file=sys.stderr)
@@ -903,7 +918,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = _work_dir()
     demo: LiveDemo | None = None
     try:
-        demo = LiveDemo(options, work)
+        demo = LiveDemo(options, work, started_wall_s=started_wall_s)
         return demo.run()
     except KeyboardInterrupt:
         print("\ninterrupted: stopping the worker and eerld", file=sys.stderr)
