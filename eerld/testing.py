@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from eerld.config import Config, parse_fixed_clocks
 from eerld.errors import GpuError, InvalidArgument
@@ -288,10 +288,12 @@ def running_daemon(
     clock: Callable[[], float] = time.monotonic,
     wall_clock: Callable[[], float] = time.time,
     reaper: bool = True,
+    **overrides: Any,
 ) -> Iterator[DaemonHandle]:
     """Serve both services on Unix sockets under ``directory`` (a fake backend by default); stop on exit.
 
-    ``directory`` must be short: a Unix socket path holds at most 107 bytes.
+    ``directory`` must be short: a Unix socket path holds at most 107 bytes. ``overrides`` replace
+    fields of :class:`~eerld.config.Config` (e.g. ``socket_group="eerl"``).
     """
     gpus = backend if backend is not None else FakeGpuBackend(clock=clock)
     config = replace(
@@ -304,6 +306,7 @@ def running_daemon(
         dry_run=dry_run,
         metrics_address=None,
     )
+    config = replace(config, **overrides)
     server = create_server(config, backend=gpus, clock=clock, wall_clock=wall_clock, reaper=reaper)
     server.start()
     try:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import grp
 import json
+import os
 import socket
 import stat
 import subprocess
@@ -182,3 +184,12 @@ class TestResetClocks:
 
 def test_the_fake_backend_implements_the_gpu_backend_protocol():
     assert isinstance(FakeGpuBackend(1), GpuBackend)
+
+
+class TestGroups:
+    def test_with_groups_both_sockets_are_0660_and_owned_by_their_groups(self, start_daemon):
+        group = grp.getgrgid(os.getgid()).gr_name
+        with start_daemon(socket_group=group, admin_group=group) as handle:
+            for path in (handle.socket_path, handle.admin_socket_path):
+                assert stat.S_IMODE(path.stat().st_mode) == 0o660
+                assert path.stat().st_gid == os.getgid()
