@@ -23,7 +23,7 @@ $(STAMP): $(DEPS)
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m eerld.demo
+	$(BIN)/python -m eerld.livedemo
 
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py
