@@ -4,13 +4,14 @@ The caller's side of a phase is ``Phase.__enter__`` (queue a begin) and ``Phase.
 the background sender does the RPCs. This script times both calls around an empty phase body, with the
 phases paced (``--gap-ms``) as a real job's are, so that the sender keeps up and competes for the GIL as
 it would. Target: under 50 µs per event. The last row, a disabled session (no queue, no thread), is the
-floor that the interpreter and the machine set for the same calls: on a loaded machine, a thread that wakes
-from a sleep runs its first microseconds slowly, and that shows in every row alike.
+floor that the interpreter and the machine set for the same calls; on a loaded machine it rises, and so do
+the other rows with it.
 
     .venv/bin/python bench/client_overhead.py [--phases 1000] [--gap-ms 5] [--daemon fake|eerld]
 
-``--daemon eerld`` runs the real daemon in-process (``eerld.testing.running_daemon``, fake GPU backend);
-``fake`` (default) uses the client's recording fake (``eerl.testing.FakeDaemon``).
+The daemon runs in its own process, as in production (in-process, its server threads would take the
+caller's GIL): ``--daemon eerld`` is the real daemon (``eerld.testing.running_daemon``, fake GPU backend),
+``fake`` (default) the client's recording fake (``eerl.testing.FakeDaemon``).
 """
 
 from __future__ import annotations
@@ -19,16 +20,29 @@ import argparse
 import contextlib
 import dataclasses
 import logging
+import multiprocessing
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import eerl
 from eerl import ClientConfig
 from eerl.testing import FakeDaemon
+
+
+def work(duration_s: float) -> None:
+    """Stands in for the training thread's work between phase events: busy in native code.
+
+    It keeps the CPU busy (a thread that sleeps wakes up on cold caches and a parked vCPU, which would be
+    measured too) and gives up the GIL often, as PyTorch does inside its kernels and synchronisations.
+    """
+    deadline_s = time.perf_counter() + duration_s
+    while time.perf_counter() < deadline_s:
+        time.sleep(0)
 
 
 def measure(configs: dict[str, ClientConfig], phases: int, gap_s: float) -> dict[str, list[int]]:
@@ -55,7 +69,7 @@ def measure(configs: dict[str, ClientConfig], phases: int, gap_s: float) -> dict
                 phase.report(tokens=100, valid_tokens=80, sequences=4)
                 phase.__exit__(None, None, None)
                 costs_ns[label].append(clock() - start_ns)
-                time.sleep(gap_s)
+                work(gap_s)
         for label, session in sessions.items():
             session.flush(5.0)
             stats = session.stats()
@@ -66,17 +80,35 @@ def measure(configs: dict[str, ClientConfig], phases: int, gap_s: float) -> dict
     return costs_ns
 
 
-@contextlib.contextmanager
-def daemon(kind: str, directory: Path) -> Iterator[ClientConfig]:
-    """A daemon to talk to, and the client config that reaches it."""
+def serve(kind: str, directory: str, ready: Any, stop: Any) -> None:
+    """Runs in a child process: the daemon to talk to, until ``stop`` is set."""
+    logging.basicConfig(level=logging.ERROR)
+    server: contextlib.AbstractContextManager[Any]
     if kind == "eerld":
         from eerld.testing import running_daemon  # noqa: PLC0415 - only this mode needs the daemon package
 
-        with running_daemon(directory) as handle:
-            yield ClientConfig.uds(handle.socket_path)
-        return
-    with FakeDaemon(directory / "eerld.sock") as fake:
-        yield fake.config
+        server = running_daemon(Path(directory))
+    else:
+        server = FakeDaemon(Path(directory) / "eerld.sock")
+    with server:
+        ready.set()
+        stop.wait()
+
+
+@contextlib.contextmanager
+def daemon(kind: str, directory: Path) -> Iterator[ClientConfig]:
+    """A daemon in its own process (as in production: it must not share the caller's GIL), and its config."""
+    context = multiprocessing.get_context("spawn")
+    ready, stop = context.Event(), context.Event()
+    child = context.Process(target=serve, args=(kind, str(directory), ready, stop), daemon=True)
+    child.start()
+    try:
+        if not ready.wait(60):
+            raise RuntimeError("the daemon did not start")
+        yield ClientConfig.uds(directory / "eerld.sock")
+    finally:
+        stop.set()
+        child.join(10)
 
 
 def report(label: str, costs_ns: list[int], stats: eerl.ClientStats) -> None:
