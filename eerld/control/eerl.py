@@ -54,7 +54,7 @@ class EerlConfig:
     """Fine candidates are spaced this fraction of the maximum clock apart (snapped to the grid)."""
     commit_samples: int = 3
     max_exploration_phases: int = 24
-    planning_margin: float = 0.004
+    planning_margin: float = 0.006
     """Plan for threshold + margin, so that predictor error rarely pushes the run below the threshold."""
     energy_stop_margin: float = 0.01
     control_interval_phases: int = 40
@@ -90,6 +90,7 @@ class _Kind:
     default_energy_j: float = 0.0
     rebaseline_left: int = 0
     fresh_start: bool = False
+    control_miss_sign: int = 0
     since_control: int = 0
     recent_time: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     recent_energy: deque[float] = field(default_factory=lambda: deque(maxlen=64))
@@ -280,7 +281,19 @@ class EerlController:
         )
 
     def _threshold(self) -> float:
-        return min(1.0, self._settings.throughput_threshold + self._config.planning_margin)
+        """The threshold to plan for: the target plus a margin for the predictor's own uncertainty.
+
+        The margin is the time-weighted standard error of the default predictions (a biased baseline
+        shifts every measured ratio alike), capped at ``planning_margin``; a noiseless job gets none.
+        """
+        total = sum(t.default_duration_s for t in self._kinds.values())
+        uncertainty = 0.0
+        for track in self._kinds.values():
+            count = max(track.predictor.count, 1)
+            share = track.default_duration_s / total if total > 0 else 1.0
+            uncertainty += share * 1.25 * track.predictor.error_fraction / float(np.sqrt(count))
+        margin = min(self._config.planning_margin, uncertainty)
+        return min(1.0, self._settings.throughput_threshold + margin)
 
     def _replan(self) -> Allocation:
         tracks = list(self._kinds.values())
@@ -306,7 +319,8 @@ class EerlController:
 
     def _observe_default(self, track: _Kind, obs: PhaseObservation, now_s: float) -> Decision | None:
         prediction = track.predictor.predict(obs.workload)
-        error = track.predictor.add(obs.workload, obs.duration_s, obs.energy_j)
+        relearning = track.rebaseline_left > 0 or track.state is ControllerState.BASELINE
+        error = track.predictor.add(obs.workload, obs.duration_s, obs.energy_j, force=relearning)
         self._track_default_scale(track, obs.workload)
         if prediction is not None:
             track.predicted_energy_j += prediction.energy_j
@@ -329,21 +343,35 @@ class EerlController:
             if reason is not None:
                 return Decision(track.kind, obs.iteration, None, track.state, reason, now_s, 1.0, 1.0)
             return None
-        if track.state is ControllerState.COMMITTED and track.since_control >= 0:
+        if track.state is ControllerState.COMMITTED:
+            due = track.since_control >= self._config.control_interval_phases
+            if track.committed_mhz is None and not due:
+                track.since_control += 1
+                return None
             track.since_control = 0
             band = max(3.0 * track.predictor.error_fraction, 0.04)
-            if error is not None and abs(error) > band:
-                track.rebaseline_left = self._config.rebaseline_phases - 1
-                track.fresh_start = True
-                track.state = ControllerState.RETUNING
-                return Decision(
-                    track.kind,
-                    obs.iteration,
-                    None,
-                    track.state,
-                    f"control phase off by {error:+.1%}: re-baseline, then re-tune",
-                    now_s,
-                )
+            if error is None or abs(error) <= band:
+                track.control_miss_sign = 0
+                return None
+            sign = 1 if error > 0 else -1
+            if track.control_miss_sign != sign:
+                # One miss may be an outlier: confirm with another control phase before acting.
+                track.control_miss_sign = sign
+                track.since_control = self._config.control_interval_phases
+                return None
+            track.control_miss_sign = 0
+            track.rebaseline_left = self._config.rebaseline_phases - 1
+            track.fresh_start = True
+            track.state = ControllerState.RETUNING
+            track.predictor.add(obs.workload, obs.duration_s, obs.energy_j, force=True)
+            return Decision(
+                track.kind,
+                obs.iteration,
+                None,
+                track.state,
+                f"two control phases off by {error:+.1%}: re-baseline, then re-tune",
+                now_s,
+            )
         return None
 
     def _observe_trial(self, track: _Kind, obs: PhaseObservation, now_s: float) -> Decision | None:

@@ -83,12 +83,23 @@ class BaselinePredictor:
         means = features.mean(axis=0)
         return np.where(means > 0, features.std(axis=0) / np.where(means > 0, means, 1.0), 0.0)
 
-    def add(self, workload: Workload, duration_s: float, energy_j: float) -> float | None:
-        """Add a default-governor phase; return its relative duration error as predicted beforehand."""
+    def add(
+        self, workload: Workload, duration_s: float, energy_j: float, *, force: bool = False
+    ) -> float | None:
+        """Add a default-governor phase; return its relative duration error as predicted beforehand.
+
+        A phase far outside the model's error band (beyond both 6 typical errors and 15%) is not learned
+        from unless ``force`` is set: one outlier must not bend the baseline that every trial is judged by.
+        A real change in the workload shows up again and again, and the controller then re-baselines.
+        """
         error: float | None = None
         before = self.predict(workload)
         if before is not None and self.count >= 3:
             error = duration_s / before.duration_s - 1.0
+            energy_error = energy_j / before.energy_j - 1.0
+            band = max(6.0 * self.error_fraction, 0.15)
+            if not force and self.count >= 4 and max(abs(error), abs(energy_error)) > band:
+                return error
             self._errors.append(abs(error))
         self._features.append(workload_features(self._kind, workload))
         self._durations.append(duration_s)

@@ -1,0 +1,14 @@
+"""Fixtures of the controller tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from eerld.control.base import ControllerSettings
+from tests.control.synthetic import GRID_MHZ
+
+
+@pytest.fixture
+def settings() -> ControllerSettings:
+    """A sync session over the H100 grid at the default threshold."""
+    return ControllerSettings(supported_sm_clocks_mhz=GRID_MHZ)

@@ -1,0 +1,87 @@
+"""eerl-bench on short runs of the built-in scenarios: figures within bounds, files written, errors clear."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eerld.bench.cli import main, run_controller
+from eerld.bench.report import ControllerReport
+from eerld.sim.scenario import load_scenario
+
+
+@pytest.fixture(scope="module")
+def short_sync_report() -> ControllerReport:
+    """The controller benchmark on the first 60 iterations of sync-h100."""
+    return run_controller(load_scenario("sync-h100"), 0.95, iterations=60)
+
+
+class TestControllerRegression:
+    def test_online_captures_most_of_the_oracle_savings(self, short_sync_report: ControllerReport) -> None:
+        """Even with exploration in a 60-iteration run, online captures at least 0.75 of the oracle."""
+        assert short_sync_report.savings_oracle > 0.1
+        assert short_sync_report.capture >= 0.75
+
+    def test_online_keeps_the_throughput_threshold(self, short_sync_report: ControllerReport) -> None:
+        """Online throughput stays within 0.01 of the threshold (and does not give away more than 0.02)."""
+        assert 0.94 <= short_sync_report.throughput_ratio_online <= 0.97
+
+    def test_oracle_meets_the_threshold_and_beats_the_default(
+        self, short_sync_report: ControllerReport
+    ) -> None:
+        """The oracle is a real fixed setting: at or above the threshold, below the default's energy."""
+        assert short_sync_report.throughput_ratio_oracle >= 0.95
+        assert (
+            short_sync_report.oracle.energy_per_valid_token_j
+            < short_sync_report.default.energy_per_valid_token_j
+        )
+
+
+class TestCli:
+    def test_controller_writes_json_and_timeline(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """`controller` prints the table and writes the documented JSON keys and a PNG."""
+        out = tmp_path / "run.json"
+        png = tmp_path / "timeline.png"
+        code = main(
+            [
+                "controller",
+                "--scenario",
+                "async-h100",
+                "--iterations",
+                "12",
+                "--json",
+                str(out),
+                "--timeline",
+                str(png),
+            ]
+        )
+        assert code == 0
+        assert "capture" in capsys.readouterr().out
+        document = json.loads(out.read_text())
+        for run in ("default", "oracle", "online"):
+            assert {"energy_per_valid_token_j", "throughput_tokens_per_s"} <= set(document[run])
+        assert {"savings_online", "savings_oracle", "throughput_ratio_online", "capture"} <= set(document)
+        assert png.read_bytes().startswith(b"\x89PNG")
+
+    def test_sweep_writes_a_pareto_plot(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """`sweep` prints the table with the best setting marked and draws the Pareto plot."""
+        png = tmp_path / "pareto.png"
+        assert main(["sweep", "--scenario", "sync-h100", "--iterations", "4", "--plot", str(png)]) == 0
+        assert "best at threshold" in capsys.readouterr().out
+        assert png.read_bytes().startswith(b"\x89PNG")
+
+    def test_unknown_scenario_is_one_error_line(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """A scenario that does not exist exits 1 with a single `Error:` line."""
+        assert main(["controller", "--scenario", "no-such-scenario", "--iterations", "2"]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1
+        assert err[0].startswith("Error:")
+
+    def test_rejects_a_threshold_out_of_range(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """A threshold above 1 exits 2 with an error line."""
+        assert main(["controller", "--scenario", "sync-h100", "--threshold", "1.5"]) == 2
+        assert capsys.readouterr().err.startswith("Error:")

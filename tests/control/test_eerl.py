@@ -1,0 +1,228 @@
+"""The EE-RL controller against a synthetic job: its invariants and its behaviour."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import HealthCheck, Phase, given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
+
+from eerld.control.base import (
+    Controller,
+    ControllerSettings,
+    ControllerState,
+    ExecutionMode,
+    PhaseKind,
+    PhaseObservation,
+    Workload,
+)
+from eerld.control.eerl import EerlConfig, EerlController, create_eerl_controller
+from eerld.errors import ValidationError
+from tests.control.synthetic import (
+    GRID_MHZ,
+    KINDS,
+    SyntheticJob,
+    drive_sync,
+    iteration_ratios,
+    oracle_energy_ratio,
+)
+
+# Each example drives a controller through tens of iterations: few examples, no slow shrinking.
+FAST = hyp_settings(
+    max_examples=8,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
+
+
+def _committed_iteration(trace_states: list[str]) -> int:
+    return trace_states.index(ControllerState.COMMITTED.value)
+
+
+class TestInvariants:
+    @FAST
+    @given(
+        step=st.sampled_from([1, 2, 3, 7]),
+        offset=st.integers(min_value=0, max_value=6),
+        threshold=st.floats(min_value=0.85, max_value=0.99),
+        noise=st.sampled_from([0.0, 0.01, 0.03]),
+        seed=st.integers(min_value=0, max_value=1000),
+    )
+    def test_never_proposes_an_unsupported_clock(
+        self, step: int, offset: int, threshold: float, noise: float, seed: int
+    ) -> None:
+        """Whatever the grid, threshold and noise, every decision is a supported clock or the default."""
+        grid = GRID_MHZ[offset::step]
+        controller = create_eerl_controller(ControllerSettings(grid, throughput_threshold=threshold))
+        trace = drive_sync(controller, SyntheticJob(noise=noise, seed=seed), 50)
+        proposed = {c for kind in KINDS for c in trace.clocks[kind]}
+        assert proposed <= {*grid, None}
+
+    @FAST
+    @given(
+        threshold=st.floats(min_value=0.85, max_value=0.99),
+        tokens=st.integers(min_value=200_000, max_value=3_000_000),
+        kinds=st.sampled_from([KINDS, (PhaseKind.GENERATION,), (PhaseKind.TRAINING,)]),
+    )
+    def test_never_commits_a_candidate_measured_below_the_threshold(
+        self, threshold: float, tokens: int, kinds: tuple[PhaseKind, ...]
+    ) -> None:
+        """On a noiseless job every commit keeps the iteration's throughput at or above the threshold."""
+        controller = create_eerl_controller(
+            ControllerSettings(GRID_MHZ, kinds=kinds, throughput_threshold=threshold)
+        )
+        job = SyntheticJob(tokens=tokens)
+        trace = drive_sync(controller, job, 40, kinds)
+        assert ControllerState.COMMITTED.value in trace.states[kinds[0]]
+        for i in range(40):
+            if all(trace.states[k][i] == ControllerState.COMMITTED.value for k in kinds):
+                throughput, _ = iteration_ratios(job, {k: trace.clocks[k][i] for k in kinds})
+                assert throughput >= threshold - 1e-9
+
+    @FAST
+    @given(
+        threshold=st.floats(min_value=0.88, max_value=0.98),
+        tokens=st.integers(min_value=300_000, max_value=3_000_000),
+    )
+    def test_converges_on_a_stationary_noiseless_workload(self, threshold: float, tokens: int) -> None:
+        """Without noise it commits within 30 iterations, holds, and gets within 2% of the oracle's energy."""
+        job = SyntheticJob(tokens=tokens)
+        controller = create_eerl_controller(ControllerSettings(GRID_MHZ, throughput_threshold=threshold))
+        trace = drive_sync(controller, job, 80)
+        for kind in KINDS:
+            assert _committed_iteration(trace.states[kind]) < 30
+            assert ControllerState.RETUNING.value not in trace.states[kind]
+        final = {k: trace.clocks[k][-1] for k in KINDS}
+        _, energy = iteration_ratios(job, final)
+        assert energy <= oracle_energy_ratio(job, threshold) + 0.02
+
+    @FAST
+    @given(
+        factor=st.sampled_from([0.3, 2.0, 5.0, 20.0]),
+        kind=st.sampled_from(KINDS),
+        when=st.integers(min_value=0, max_value=20),
+        seed=st.integers(min_value=0, max_value=1000),
+    )
+    def test_a_single_outlier_does_not_flip_a_commit(
+        self, factor: float, kind: PhaseKind, when: int, seed: int
+    ) -> None:
+        """One phase measured far off (slow, fast, costly) after a commit changes neither clock nor state."""
+        reference = drive_sync(
+            create_eerl_controller(ControllerSettings(GRID_MHZ)), SyntheticJob(noise=0.01, seed=seed), 60
+        )
+        start = max(_committed_iteration(reference.states[k]) for k in KINDS) + 2 + when
+        job = SyntheticJob(noise=0.01, seed=seed, outliers={(kind, start): factor})
+        trace = drive_sync(create_eerl_controller(ControllerSettings(GRID_MHZ)), job, 60)
+        for k in KINDS:
+            assert trace.clocks[k][start:] == reference.clocks[k][start:]
+            assert trace.states[k][start:] == reference.states[k][start:]
+
+
+class TestBehaviour:
+    def test_starts_with_the_default_governor_to_learn_the_baseline(
+        self, settings: ControllerSettings
+    ) -> None:
+        """The first phases of each kind run unlocked, in state baseline."""
+        trace = drive_sync(create_eerl_controller(settings), SyntheticJob(), 3)
+        for kind in KINDS:
+            assert trace.clocks[kind] == [None, None, None]
+            assert set(trace.states[kind]) == {ControllerState.BASELINE.value}
+
+    def test_spends_the_slowdown_on_the_memory_bound_phase(self, settings: ControllerSettings) -> None:
+        """Generation (memory-bound) gets a deeper clock cut than compute-bound training."""
+        trace = drive_sync(create_eerl_controller(settings), SyntheticJob(), 60)
+        generation = trace.clocks[PhaseKind.GENERATION][-1]
+        training = trace.clocks[PhaseKind.TRAINING][-1]
+        assert generation is not None
+        assert training is None or generation < training
+
+    def test_retunes_after_a_step_change_and_stays_within_the_threshold(
+        self, settings: ControllerSettings
+    ) -> None:
+        """When the workload changes abruptly, it re-tunes and commits a setting that meets the threshold."""
+        job = SyntheticJob(noise=0.005, step_at_iteration=60, step_memory_factor=0.25)
+        trace = drive_sync(create_eerl_controller(settings), job, 160)
+        after = [s for k in KINDS for s in trace.states[k][60:]]
+        assert ControllerState.RETUNING.value in after
+        final = {k: trace.clocks[k][-1] for k in KINDS}
+        throughput, _ = iteration_ratios(job, final, iteration=159)
+        assert throughput >= 0.95 - 0.01
+
+    def test_a_waiting_async_pool_uses_its_slack(self) -> None:
+        """In async mode a pool whose peer takes twice as long slows down far beyond the threshold alone."""
+        job = SyntheticJob()
+        controller = create_eerl_controller(
+            ControllerSettings(GRID_MHZ, kinds=(PhaseKind.TRAINING,), mode=ExecutionMode.ASYNC)
+        )
+        now_s = 0.0
+        peer_duration_s = 2.0 * job.true_cost(PhaseKind.TRAINING, 0, None)[0]
+        clock: int | None = None
+        for i in range(60):
+            clock = controller.decide(PhaseKind.TRAINING, i, None, now_s).sm_clock_mhz
+            own = job.observe(PhaseKind.TRAINING, i, clock, now_s)
+            peer = PhaseObservation(
+                PhaseKind.GENERATION,
+                i,
+                Workload(tokens=1),
+                peer_duration_s,
+                1.0,
+                None,
+                8,
+                now_s + peer_duration_s,
+            )
+            now_s += peer_duration_s
+            controller.observe(own, now_s)
+            controller.observe(peer, now_s)
+        assert clock is not None
+        duration, _ = job.true_cost(PhaseKind.TRAINING, 0, clock)
+        assert duration / job.true_cost(PhaseKind.TRAINING, 0, None)[0] > 1.3
+        assert duration <= peer_duration_s / 0.95
+
+    def test_ignores_kinds_it_does_not_decide_for(self) -> None:
+        """A generation-only session answers OFF for training and ignores training observations."""
+        controller = create_eerl_controller(ControllerSettings(GRID_MHZ, kinds=(PhaseKind.GENERATION,)))
+        decision = controller.decide(PhaseKind.TRAINING, 0, None, 0.0)
+        assert decision.state is ControllerState.OFF
+        assert decision.sm_clock_mhz is None
+        assert [s.kind for s in controller.snapshot()] == [PhaseKind.GENERATION]
+
+    def test_snapshot_reports_state_candidate_and_predictor_error(self, settings: ControllerSettings) -> None:
+        """After a run every kind reports committed, its clock, its phases and a small predictor error."""
+        controller = create_eerl_controller(settings)
+        drive_sync(controller, SyntheticJob(noise=0.01), 60)
+        snapshots = {s.kind: s for s in controller.snapshot()}
+        for snapshot in snapshots.values():
+            assert snapshot.state is ControllerState.COMMITTED
+            assert snapshot.phases == 60
+            assert snapshot.predictor_error_fraction < 0.05
+        assert snapshots[PhaseKind.GENERATION].estimated_savings_fraction > 0.05
+
+    def test_decision_history_is_bounded_and_gives_reasons(self, settings: ControllerSettings) -> None:
+        """The history keeps at most its configured length, oldest first, each entry with a reason."""
+        controller = EerlController(settings, dataclasses.replace(EerlConfig(), history=10))
+        drive_sync(controller, SyntheticJob(noise=0.01), 60)
+        history = controller.decisions()
+        assert len(history) == 10
+        assert all(d.reason for d in history)
+        assert [d.time_s for d in history] == sorted(d.time_s for d in history)
+
+    def test_commit_verdict_carries_the_measured_ratios(self, settings: ControllerSettings) -> None:
+        """The commit entry in the history states throughput and energy ratios."""
+        controller = create_eerl_controller(settings)
+        drive_sync(controller, SyntheticJob(), 40)
+        commits = [d for d in controller.decisions() if d.reason.startswith("commit:")]
+        assert commits
+        assert all(d.throughput_ratio is not None and d.energy_ratio is not None for d in commits)
+
+    def test_rejects_an_empty_clock_list(self) -> None:
+        """A session without supported clocks is a validation error."""
+        with pytest.raises(ValidationError):
+            create_eerl_controller(ControllerSettings(()))
+
+    def test_satisfies_the_controller_protocol(self, settings: ControllerSettings) -> None:
+        """The factory's product is a Controller."""
+        controller: Controller = create_eerl_controller(settings)
+        assert controller.decisions() == []
