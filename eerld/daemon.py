@@ -415,13 +415,11 @@ class Daemon:
         """Claim the spec's GPUs exclusively and start a session with its own controller."""
         self._check_running()
         indices = self.resolve_gpus(spec.gpus)
-        supported = set(self._supported[indices[0]])
-        for index in indices[1:]:
-            supported &= set(self._supported[index])
+        supported = self._common_clocks(indices)
         kinds = spec.role.kinds()
         threshold = spec.throughput_threshold or DEFAULT_THROUGHPUT_THRESHOLD
         settings = ControllerSettings(
-            supported_sm_clocks_mhz=tuple(sorted(supported)),
+            supported_sm_clocks_mhz=supported,
             kinds=kinds,
             mode=spec.mode,
             throughput_threshold=threshold,
@@ -433,6 +431,7 @@ class Daemon:
             spec,
             indices,
             self._controller_factory(settings),
+            supported_sm_clocks_mhz=supported,
             throughput_threshold=threshold,
             lease_ttl_s=spec.lease_ttl_s or self._default_lease_ttl_s,
             opened_at_unix_s=self._wall(),
@@ -552,7 +551,7 @@ class Daemon:
         except Exception:
             log.exception("controller_error", session_id=_short(session.session_id), kind=kind.value)
             return Decision(kind, iteration, None, ControllerState.OFF, "controller error: default", now_s)
-        supported = self._supported_for(session)
+        supported = session.supported_sm_clocks_mhz
         if decision.sm_clock_mhz is not None and supported and decision.sm_clock_mhz not in supported:
             log.warning(
                 "controller_unsupported_clock",
@@ -563,9 +562,9 @@ class Daemon:
             decision = Decision(kind, iteration, snapped, decision.state, decision.reason, decision.time_s)
         return decision
 
-    def _supported_for(self, session: Session) -> tuple[int, ...]:
-        supported = set(self._supported[session.gpu_indices[0]])
-        for index in session.gpu_indices[1:]:
+    def _common_clocks(self, indices: Sequence[int]) -> tuple[int, ...]:
+        supported = set(self._supported[indices[0]])
+        for index in indices[1:]:
             supported &= set(self._supported[index])
         return tuple(sorted(supported))
 

@@ -114,6 +114,7 @@ class Session:
         gpu_indices: tuple[int, ...],
         controller: Controller,
         *,
+        supported_sm_clocks_mhz: tuple[int, ...],
         throughput_threshold: float,
         lease_ttl_s: float,
         opened_at_unix_s: float,
@@ -122,6 +123,8 @@ class Session:
         self.session_id = session_id
         self.spec = spec
         self.gpu_indices = gpu_indices
+        self.supported_sm_clocks_mhz = supported_sm_clocks_mhz
+        """SM clocks every GPU of the session supports, ascending."""
         self.kinds = spec.role.kinds()
         self.controller = controller
         self.throughput_threshold = throughput_threshold

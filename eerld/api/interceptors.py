@@ -62,16 +62,25 @@ class ErrorMappingInterceptor(_InterceptorBase):
 
     def __init__(self, observers: Sequence[RpcObserver]) -> None:
         self._observers = observers
+        self._wrapped: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
 
     def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = continuation(handler_call_details)
         method: str = handler_call_details.method
+        cached = self._wrapped.get(method)
+        if cached is not None:
+            return cached
+        handler = continuation(handler_call_details)
         if handler is None or not method.startswith(OWN_SERVICES_PREFIX):
             return handler
+        wrapped = self._wrap(method, handler)
+        self._wrapped[method] = wrapped
+        return wrapped
+
+    def _wrap(self, method: str, handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
         name = method.rsplit("/", 1)[-1]
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(

@@ -99,6 +99,8 @@ class Ledger:
 
     def add(self, entry: LedgerEntry) -> None:
         """List a GPU (durably) before it is locked; a no-op when it is already listed."""
+        if entry.index in self._entries:  # hot path of every phase change: no lock, no write
+            return
         with self._lock:
             if entry.index in self._entries:
                 return
