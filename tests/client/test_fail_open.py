@@ -48,12 +48,12 @@ class TestDaemonAbsent:
         self, socket_dir: Path
     ) -> None:
         fake = FakeDaemon(socket_dir / "eerld.sock")
-        config = fast(fake.config, stale_after_s=0.2)
+        config = fast(fake.config, stale_after_s=0.5)
         with eerl.connect(gpus=[0], config=config) as session:
             with session.phase("generation", iteration=0):
                 pass
             with session.phase("training", iteration=0):
-                assert not session.wait_until_connected(0.4)
+                assert not session.wait_until_connected(1.0)
                 fake.start()
                 assert session.wait_until_connected(5)
             with session.phase("generation", iteration=1):
