@@ -17,7 +17,7 @@ help:
 $(STAMP): $(DEPS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ./client -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e './client[e2e]' -e '.[dev]'
 	@touch $(STAMP)
 
 setup: $(STAMP)
