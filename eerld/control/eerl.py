@@ -49,6 +49,8 @@ class EerlConfig:
 
     baseline_phases: int = 4
     coarse_factor: float = 0.88
+    coarse_start_fraction: float = 0.77
+    """The first coarse trial, as a fraction of the top clock."""
     """Each coarse trial is this fraction of the previous clock."""
     fine_step_fraction: float = 0.022
     """Fine candidates are spaced this fraction of the maximum clock apart (snapped to the grid)."""
@@ -57,13 +59,15 @@ class EerlConfig:
     planning_margin: float = 0.006
     """Plan for threshold + margin, so that predictor error rarely pushes the run below the threshold."""
     energy_stop_margin: float = 0.01
-    control_interval_phases: int = 40
+    control_interval_phases: int = 60
+    refine_interval_phases: int = 20
+    """A committed allocation is re-checked against all trials (its own phases included) this often."""
     drift_ratio_band: float = 0.04
     drift_feature_band: float = 0.12
     monitor_window: int = 10
     rebaseline_phases: int = 3
     retune_window_steps: int = 3
-    switch_gain: float = 0.003
+    switch_gain: float = 0.01
     history: int = 512
     predictor_window: int = 24
 
@@ -92,6 +96,8 @@ class _Kind:
     fresh_start: bool = False
     control_miss_sign: int = 0
     since_control: int = 0
+    since_refine: int = 0
+    last_default_iteration: int = 0
     recent_time: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     recent_energy: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     recent_shift: deque[float] = field(default_factory=lambda: deque(maxlen=8))
@@ -217,8 +223,9 @@ class EerlController:
         return clock, f"fine trial (plan: throughput {plan.throughput_ratio:.3f})"
 
     def _coarse_schedule(self) -> list[int]:
+        """Descending coarse trials, starting a few steps below the top (where savings begin to matter)."""
         clocks: list[int] = []
-        target = self._max_mhz * self._config.coarse_factor
+        target = self._max_mhz * self._config.coarse_start_fraction
         while target >= self._clocks[0]:
             snapped = _nearest(self._clocks, target)
             if not clocks or snapped < clocks[-1]:
@@ -226,17 +233,34 @@ class EerlController:
             target *= self._config.coarse_factor
         return clocks
 
-    def _options(self, track: _Kind) -> KindOptions:
-        """Candidate clocks for this kind with their estimated ratios (default always included)."""
+    def _coarse_upward(self, clock_mhz: int) -> list[int]:
+        """Coarse trials above a first trial that was already too slow (nearest first)."""
+        clocks: list[int] = []
+        target = clock_mhz / self._config.coarse_factor
+        while target < self._max_mhz:
+            snapped = _nearest(self._clocks, target)
+            if snapped > (clocks[-1] if clocks else clock_mhz):
+                clocks.append(snapped)
+            target /= self._config.coarse_factor
+        return clocks
+
+    def _options(self, track: _Kind, *, free: bool = False) -> KindOptions:
+        """Candidate clocks for this kind with their estimated ratios (default always included).
+
+        A committed kind offers only its clock, unless ``free`` asks what it would choose if it could move.
+        """
         probed = track.curve.probed_range_mhz()
         candidates: list[int] = []
-        if track.state is ControllerState.COMMITTED:
+        if track.state is ControllerState.COMMITTED and not free:
             return self._committed_option(track)
         if probed is not None:
             low, high = probed
             low = max(low, track.floor_mhz)
             if track.window is not None:
-                low, high = max(low, track.window[0]), min(high, track.window[1])
+                inside = (max(low, track.window[0]), min(high, track.window[1]))
+                # The window keeps a re-tune local, unless a failed trial pushed the floor beyond it.
+                if any(inside[0] <= c <= inside[1] for c in self._fine):
+                    low, high = inside
             candidates = [c for c in self._fine if low <= c <= high]
             if track.committed_mhz is not None and low <= track.committed_mhz <= high:  # keep it reachable
                 candidates = sorted({*candidates, track.committed_mhz})
@@ -319,6 +343,7 @@ class EerlController:
 
     def _observe_default(self, track: _Kind, obs: PhaseObservation, now_s: float) -> Decision | None:
         prediction = track.predictor.predict(obs.workload)
+        track.last_default_iteration = obs.iteration
         relearning = track.rebaseline_left > 0 or track.state is ControllerState.BASELINE
         error = track.predictor.add(obs.workload, obs.duration_s, obs.energy_j, force=relearning)
         self._track_default_scale(track, obs.workload)
@@ -409,6 +434,13 @@ class EerlController:
                 track.coarse.pop(0)
             track.min_energy_ratio = min(track.min_energy_ratio, energy_ratio)
             noise = max(0.01, 1.25 * track.predictor.error_fraction)
+            first = track.curve.probed_range_mhz() == (clock, clock)
+            if time_ratio > self._time_cap(track) + 2.0 * noise and first:
+                # Too slow already at the first trial: the interesting clocks lie above it.
+                upward = self._coarse_upward(clock)
+                track.coarse = upward
+                track.coarse_stopped = not upward
+                return None
             if time_ratio > self._time_cap(track) + 2.0 * noise:
                 track.coarse_stopped = True
                 verdict_reason = f"coarse descent stops: time ratio {time_ratio:.3f} over the budget"
@@ -422,6 +454,10 @@ class EerlController:
         elif track.state is ControllerState.COMMITTED:
             track.since_control += 1
             verdict_reason = self._monitor(track, obs, time_ratio, energy_ratio)
+            track.since_refine += 1
+            if verdict_reason is None and track.since_refine >= self._config.refine_interval_phases:
+                track.since_refine = 0
+                verdict_reason = self._refine(obs.iteration)
         if verdict_reason is None:
             return None
         return Decision(
@@ -527,6 +563,50 @@ class EerlController:
             return worst[1]
         return None
 
+    def _refine(self, iteration: int) -> str | None:
+        """Re-check a committed allocation with everything measured since, and move it locally if needed.
+
+        Committed phases keep adding trials at the committed clocks, so the allocation's estimate sharpens
+        over time. If it now looks below the threshold, or a neighbouring allocation saves clearly more,
+        the kinds that would move re-tune locally (their earlier trials are kept).
+        """
+        tracks = list(self._kinds.values())
+        if any(t.state is not ControllerState.COMMITTED for t in tracks):
+            return None
+        if self._settings.mode is ExecutionMode.ASYNC and len(tracks) == 1:
+            peer = float(np.median(self._peer_durations)) if self._peer_durations else None
+            current = allocate_async(self._committed_option(tracks[0]), peer, self._threshold(), 0.0)
+            best = allocate_async(self._options(tracks[0], free=True), peer, self._threshold(), 0.0)
+        else:
+            current = allocate_sync([self._committed_option(t) for t in tracks], self._threshold())
+            best = allocate_sync([self._options(t, free=True) for t in tracks], self._threshold())
+        short = current.throughput_ratio < self._settings.throughput_threshold - 0.002
+        gain = current.energy_ratio - best.energy_ratio
+        moving = [t for t in tracks if best.sm_clock_mhz.get(t.kind) != t.committed_mhz]
+        if not moving or not (short or gain > self._config.switch_gain):
+            return None
+        stale = [
+            t for t in tracks if iteration - t.last_default_iteration > self._config.refine_interval_phases
+        ]
+        if stale:
+            # Judge against a fresh baseline first: a stale predictor under drift skews every ratio.
+            for track in stale:
+                track.since_control = self._config.control_interval_phases
+                track.since_refine = self._config.refine_interval_phases - 2
+            return None
+        span = self._config.retune_window_steps * self._fine_step_mhz
+        for track in moving:
+            center = track.committed_mhz
+            track.state = ControllerState.RETUNING
+            track.window = None if center is None else (int(center - span), int(center + span))
+            track.coarse = []
+            track.coarse_stopped = True
+            track.floor_mhz = 0
+            track.trials_in_search = 0
+            track.epoch_iteration = iteration - self._config.refine_interval_phases * 3
+        why = "below the threshold" if short else f"{gain:.1%} more energy than a neighbour"
+        return f"refine: the committed allocation is {why} by all trials so far; re-tune locally"
+
     def _monitor(
         self, track: _Kind, obs: PhaseObservation, time_ratio: float, energy_ratio: float
     ) -> str | None:
@@ -570,7 +650,17 @@ class EerlController:
         track.epoch_iteration = iteration
         if fresh:
             track.curve.discount(keep_after_iteration=iteration - 1)
-        center = track.committed_mhz if track.committed_mhz is not None else self._max_mhz
+        if track.committed_mhz is None:
+            # Nothing to be local around: explore again from the top.
+            track.state = ControllerState.EXPLORING
+            track.window = None
+            track.floor_mhz = 0
+            track.trials_in_search = 0
+            track.coarse = self._coarse_schedule()
+            track.coarse_stopped = False
+            track.min_energy_ratio = np.inf
+            return
+        center = track.committed_mhz
         span = self._config.retune_window_steps * self._fine_step_mhz
         track.window = (int(center - span), int(center + span))
         track.floor_mhz = 0
