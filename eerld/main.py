@@ -33,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for r in failed:
                 print(f"Error: GPU {r.index} ({r.uuid}): {r.degraded_reason}", file=sys.stderr)
             return 1 if failed else 0
-        server = create_server(config)
+        return serve(create_server(config))
     except ConfigError as e:
         print(f"Error: {e}", file=sys.stderr)
         return 2
@@ -42,7 +42,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             structlog.get_logger("eerld").exception("start_failed")
         print(f"Error: {e}", file=sys.stderr)
         return 1
-    return serve(server)
 
 
 if __name__ == "__main__":

@@ -241,7 +241,10 @@ class ClockArbiter:
         slots = [self._slots[i] for i in indices]
         if len(slots) == 1:
             return [fn(slots[0])]
-        futures = [self._pool.submit(fn, s) for s in slots]
+        try:
+            futures = [self._pool.submit(fn, s) for s in slots]
+        except RuntimeError:  # the pool is shut down (daemon stopping): one GPU after the other
+            return [fn(s) for s in slots]
         wait_futures(futures, timeout=APPLY_TIMEOUT_S)
         results: list[AppliedClock] = []
         for slot, future in zip(slots, futures, strict=True):

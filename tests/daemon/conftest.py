@@ -11,12 +11,20 @@ from typing import Any
 
 import grpc
 import pytest
+import structlog
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
 from eerld.testing import DaemonHandle, FakeGpuBackend, ManualClock, running_daemon
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _default_logging() -> Iterator[None]:
+    """``main()`` configures structlog for the process; give every test the defaults back."""
+    yield
+    structlog.reset_defaults()
 
 
 @pytest.fixture

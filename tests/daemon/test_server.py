@@ -193,3 +193,31 @@ class TestGroups:
             for path in (handle.socket_path, handle.admin_socket_path):
                 assert stat.S_IMODE(path.stat().st_mode) == 0o660
                 assert path.stat().st_gid == os.getgid()
+
+
+class TestStartFailures:
+    def test_a_metrics_address_in_use_fails_the_start_with_one_error_line_and_leaves_no_socket(
+        self, sock_dir, capsys
+    ):
+        busy = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        try:
+            code = main(
+                [
+                    "--backend=sim",
+                    "--sim-gpus=1",
+                    f"--socket={sock_dir / 'w.sock'}",
+                    f"--admin-socket={sock_dir / 'a.sock'}",
+                    f"--state-dir={sock_dir / 'state'}",
+                    f"--metrics-address=127.0.0.1:{port}",
+                    "--log-format=json",
+                ]
+            )
+        finally:
+            busy.close()
+        err = capsys.readouterr().err
+        assert code == 2
+        assert [line for line in err.splitlines() if line.startswith("Error: ")] != []
+        assert not (sock_dir / "w.sock").exists()
