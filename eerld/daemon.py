@@ -904,7 +904,9 @@ def _totals(session: Session) -> ClosedSession:
 
 
 def _held_clock(clocks: Sequence[AppliedClock], wanted: int | None) -> int | None:
-    """The lock that holds during the phase: the pin's when pinned, else the decision's."""
+    """The lock that holds during the phase: the pin's when pinned, none in dry-run, else the decision's."""
+    if any(c.dry_run for c in clocks):
+        return None
     for c in clocks:
         if c.source is ClockSource.ADMIN_PIN and c.requested_sm_clock_mhz is not None:
             return c.requested_sm_clock_mhz

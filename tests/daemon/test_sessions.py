@@ -8,6 +8,7 @@ from eerl.v1 import eerl_pb2 as pb
 
 from eerld.control.base import (
     ControllerSettings,
+    ControllerState,
     Decision,
     ExecutionMode,
     PhaseKind,
@@ -174,9 +175,11 @@ class RecordingController(OffController):
     def __init__(self, settings: ControllerSettings) -> None:
         super().__init__(settings)
         self.seen: list[tuple[PhaseKind, int]] = []
+        self.clocks: list[int | None] = []
 
     def observe(self, observation: PhaseObservation, now_s: float) -> Decision | None:
         self.seen.append((observation.kind, observation.iteration))
+        self.clocks.append(observation.sm_clock_mhz)
         return super().observe(observation, now_s)
 
 
@@ -210,3 +213,38 @@ class TestPeerPool:
         daemon.end_phase(gen, PhaseKind.GENERATION, 0, Workload(tokens=10))
         assert [c.seen for c in controllers] == [[(PhaseKind.GENERATION, 0)], [(PhaseKind.GENERATION, 0)], []]
         daemon.shutdown()
+
+
+class TestObservations:
+    @pytest.mark.parametrize(("dry_run", "held"), [(False, 1200), (True, None)])
+    def test_the_controller_is_told_the_clock_that_actually_held(self, sock_dir, dry_run, held):
+        controllers: list[RecordingController] = []
+
+        def factory(settings: ControllerSettings) -> RecordingController:
+            controllers.append(FixedRecording(settings))
+            return controllers[-1]
+
+        clock = ManualClock()
+        daemon = Daemon(
+            FakeGpuBackend(1, clock=clock),
+            sock_dir,
+            controller_name="rec",
+            controller_factory=factory,
+            clock=clock,
+            dry_run=dry_run,
+        )
+        spec = SessionSpec(
+            "j", 0, 0, (GpuSelector("gpus[0]", index=0),), ExecutionMode.SYNC, GpuRole.BOTH, None, None
+        )
+        sid = daemon.open_session(spec).session_id
+        daemon.begin_phase(sid, PhaseKind.GENERATION, 0, None)
+        daemon.end_phase(sid, PhaseKind.GENERATION, 0, Workload(tokens=10))
+        assert controllers[0].clocks == [held]
+        daemon.shutdown()
+
+
+class FixedRecording(RecordingController):
+    """Decides 1200 MHz for every phase and records what it observes."""
+
+    def decide(self, kind: PhaseKind, iteration: int, hints: Workload | None, now_s: float) -> Decision:
+        return Decision(kind, iteration, 1200, ControllerState.FIXED, "test", now_s)
