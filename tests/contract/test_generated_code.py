@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+from eerl.v1 import eerl_pb2
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTO = ROOT / "proto" / "eerl" / "v1" / "eerl.proto"
@@ -24,16 +27,18 @@ class TestGeneratedCode:
 
     def test_a_changed_proto_is_detected_as_stale(self, tmp_path: Path) -> None:
         """The freshness check fails when the proto and the committed code disagree."""
-        sys.path.insert(0, str(ROOT / "scripts"))
-        try:
-            import gen_protos
-        finally:
-            sys.path.pop(0)
+        spec = importlib.util.spec_from_file_location("gen_protos", ROOT / "scripts" / "gen_protos.py")
+        assert spec is not None
+        assert spec.loader is not None
+        gen_protos = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(gen_protos)
         original = gen_protos.PROTO_ROOT
         copy = tmp_path / "proto" / "eerl" / "v1"
         copy.mkdir(parents=True)
         (copy / "eerl.proto").write_text(
-            PROTO.read_text().replace("message Policy {", "message Policy {\n  uint32 extra_field_for_test = 99;")
+            PROTO.read_text().replace(
+                "message Policy {", "message Policy {\n  // added by the test\n  uint32 extra_field = 99;"
+            )
         )
         gen_protos.PROTO_ROOT = tmp_path / "proto"
         try:
@@ -62,8 +67,6 @@ class TestContractRules:
 
     def test_both_services_offer_every_rpc_of_the_design(self) -> None:
         """PhaseService and AdminService expose the RPCs design.md names."""
-        from eerl.v1 import eerl_pb2
-
         services = eerl_pb2.DESCRIPTOR.services_by_name
         assert set(services["PhaseService"].methods_by_name) >= {
             "OpenSession",
