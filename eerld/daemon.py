@@ -21,7 +21,7 @@ from pathlib import Path
 
 import structlog
 
-from eerld.clocks.arbiter import AppliedClock, ClockArbiter, ClockSource
+from eerld.clocks.arbiter import APPLY_TIMEOUT_S, AppliedClock, ClockArbiter, ClockSource
 from eerld.clocks.ledger import Ledger
 from eerld.clocks.pins import Pin, PinStore
 from eerld.control.base import (
@@ -263,6 +263,7 @@ class Daemon:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         clock_workers: int = 8,
+        apply_timeout_s: float = APPLY_TIMEOUT_S,
     ) -> None:
         self._backend = backend
         self._controller_name = controller_name
@@ -288,7 +289,12 @@ class Daemon:
         state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._pins = PinStore(state_dir)
         self._arbiter = ClockArbiter(
-            backend, Ledger(state_dir), dry_run=dry_run, clock=clock, max_workers=clock_workers
+            backend,
+            Ledger(state_dir),
+            dry_run=dry_run,
+            clock=clock,
+            max_workers=clock_workers,
+            apply_timeout_s=apply_timeout_s,
         )
         self.rpc_observers: list[RpcObserver] = []
         self.phase_observers: list[PhaseObserver] = []

@@ -77,6 +77,7 @@ class FakeGpuBackend:
             for i in range(gpus)
         ]
         self.closed = False
+        self._hangs: dict[int, threading.Event] = {}
 
     # -- test controls ------------------------------------------------------------------------------
 
@@ -84,6 +85,11 @@ class FakeGpuBackend:
         """Make ``method`` raise ``error`` on GPU ``index`` until :meth:`heal`."""
         with self._lock:
             self.gpus[index].failures[method] = error
+
+    def hang(self, index: int, release: threading.Event) -> None:
+        """Make lock and reset calls on GPU ``index`` block until ``release`` is set (a stuck driver)."""
+        with self._lock:
+            self._hangs[index] = release
 
     def heal(self, index: int) -> None:
         """Stop injecting failures on GPU ``index``."""
@@ -170,8 +176,14 @@ class FakeGpuBackend:
         """As configured."""
         return self._locks_work
 
+    def _maybe_hang(self, index: int) -> None:
+        release = self._hangs.get(index)
+        if release is not None:
+            release.wait()
+
     def lock_sm_clock(self, index: int, sm_clock_mhz: int) -> int:
         """Lock and read back."""
+        self._maybe_hang(index)
         with self._lock:
             gpu = self._gpu(index, "lock_sm_clock")
             if sm_clock_mhz not in FAKE_SM_CLOCKS_MHZ:
@@ -182,6 +194,7 @@ class FakeGpuBackend:
 
     def reset_sm_clock(self, index: int) -> None:
         """Back to the default governor."""
+        self._maybe_hang(index)
         with self._lock:
             gpu = self._gpu(index, "reset_sm_clock")
             gpu.locked_sm_mhz = None

@@ -109,8 +109,10 @@ class ClockArbiter:
         dry_run: bool = False,
         clock: Callable[[], float] = time.monotonic,
         max_workers: int = 8,
+        apply_timeout_s: float = APPLY_TIMEOUT_S,
     ) -> None:
         self._backend = backend
+        self._apply_timeout_s = apply_timeout_s
         self._ledger = ledger
         self._dry_run = dry_run
         self._clock = clock
@@ -245,7 +247,7 @@ class ClockArbiter:
             futures = [self._pool.submit(fn, s) for s in slots]
         except RuntimeError:  # the pool is shut down (daemon stopping): one GPU after the other
             return [fn(s) for s in slots]
-        wait_futures(futures, timeout=APPLY_TIMEOUT_S)
+        wait_futures(futures, timeout=self._apply_timeout_s)
         results: list[AppliedClock] = []
         for slot, future in zip(slots, futures, strict=True):
             if future.done() and future.exception() is None:

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import json
 import stat
+import threading
 
 import grpc
 import pytest
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
+from eerld.control.base import ExecutionMode, PhaseKind
+from eerld.control.simple import create_fixed_controller
+from eerld.daemon import Daemon
 from eerld.errors import GpuLost, NoPermission
+from eerld.sessions import GpuRole, GpuSelector, SessionSpec
 from eerld.testing import FakeGpuBackend, ManualClock
 
 from .conftest import GEN, TRAIN, begin, end, open_session
@@ -184,3 +189,32 @@ class TestLedger:
         fake.force_lock(1, 1005)
         with start_daemon():
             assert fake.locked() == {}
+
+
+class TestStuckGpu:
+    def test_a_gpu_whose_driver_hangs_does_not_hold_up_the_other_gpus_of_the_decision(self, sock_dir):
+        clock = ManualClock()
+        fake = FakeGpuBackend(3, clock=clock)
+        release = threading.Event()
+        fake.hang(1, release)
+        daemon = Daemon(
+            fake,
+            sock_dir,
+            controller_name="fixed",
+            controller_factory=create_fixed_controller,
+            fixed_clocks_mhz={PhaseKind.GENERATION: 1200},
+            clock=clock,
+            apply_timeout_s=0.2,
+        )
+        spec = SessionSpec(
+            "j", 0, 0, tuple(GpuSelector(f"gpus[{i}]", index=i) for i in range(3)), ExecutionMode.SYNC,
+            GpuRole.BOTH, None, None,
+        )  # fmt: skip
+        session_id = daemon.open_session(spec).session_id
+        began = daemon.begin_phase(session_id, PhaseKind.GENERATION, 0, None)
+        try:
+            assert fake.locked() == {0: 1200, 2: 1200}
+            assert {c.index: bool(c.degraded_reason) for c in began.clocks} == {0: False, 1: True, 2: False}
+        finally:
+            release.set()
+            daemon.shutdown()
