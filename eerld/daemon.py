@@ -262,6 +262,7 @@ class Daemon:
         default_lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        phase_clock: Callable[[], float] | None = None,
         clock_workers: int = 8,
         apply_timeout_s: float = APPLY_TIMEOUT_S,
     ) -> None:
@@ -272,6 +273,9 @@ class Daemon:
         self._default_lease_ttl_s = default_lease_ttl_s
         self._clock = clock
         self._wall = wall_clock
+        # Phases are timed on the backend's clock when it has its own (the simulator's accelerated
+        # time), so durations and energy agree; leases and pins stay on the real clocks.
+        self._phase_clock = phase_clock if phase_clock is not None else clock
         self._started_s = clock()
         self._mono_to_unix_s = wall_clock() - clock()
         self._lock = threading.RLock()
@@ -539,9 +543,9 @@ class Daemon:
                 raise NotFound("session_id: no open session with this id")
             session.check_begin(kind, iteration)
             now_s = self._clock()
-            decision = self._decide(session, kind, iteration, hints, now_s)
+            decision = self._decide(session, kind, iteration, hints, self._phase_clock())
             clocks = self._arbiter.set_session(session.gpu_indices, session.session_id, decision.sm_clock_mhz)
-            begin = read_counters(self._backend, session.gpu_indices, self._clock())
+            begin = read_counters(self._backend, session.gpu_indices, self._phase_clock())
             held = _held_clock(clocks, decision.sm_clock_mhz)
             session.active = ActivePhase(kind, iteration, held, begin)
             session.last_iteration = iteration
@@ -582,7 +586,7 @@ class Daemon:
             if session.closed:
                 raise NotFound("session_id: no open session with this id")
             active = session.check_end(kind, iteration)
-            end = read_counters(self._backend, session.gpu_indices, self._clock())
+            end = read_counters(self._backend, session.gpu_indices, self._phase_clock())
             energy = phase_energy(active.begin, end, session.gpu_indices)
             now_s = end.time_s
             observation = PhaseObservation(
@@ -600,7 +604,7 @@ class Daemon:
             session.totals[kind].add(
                 energy.energy_mj, workload.valid_tokens, workload.tokens, energy.duration_s
             )
-            session.renew(now_s)
+            session.renew(self._clock())
             self._observe(session, observation, now_s)
             state = self._state_of(session, kind)
         if energy.counter_reset or not energy.complete:

@@ -11,9 +11,9 @@ default governor (predicted by the simulator for the very same iterations: commo
 timeline plot. On exit — normal, error or Ctrl-C — the daemon gets SIGTERM, and the demo checks in the
 simulated GPUs' state that none was left locked. docs/demo.md explains how to read the output.
 
-Time base: a phase's duration must be in simulated seconds, like the energy counters it is divided into.
-``eerld`` as shipped meters phases with ``time.monotonic`` (wall seconds), so the demo starts the daemon
-through :func:`serve_daemon`, which builds the very same server with the sim device's clock injected.
+Time base: eerld times phases on the sim device's clock (simulated seconds, like the energy counters).
+The demo starts the daemon through :func:`serve_daemon`, the very same server as ``eerld`` on a sim
+backend whose state-file writes skip fsync (the demo's state lives in a temp folder).
 """
 
 from __future__ import annotations
@@ -81,11 +81,10 @@ _KIND_FROM_PB = {v: k for k, v in _KIND_TO_PB.items()}
 
 
 def serve_daemon(argv: Sequence[str]) -> int:
-    """``eerld`` with the same flags, except that phases are timed on the sim device's clock.
+    """``eerld`` with the same flags, on a sim backend without fsync on its state file (a temp file).
 
-    The server, daemon, controller, arbiter and ledger are eerld's own (:func:`eerld.server.create_server`);
-    only the clock it is given differs, so phase durations are simulated seconds, consistent with the
-    simulated energy counters. Leases are then in simulated seconds too (the demo scales ``--lease-ttl``).
+    The server, daemon, controller, arbiter and ledger are eerld's own (:func:`eerld.server.create_server`),
+    which times phases on the sim device's clock.
     """
     _die_with_parent()
     try:
@@ -100,7 +99,7 @@ def serve_daemon(argv: Sequence[str]) -> int:
             state_file=config.sim_state,
             durable_writes=False,
         )
-        server = create_server(config, backend=backend, clock=backend.device.clock.now_s)
+        server = create_server(config, backend=backend)
     except (EerlError, OSError) as e:
         print(f"Error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1
@@ -401,8 +400,6 @@ class LiveDemo:
             "off",
             "--controller",
             self.controller,
-            "--lease-ttl",
-            f"{min(3600.0, 10.0 * self.options.speedup):g}",
             "--log-format",
             "json",
         ]

@@ -256,9 +256,14 @@ def create_server(
     backend: GpuBackend | None = None,
     clock: Callable[[], float] = time.monotonic,
     wall_clock: Callable[[], float] = time.time,
+    phase_clock: Callable[[], float] | None = None,
     reaper: bool = True,
 ) -> Server:
-    """Check sockets, build backend and daemon, bind both servers; nothing is reset or served yet."""
+    """Check sockets, build backend and daemon, bind both servers; nothing is reset or served yet.
+
+    ``phase_clock`` times phases; by default the backend's own clock when it has one (the simulator's
+    accelerated time, so that durations agree with its energy counters), else ``clock``.
+    """
     prepare_socket_path(config.socket_path, "--socket")
     prepare_socket_path(config.admin_socket_path, "--admin-socket")
     factory = controller_factory(config.controller)
@@ -274,11 +279,20 @@ def create_server(
             default_lease_ttl_s=config.lease_ttl_s,
             clock=clock,
             wall_clock=wall_clock,
+            phase_clock=phase_clock if phase_clock is not None else backend_clock(gpu_backend),
         )
         return Server(config, daemon, gpu_backend, reaper=reaper)
     except BaseException:
         gpu_backend.close()
         raise
+
+
+def backend_clock(backend: GpuBackend) -> Callable[[], float] | None:
+    """The backend's own notion of time (the sim device's clock), or None for real hardware."""
+    device = getattr(backend, "device", None)
+    sim_clock = getattr(device, "clock", None)
+    now_s = getattr(sim_clock, "now_s", None)
+    return now_s if callable(now_s) else None
 
 
 def reset_all_clocks(config: Config, backend: GpuBackend | None = None) -> list[AppliedClock]:

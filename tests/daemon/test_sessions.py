@@ -17,7 +17,11 @@ from eerld.control.base import (
 )
 from eerld.control.simple import OffController
 from eerld.daemon import Daemon
+from eerld.gpu.sim import create_sim_backend
+from eerld.gpu.sim_clock import VirtualClock
+from eerld.server import backend_clock
 from eerld.sessions import GpuRole, GpuSelector, SessionSpec
+from eerld.sim.profiles import builtin_profile
 from eerld.testing import FakeGpuBackend, ManualClock
 
 from .conftest import GEN, TRAIN, begin, end, open_session
@@ -248,3 +252,35 @@ class FixedRecording(RecordingController):
 
     def decide(self, kind: PhaseKind, iteration: int, hints: Workload | None, now_s: float) -> Decision:
         return Decision(kind, iteration, 1200, ControllerState.FIXED, "test", now_s)
+
+
+class TestPhaseTime:
+    def test_phases_are_timed_on_the_sim_devices_clock_while_leases_keep_real_time(self, sock_dir):
+        """With an accelerated simulator, a phase's duration is simulated seconds (like its energy)."""
+        sim = create_sim_backend(builtin_profile("h100-sxm"), 1, clock=VirtualClock())
+        lease_clock = ManualClock()
+        daemon = Daemon(
+            sim,
+            sock_dir,
+            controller_name="off",
+            controller_factory=OffController,
+            clock=lease_clock,
+            phase_clock=sim.device.clock.now_s,
+        )
+        spec = SessionSpec(
+            "j", 0, 0, (GpuSelector("gpus[0]", index=0),), ExecutionMode.SYNC, GpuRole.BOTH, None, 5.0
+        )
+        sid = daemon.open_session(spec).session_id
+        daemon.begin_phase(sid, PhaseKind.GENERATION, 0, None)
+        sim.device.run_segments(0, [0.0], [30.0], 1.0, [1.0], [1.0])
+        ended = daemon.end_phase(sid, PhaseKind.GENERATION, 0, Workload(tokens=10))
+        assert ended.duration_s == pytest.approx(30.0, rel=1e-3)
+        assert ended.energy_mj / 1000.0 / ended.duration_s == pytest.approx(ended.mean_power_w, rel=1e-6)
+        assert daemon.heartbeat(sid) == pytest.approx(5.0)
+        daemon.shutdown()
+
+    def test_the_server_times_phases_on_the_backends_own_clock_when_it_has_one(self):
+        """create_server picks the sim device's clock for phases, and none for a backend without one."""
+        sim = create_sim_backend(builtin_profile("h100-sxm"), 1, clock=VirtualClock())
+        assert backend_clock(sim) == sim.device.clock.now_s
+        assert backend_clock(FakeGpuBackend(1)) is None
