@@ -42,6 +42,7 @@ from eerld.control.registry import controller_factory
 from eerld.daemon import Daemon
 from eerld.errors import ConfigError
 from eerld.gpu.base import GpuBackend
+from eerld.sdnotify import sd_notify
 from eerld.sim.profiles import builtin_profile
 
 log = structlog.get_logger("eerld.server")
@@ -213,6 +214,7 @@ class Server:
             backend=self._backend.name,
             dry_run=self.config.dry_run,
         )
+        sd_notify("READY=1\nSTATUS=serving")
 
     def _start_metrics(self, address: str) -> None:
         try:
@@ -227,6 +229,7 @@ class Server:
         with self._stop_lock:
             if self._stopped.is_set():
                 return
+            sd_notify("STOPPING=1")
             self._set_health(False)
             grace = self.config.grace_s if grace_s is None else grace_s
             worker_done = self.worker.stop(grace)

@@ -26,7 +26,7 @@ from eerld.gpu.sim import create_sim_backend
 from eerld.main import main
 from eerld.server import prepare_socket_path
 from eerld.sim.profiles import builtin_profile
-from eerld.testing import FakeGpuBackend
+from eerld.testing import FakeGpuBackend, running_daemon
 
 from .conftest import GEN, REPO_ROOT, begin, open_session
 
@@ -221,3 +221,18 @@ class TestStartFailures:
         assert code == 2
         assert [line for line in err.splitlines() if line.startswith("Error: ")] != []
         assert not (sock_dir / "w.sock").exists()
+
+
+class TestSystemdReadiness:
+    def test_the_daemon_tells_systemd_it_is_ready_once_serving_and_stopping_when_it_stops(
+        self, sock_dir, monkeypatch
+    ):
+        """With NOTIFY_SOCKET set (Type=notify), READY=1 arrives after start and STOPPING=1 at stop."""
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        notify.bind(str(sock_dir / "notify"))
+        notify.settimeout(5.0)
+        monkeypatch.setenv("NOTIFY_SOCKET", str(sock_dir / "notify"))
+        with running_daemon(sock_dir, reaper=False):
+            assert b"READY=1" in notify.recv(4096).split(b"\n")
+        assert notify.recv(4096) == b"STOPPING=1"
+        notify.close()
