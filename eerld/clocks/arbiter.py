@@ -22,6 +22,7 @@ import structlog
 
 from eerld.clocks.ledger import Ledger, LedgerEntry
 from eerld.clocks.pins import Pin
+from eerld.clocks.ratelimit import ClockChangeLimiter
 from eerld.errors import GpuError, NotSupported
 from eerld.gpu.base import GpuBackend, GpuIdentity
 
@@ -110,8 +111,10 @@ class ClockArbiter:
         clock: Callable[[], float] = time.monotonic,
         max_workers: int = 8,
         apply_timeout_s: float = APPLY_TIMEOUT_S,
+        change_limiter: ClockChangeLimiter | None = None,
     ) -> None:
         self._backend = backend
+        self._limiter = change_limiter if change_limiter is not None else ClockChangeLimiter()
         self._apply_timeout_s = apply_timeout_s
         self._ledger = ledger
         self._dry_run = dry_run
@@ -278,6 +281,8 @@ class ClockArbiter:
         unchanged = target_sm == slot.applied_sm_mhz and target_mem == slot.applied_mem_mhz
         if unchanged and not slot.degraded_reason and not force:
             return self._result(slot, target_sm, source, None)
+        if self._rate_limited(slot, target_sm, source, force=force):
+            return self._result(slot, target_sm, source, None)
         read_back: int | None = None
         try:
             if target_sm is not None or target_mem is not None:
@@ -296,6 +301,29 @@ class ClockArbiter:
         slot.degraded_reason = ""
         slot.backoff_s = RETRY_INITIAL_S
         return self._result(slot, target_sm, source, read_back)
+
+    def _rate_limited(self, slot: _Slot, target_sm: int | None, source: ClockSource, *, force: bool) -> bool:
+        """True when a session's lock change on this GPU is over the rate limit (the GPU keeps its clock).
+
+        Resets, pins, forced and retried applications are never limited: they are the fail-safe paths.
+        """
+        if source is not ClockSource.SESSION or target_sm is None or force or slot.degraded_reason:
+            return False
+        if target_sm == slot.applied_sm_mhz or self._limiter.allow(slot.identity.index, self._clock()):
+            return False
+        log.debug(
+            "clock_change_rate_limited",
+            gpu_index=slot.identity.index,
+            gpu_uuid=slot.identity.uuid,
+            sm_clock_mhz=target_sm,
+            held_sm_clock_mhz=slot.applied_sm_mhz,
+        )
+        return True
+
+    @property
+    def rate_limited_changes(self) -> int:
+        """Session clock changes skipped by the per-GPU rate limit since start."""
+        return self._limiter.denied
 
     def _actuate_sm(self, slot: _Slot, target_sm: int | None) -> int | None:
         index, uuid = slot.identity.index, slot.identity.uuid

@@ -1,0 +1,226 @@
+"""Shared pieces of the reliability soak (bench/soak.py) and its fast part (tests/reliability).
+
+A real ``eerld`` process on the sim backend, started and killed like the real thing; what an outside
+observer can check after each blow: the sim GPUs' locks (read from the shared state file, as one would
+read the hardware), the ledger on disk, the daemon's own view over the admin socket.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import psutil
+from eerl.v1 import eerl_pb2 as pb
+from eerl.v1 import eerl_pb2_grpc as pb_grpc
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run from a checkout: python bench/soak.py
+    sys.path.insert(0, str(REPO))
+
+from eerld.clocks.ledger import LEDGER_FILE, Ledger  # noqa: E402 - after the path set-up above
+from eerld.gpu.sim import open_sim_device  # noqa: E402
+from eerld.gpu.sim_device import SimDevice  # noqa: E402
+
+GEN, TRAIN = pb.PHASE_KIND_GENERATION, pb.PHASE_KIND_TRAINING
+PATIENCE_S = 60.0
+"""How long to wait for something that must happen (generous: the machine is shared and noisy)."""
+STREAM_RESET_BOUND_S = 2.0
+"""The daemon's promise: a stream-bound client's GPUs are back on default within 2 s of its death."""
+DOCUMENTED_CODES = frozenset(
+    {
+        grpc.StatusCode.OK,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.UNIMPLEMENTED,
+    }
+)
+"""Status codes docs/operations.md documents; INTERNAL or UNKNOWN would be a crash inside a handler."""
+
+
+def wait_for(condition: Callable[[], bool], what: str, patience_s: float = PATIENCE_S) -> float:
+    """Poll ``condition`` until true; return the seconds it took; AssertionError after ``patience_s``."""
+    t0 = time.monotonic()
+    while not condition():
+        if time.monotonic() - t0 > patience_s:
+            raise AssertionError(f"timed out after {patience_s:.0f} s waiting for {what}")
+        time.sleep(0.01)
+    return time.monotonic() - t0
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """The q-quantile (nearest rank) of ``samples``."""
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@dataclass
+class DaemonProcess:
+    """``python -m eerld.main`` on the sim backend in ``directory``; restartable on the same state."""
+
+    directory: Path
+    gpus: int
+    sim_state: bool = True
+    fixed_clocks: str = "generation=1200,training=1500"
+    lease_ttl_s: float = 10.0
+    extra_args: list[str] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    @property
+    def socket_path(self) -> Path:
+        return self.directory / "w.sock"
+
+    @property
+    def admin_socket_path(self) -> Path:
+        return self.directory / "a.sock"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.directory / "state"
+
+    @property
+    def state_file(self) -> Path:
+        return self.directory / "sim.state"
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / "eerld.log"
+
+    def args(self) -> list[str]:
+        args = [
+            sys.executable,
+            "-m",
+            "eerld.main",
+            "--backend=sim",
+            f"--sim-gpus={self.gpus}",
+            "--sim-speedup=10",
+            f"--socket={self.socket_path}",
+            f"--admin-socket={self.admin_socket_path}",
+            f"--state-dir={self.state_dir}",
+            "--controller=fixed",
+            f"--fixed-clocks={self.fixed_clocks}",
+            "--metrics-address=off",
+            "--log-format=json",
+            f"--lease-ttl={self.lease_ttl_s}",
+            *self.extra_args,
+        ]
+        if self.sim_state:
+            args.append(f"--sim-state={self.state_file}")
+        return args
+
+    def start(self) -> None:
+        """Start and wait until both sockets answer."""
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(self.args(), cwd=REPO, stdout=log, stderr=log)
+        self.starts += 1
+        wait_for(self._serving, "eerld to serve")
+
+    def _serving(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            tail = self.log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"eerld exited with {self.proc.returncode}:\n{tail}")
+        if not self.admin_socket_path.exists():
+            return False
+        try:
+            self.status(timeout_s=2.0)
+        except grpc.RpcError:
+            return False
+        return True
+
+    def status(self, timeout_s: float = 10.0) -> pb.StatusResponse:
+        with grpc.insecure_channel(f"unix:{self.admin_socket_path}") as channel:
+            response: pb.StatusResponse = pb_grpc.AdminServiceStub(channel).Status(
+                pb.StatusRequest(), timeout=timeout_s
+            )
+            return response
+
+    def sessions(self) -> list[pb.SessionInfo]:
+        with grpc.insecure_channel(f"unix:{self.admin_socket_path}") as channel:
+            response = pb_grpc.AdminServiceStub(channel).ListSessions(pb.ListSessionsRequest(), timeout=10)
+            return list(response.sessions)
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown path runs, locks stay on the (simulated) hardware."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> int:
+        """SIGTERM and wait; return the exit code."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc is not None else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def psutil(self) -> psutil.Process:
+        assert self.proc is not None
+        return psutil.Process(self.proc.pid)
+
+    def device(self) -> SimDevice:
+        """The simulated GPUs as an outside observer (a worker, nvidia-smi) sees them."""
+        return open_sim_device(self.state_file)
+
+    def ledger_entries(self) -> dict[int, str]:
+        """The ledger on disk (ConfigError if it is corrupt): locked GPU index -> owner kind."""
+        return {i: e.owner for i, e in Ledger(self.state_dir).entries().items()}
+
+    def ledger_bytes(self) -> bytes:
+        path = self.state_dir / LEDGER_FILE
+        return path.read_bytes() if path.exists() else b""
+
+
+def locked_gpus(device: SimDevice, gpus: int) -> dict[int, int]:
+    """SM clock locks in force on the sim GPUs, by index."""
+    out: dict[int, int] = {}
+    for index in range(gpus):
+        lock = device.observe(index).sm_lock_mhz
+        if lock is not None:
+            out[index] = lock
+    return out
+
+
+def owned_gpus(status: pb.StatusResponse) -> set[int]:
+    """GPUs the daemon says a session holds or a pin holds."""
+    owned: set[int] = set()
+    for gpu in status.gpus:
+        if gpu.owner.session_id or gpu.owner.HasField("pin"):
+            owned.add(gpu.info.index)
+    return owned
+
+
+def write_json(path: Path, data: object) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True))
+
+
+def rss_mib(proc: psutil.Process) -> float:
+    return float(proc.memory_info().rss) / 2**20
+
+
+def cpu_s(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return float(times.user + times.system)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
