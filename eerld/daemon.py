@@ -287,7 +287,7 @@ class Daemon:
         self._by_uuid = {g.uuid: g.index for g in self._identities}
         self._by_index = {g.index: g for g in self._identities}
         self._supported: dict[int, tuple[int, ...]] = {
-            g.index: tuple(sorted(backend.supported_sm_clocks_mhz(g.index))) for g in self._identities
+            g.index: _supported_or_none(backend, g.index) for g in self._identities
         }
         self._check_fixed_clocks()
         state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -801,7 +801,10 @@ class Daemon:
         clocks = read(self._backend.clocks, None)
         util = read(self._backend.utilization, None)
         reasons = read(self._backend.clock_event_reasons, None)
-        degraded = view.degraded_reason or (problems[0] if problems else "")
+        power_w = float(read(self._backend.power_w, 0.0))  # type: ignore[arg-type]
+        power_limit_w = float(read(self._backend.power_limit_w, 0.0))  # type: ignore[arg-type]
+        energy_mj = float(read(self._backend.total_energy_mj, 0))  # type: ignore[arg-type]
+        degraded = view.degraded_reason or (problems[0] if problems else "")  # after every read
         return GpuStatusView(
             info=self._info(index),
             sm_clock_mhz=getattr(clocks, "sm_clock_mhz", 0),
@@ -813,9 +816,9 @@ class Daemon:
             job_id=holder.spec.job_id if holder else None,
             rank=holder.spec.rank if holder else None,
             pin=view.pin,
-            power_w=float(read(self._backend.power_w, 0.0)),  # type: ignore[arg-type]
-            power_limit_w=float(read(self._backend.power_limit_w, 0.0)),  # type: ignore[arg-type]
-            energy_mj=float(read(self._backend.total_energy_mj, 0)),  # type: ignore[arg-type]
+            power_w=power_w,
+            power_limit_w=power_limit_w,
+            energy_mj=energy_mj,
             utilization_gpu_percent=getattr(util, "gpu_percent", 0),
             degraded_reason=degraded,
             clock_event_reasons=tuple(reasons.names()) if reasons is not None else (),  # type: ignore[attr-defined]
@@ -904,6 +907,15 @@ class Daemon:
     def gpu_count(self) -> int:
         """GPUs on the node."""
         return len(self._identities)
+
+
+def _supported_or_none(backend: GpuBackend, index: int) -> tuple[int, ...]:
+    """A GPU's supported SM clocks; () when the query fails, so one bad GPU never stops the daemon."""
+    try:
+        return tuple(sorted(backend.supported_sm_clocks_mhz(index)))
+    except GpuError as e:
+        log.warning("gpu_clocks_unknown", gpu_index=index, reason=f"{type(e).__name__}: {e}")
+        return ()
 
 
 def _totals(session: Session) -> ClosedSession:
