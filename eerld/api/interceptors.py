@@ -51,6 +51,32 @@ def status_code_for(error: EerlError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+class _Undecodable:
+    """Stands in for a request whose bytes are not a valid message (gRPC would answer INTERNAL)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """Wrap a request deserializer so that garbage bytes reach the handler as :class:`_Undecodable`."""
+    if deserializer is None:
+        return None
+
+    def decode(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception as e:
+            return _Undecodable(e)
+
+    return decode
+
+
+def _check_decoded(request: Any) -> None:
+    if isinstance(request, _Undecodable):
+        raise ValidationError("request", f"not a valid protobuf message of this RPC ({request.error})")
+
+
 if TYPE_CHECKING:  # the stubs make ServerInterceptor generic; the runtime class is not subscriptable
     _InterceptorBase = grpc.ServerInterceptor[Any, Any]
 else:
@@ -82,16 +108,17 @@ class ErrorMappingInterceptor(_InterceptorBase):
 
     def _wrap(self, method: str, handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
         name = method.rsplit("/", 1)[-1]
+        deserializer = _tolerant(handler.request_deserializer)
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 self._unary(name, handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
                 self._stream(name, handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=deserializer,
                 response_serializer=handler.response_serializer,
             )
         return handler
@@ -101,6 +128,7 @@ class ErrorMappingInterceptor(_InterceptorBase):
             start = time.perf_counter()
             code = grpc.StatusCode.OK
             try:
+                _check_decoded(request)
                 return inner(request, context)
             except Exception as e:
                 code, message = self._map(name, e)
@@ -117,6 +145,7 @@ class ErrorMappingInterceptor(_InterceptorBase):
             start = time.perf_counter()
             code = grpc.StatusCode.OK
             try:
+                _check_decoded(request)
                 yield from inner(request, context)
             except Exception as e:
                 code, message = self._map(name, e)

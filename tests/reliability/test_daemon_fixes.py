@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import grpc
+import pytest
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
@@ -42,3 +43,18 @@ def test_a_gpu_whose_supported_clocks_cannot_be_read_does_not_keep_the_daemon_fr
         sid = stub.OpenSession(pb.OpenSessionRequest(job_id="j", gpus=[pb.GpuRef(index=0)])).session_id
         began = stub.BeginPhase(pb.BeginPhaseRequest(session_id=sid, kind=pb.PHASE_KIND_GENERATION))
     assert [c.sm_clock_mhz for c in began.clocks] == [1200]
+
+
+def test_bytes_that_are_not_a_protobuf_message_get_invalid_argument_not_internal(sock_dir: Path) -> None:
+    with (
+        running_daemon(sock_dir, reaper=False) as handle,
+        grpc.insecure_channel(f"unix:{handle.socket_path}") as channel,
+    ):
+        raw = channel.unary_unary(
+            "/eerl.v1.PhaseService/BeginPhase",
+            request_serializer=lambda data: data,
+            response_deserializer=lambda data: data,
+        )
+        with pytest.raises(grpc.RpcError) as raised:
+            raw(b"\xff\xff\xff", timeout=10)
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
