@@ -1,0 +1,29 @@
+"""Crashes: clients killed mid-phase, the daemon killed under load, a process killed mid ledger write."""
+
+from __future__ import annotations
+
+import pytest
+import soak_kills
+
+pytestmark = pytest.mark.slow
+
+
+def test_clients_killed_mid_phase_have_their_gpus_reset_within_the_bound_and_leak_no_lock() -> None:
+    result = soak_kills.client_kills(5)
+    assert result["problems"] == []
+    assert result["over_bound"] == 0
+    assert result["leaked_locks"] == 0
+    assert result["ledger_entries_left"] == 0
+
+
+def test_after_each_daemon_kill_no_gpu_is_left_locked_the_ledger_is_intact_and_clients_carry_on() -> None:
+    result = soak_kills.daemon_kills(3)
+    assert result["problems"] == []
+    assert result["workers_alive_at_end"] == result["clients"]
+    assert result["leaked_locks_at_end"] == 0
+    assert result["ledger_entries_at_end"] == 0
+
+
+def test_a_process_killed_while_rewriting_the_ledger_leaves_a_readable_ledger() -> None:
+    result = soak_kills.ledger_write_kills(3)
+    assert result["corrupt"] == 0
