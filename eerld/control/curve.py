@@ -117,18 +117,18 @@ class ClockCurve:
         age_weight = 0.5 ** (np.maximum(ages, 0.0) / self._half_life)
         kernel = np.exp(-0.5 * ((grid[:, None] - clocks[None, :]) / self._bandwidth_mhz) ** 2)
         base = kernel * age_weight[None, :]
-        robust_t = np.ones_like(times)
-        robust_e = np.ones_like(energies)
-        fit_t = fit_e = np.zeros(grid.shape)
-        for _ in range(2):
-            fit_t = _local_linear(grid, clocks, times, base * robust_t[None, :])
-            fit_e = _local_linear(grid, clocks, energies, base * robust_e[None, :])
-            at_t = _local_linear(clocks, clocks, times, _self_kernel(clocks, self._bandwidth_mhz, age_weight))
-            at_e = _local_linear(
-                clocks, clocks, energies, _self_kernel(clocks, self._bandwidth_mhz, age_weight)
-            )
+        own = _self_kernel(clocks, self._bandwidth_mhz, age_weight)
+        # Start from the residuals to each clock's own median (where it has three trials or more), so that
+        # an outlier cannot drag the first fit; then iterate the robust fit a few times.
+        robust_t = _huber_weights(times - _per_clock_median(clocks, times))
+        robust_e = _huber_weights(energies - _per_clock_median(clocks, energies))
+        for _ in range(3):
+            at_t = _local_linear(clocks, clocks, times, own * robust_t[None, :])
+            at_e = _local_linear(clocks, clocks, energies, own * robust_e[None, :])
             robust_t = _huber_weights(times - at_t)
             robust_e = _huber_weights(energies - at_e)
+        fit_t = _local_linear(grid, clocks, times, base * robust_t[None, :])
+        fit_e = _local_linear(grid, clocks, energies, base * robust_e[None, :])
         support = base.sum(axis=1)
         return CurveEstimate(grid, fit_t, fit_e, support)
 
@@ -138,13 +138,24 @@ def _self_kernel(clocks: FloatArray, bandwidth_mhz: float, age_weight: FloatArra
     return kernel * age_weight[None, :]
 
 
+def _per_clock_median(clocks: FloatArray, values: FloatArray) -> FloatArray:
+    """Each value's reference: the median at its clock with three or more trials, else the value itself."""
+    reference = values.copy()
+    for clock in np.unique(clocks):
+        at = clocks == clock
+        if at.sum() >= 3:
+            reference[at] = np.median(values[at])
+    return reference
+
+
 def _huber_weights(residuals: FloatArray) -> FloatArray:
-    """Huber weights with a robust scale: points beyond 2.5 sigma count less, the farther the less."""
+    """Huber weights with a robust scale: beyond 2.5 sigma a point counts less, beyond 6 sigma not at all."""
     scale = 1.4826 * float(np.median(np.abs(residuals - np.median(residuals))))
-    scale = max(scale, 1e-3)
+    scale = max(scale, 0.005)  # ratios are never known better than half a percent
     limit = 2.5 * scale
     magnitude = np.abs(residuals)
-    return np.where(magnitude <= limit, 1.0, limit / np.maximum(magnitude, 1e-12))
+    weights = np.where(magnitude <= limit, 1.0, limit / np.maximum(magnitude, 1e-12))
+    return np.where(magnitude > 6.0 * scale, 0.0, weights)  # far outliers: no say at all
 
 
 def _local_linear(

@@ -67,7 +67,9 @@ class EerlConfig:
     monitor_window: int = 10
     rebaseline_phases: int = 3
     retune_window_steps: int = 3
-    switch_gain: float = 0.01
+    switch_gain: float = 0.015
+    refine_for_energy: bool = False
+    """Also move a commit for energy alone (off: such moves flap on noise for little gain)."""
     history: int = 512
     predictor_window: int = 24
 
@@ -244,7 +246,7 @@ class EerlController:
             target /= self._config.coarse_factor
         return clocks
 
-    def _options(self, track: _Kind, *, free: bool = False) -> KindOptions:
+    def _options(self, track: _Kind, *, free: bool = False, extrapolate: bool = True) -> KindOptions:
         """Candidate clocks for this kind with their estimated ratios (default always included).
 
         A committed kind offers only its clock, unless ``free`` asks what it would choose if it could move.
@@ -255,19 +257,40 @@ class EerlController:
             return self._committed_option(track)
         if probed is not None:
             low, high = probed
+            # Above the highest trial, estimates interpolate towards the default (ratio 1 at the top).
+            high = self._max_mhz
             low = max(low, track.floor_mhz)
             if track.window is not None:
                 inside = (max(low, track.window[0]), min(high, track.window[1]))
                 # The window keeps a re-tune local, unless a failed trial pushed the floor beyond it.
                 if any(inside[0] <= c <= inside[1] for c in self._fine):
                     low, high = inside
+                else:
+                    # Pushed above everything tried lately: offer the next window above the floor.
+                    high = int(low + self._config.retune_window_steps * self._fine_step_mhz)
             candidates = [c for c in self._fine if low <= c <= high]
             if track.committed_mhz is not None and low <= track.committed_mhz <= high:  # keep it reachable
                 candidates = sorted({*candidates, track.committed_mhz})
         if candidates:
             estimate = track.curve.estimate(np.asarray(candidates, dtype=np.float64), self._iteration)
-            time_ratio = np.where(estimate.support >= 0.3, estimate.time_ratio, np.nan)
-            energy_ratio = np.where(estimate.support >= 0.3, estimate.energy_ratio, np.nan)
+            supported = estimate.support >= 0.3
+            time_ratio = np.where(supported, estimate.time_ratio, np.nan)
+            energy_ratio = np.where(supported, estimate.energy_ratio, np.nan)
+            if not extrapolate:
+                pass  # only clocks with trials nearby: a committed allocation moves on evidence alone
+            elif not supported.any():
+                # Nothing close: the kernel fit's extrapolation from the nearest trials, to probe from.
+                time_ratio = np.asarray(estimate.time_ratio, dtype=np.float64).copy()
+                energy_ratio = np.asarray(estimate.energy_ratio, dtype=np.float64).copy()
+            elif not supported.all():
+                # Thinly supported clocks: interpolate towards the default (ratio 1 at the top clock), so
+                # that a search pushed beyond its recent trials probes there instead of giving up.
+                known = np.asarray(candidates, dtype=np.float64)[supported]
+                grid = np.asarray(candidates, dtype=np.float64)
+                anchor_x = np.append(known, float(self._max_mhz) + 1.0)
+                for values in (time_ratio, energy_ratio):
+                    anchor_y = np.append(values[supported], 1.0)
+                    values[~supported] = np.interp(grid[~supported], anchor_x, anchor_y)
             # Above the clock the governor picks anyway, a lock can only lose: treat as >= 1 each.
             time_ratio = np.maximum(time_ratio, 1.0)
         else:
@@ -358,8 +381,6 @@ class EerlController:
         if track.rebaseline_left > 0:
             track.rebaseline_left -= 1
             if track.rebaseline_left == 0:
-                if track.fresh_start:
-                    track.predictor.forget(keep=self._config.rebaseline_phases)
                 self._start_retune(track, obs.iteration, fresh=track.fresh_start)
             return None
         if track.state in (ControllerState.EXPLORING, ControllerState.RETUNING):
@@ -549,7 +570,8 @@ class EerlController:
             measured_time += track.default_duration_s * ratio
             default_time += track.default_duration_s
             excess = track.default_duration_s * (ratio - 1.0)
-            if clock is not None and (worst is None or excess > worst[0]):
+            searching = track.state in (ControllerState.EXPLORING, ControllerState.RETUNING)
+            if clock is not None and searching and (worst is None or excess > worst[0]):
                 worst = (excess, track)
         if self._settings.mode is ExecutionMode.ASYNC and len(tracks) == 1:
             track = tracks[0]
@@ -576,14 +598,18 @@ class EerlController:
         if self._settings.mode is ExecutionMode.ASYNC and len(tracks) == 1:
             peer = float(np.median(self._peer_durations)) if self._peer_durations else None
             current = allocate_async(self._committed_option(tracks[0]), peer, self._threshold(), 0.0)
-            best = allocate_async(self._options(tracks[0], free=True), peer, self._threshold(), 0.0)
+            best = allocate_async(
+                self._options(tracks[0], free=True, extrapolate=False), peer, self._threshold(), 0.0
+            )
         else:
             current = allocate_sync([self._committed_option(t) for t in tracks], self._threshold())
-            best = allocate_sync([self._options(t, free=True) for t in tracks], self._threshold())
-        short = current.throughput_ratio < self._settings.throughput_threshold - 0.002
+            best = allocate_sync(
+                [self._options(t, free=True, extrapolate=False) for t in tracks], self._threshold()
+            )
+        short = current.throughput_ratio < self._settings.throughput_threshold - 0.005
         gain = current.energy_ratio - best.energy_ratio
         moving = [t for t in tracks if best.sm_clock_mhz.get(t.kind) != t.committed_mhz]
-        if not moving or not (short or gain > self._config.switch_gain):
+        if not moving or not (short or (self._config.refine_for_energy and gain > self._config.switch_gain)):
             return None
         stale = [
             t for t in tracks if iteration - t.last_default_iteration > self._config.refine_interval_phases
