@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
+from eerld.clocks.ratelimit import DEFAULT_MAX_CHANGES_PER_S
 from eerld.control.base import PhaseKind
 from eerld.control.registry import CONTROLLER_NAMES, DEFAULT_CONTROLLER
 from eerld.errors import ConfigError
@@ -60,6 +61,8 @@ class Config:
     log_format: str | None = None
     """None: JSON when stderr is not a terminal, console otherwise."""
     lease_ttl_s: float = 10.0
+    max_clock_changes_per_s: float = DEFAULT_MAX_CHANGES_PER_S
+    """Per-GPU limit on session-driven clock changes (token bucket, burst 20); 0 disables it."""
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     grace_s: float = 5.0
     max_workers: int = 128
@@ -99,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--controller", help=f"{'|'.join(CONTROLLER_NAMES)} (default {DEFAULT_CONTROLLER})")
     p.add_argument("--fixed-clocks", help="for --controller fixed: generation=MHZ,training=MHZ")
     p.add_argument("--lease-ttl", dest="lease_ttl_s", help="default lease TTL of heartbeat sessions, seconds")
+    p.add_argument(
+        "--max-clock-changes-per-s",
+        dest="max_clock_changes_per_s",
+        help="per-GPU limit on session clock changes per second (default 10; 0: no limit)",
+    )
     p.add_argument("--dry-run", action="store_true", default=None, help="decide and meter, never lock")
     p.add_argument("--reset-clocks", action="store_true", default=None, help="reset every GPU, then exit")
     p.add_argument("--log-format", help="json or console (default: json unless stderr is a terminal)")
@@ -185,6 +193,7 @@ _FILE_KEYS = {
     "controller": "controller",
     "fixed_clocks": "fixed_clocks",
     "lease_ttl_s": "lease_ttl_s",
+    "max_clock_changes_per_s": "max_clock_changes_per_s",
     "dry_run": "dry_run",
     "log_format": "log_format",
     "grace_s": "grace_s",
@@ -301,6 +310,10 @@ def validate(values: Mapping[str, Any]) -> Config:
             raise ConfigError(f"--fixed-clocks: expected generation=MHZ,training=MHZ, got {fixed!r}")
     if values.get("lease_ttl_s") is not None:
         out["lease_ttl_s"] = _float(values["lease_ttl_s"], "--lease-ttl", minimum=1.0, maximum=3600.0)
+    if values.get("max_clock_changes_per_s") is not None:
+        out["max_clock_changes_per_s"] = _float(
+            values["max_clock_changes_per_s"], "--max-clock-changes-per-s", minimum=0.0, maximum=10_000.0
+        )
     if values.get("grace_s") is not None:
         out["grace_s"] = _float(values["grace_s"], "grace_s", minimum=0.0, maximum=600.0)
     if values.get("max_message_bytes") is not None:

@@ -24,6 +24,7 @@ import structlog
 from eerld.clocks.arbiter import APPLY_TIMEOUT_S, AppliedClock, ClockArbiter, ClockSource
 from eerld.clocks.ledger import Ledger
 from eerld.clocks.pins import Pin, PinStore
+from eerld.clocks.ratelimit import DEFAULT_MAX_CHANGES_PER_S, ClockChangeLimiter
 from eerld.control.base import (
     ControllerFactory,
     ControllerSettings,
@@ -265,6 +266,7 @@ class Daemon:
         phase_clock: Callable[[], float] | None = None,
         clock_workers: int = 8,
         apply_timeout_s: float = APPLY_TIMEOUT_S,
+        max_clock_changes_per_s: float = DEFAULT_MAX_CHANGES_PER_S,
     ) -> None:
         self._backend = backend
         self._controller_name = controller_name
@@ -299,6 +301,7 @@ class Daemon:
             clock=clock,
             max_workers=clock_workers,
             apply_timeout_s=apply_timeout_s,
+            change_limiter=ClockChangeLimiter(max_clock_changes_per_s),
         )
         self.rpc_observers: list[RpcObserver] = []
         self.phase_observers: list[PhaseObserver] = []

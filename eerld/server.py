@@ -280,6 +280,7 @@ def create_server(
             fixed_clocks_mhz=config.fixed_clocks_mhz if config.controller == "fixed" else None,
             dry_run=config.dry_run,
             default_lease_ttl_s=config.lease_ttl_s,
+            max_clock_changes_per_s=config.max_clock_changes_per_s,
             clock=clock,
             wall_clock=wall_clock,
             phase_clock=phase_clock if phase_clock is not None else backend_clock(gpu_backend),

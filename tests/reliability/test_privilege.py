@@ -14,6 +14,8 @@ from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
 from eerld.clocks.ratelimit import ClockChangeLimiter
+from eerld.config import Config, load_config
+from eerld.errors import ConfigError
 from eerld.testing import FakeGpuBackend, ManualClock, running_daemon
 
 NOBODY_UID = 65534
@@ -231,3 +233,29 @@ def test_the_rate_limit_is_a_token_bucket_per_gpu_that_refills_with_time() -> No
     later = sum(limiter.allow(0, 0.5) for _ in range(50))
     assert (burst, other_gpu, later, limiter.denied) == (20, 20, 5, 30 + 30 + 45)
     assert all(ClockChangeLimiter(rate_per_s=0).allow(0, 0.0) for _ in range(1000))
+
+
+def test_the_rate_limit_is_set_by_a_flag_zero_turns_it_off_and_a_negative_value_is_refused() -> None:
+    assert load_config(["--max-clock-changes-per-s", "2.5"]).max_clock_changes_per_s == 2.5
+    assert Config().max_clock_changes_per_s == 10.0
+    with pytest.raises(ConfigError, match="--max-clock-changes-per-s"):
+        load_config(["--max-clock-changes-per-s", "-1"])
+
+
+def test_with_the_limit_off_every_phase_change_reaches_the_gpu(sock_dir: Path) -> None:
+    clock = ManualClock()
+    fake = FakeGpuBackend(1, clock=clock)
+    with (
+        running_daemon(
+            sock_dir, backend=fake, clock=clock, reaper=False, max_clock_changes_per_s=0.0
+        ) as handle,
+        grpc.insecure_channel(f"unix:{handle.socket_path}") as channel,
+    ):
+        stub = pb_grpc.PhaseServiceStub(channel)
+        sid = stub.OpenSession(pb.OpenSessionRequest(job_id="t", gpus=[pb.GpuRef(index=0)])).session_id
+        for i in range(50):
+            kind = GEN if i % 2 == 0 else TRAIN
+            stub.BeginPhase(pb.BeginPhaseRequest(session_id=sid, kind=kind, iteration=i))
+            stub.EndPhase(pb.EndPhaseRequest(session_id=sid, kind=kind, iteration=i, workload=WORK))
+        changes = fake.lock_calls()
+    assert changes == 50
