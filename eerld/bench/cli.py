@@ -166,7 +166,15 @@ def _cmd_all(args: argparse.Namespace) -> int:
     table = results_markdown(reports)
     print(table)
     if args.markdown is not None:
-        args.markdown.write_text(table)
+        args.markdown.write_text(
+            "# eerl-bench results\n\n"
+            f"Written by `eerl-bench all --threshold {args.threshold}` (virtual time, simulated GPUs).\n"
+            "Savings are of GPU energy per valid training token against the default governor over the\n"
+            "whole run (idle waits included); the oracle is the best fixed clock pair of the exhaustive\n"
+            "sweep that meets the threshold; capture = online savings / oracle savings; runtime is the\n"
+            "wall time of the whole comparison. Per-scenario JSON and timelines: `bench/results/`.\n"
+            "The controller: `docs/algorithm.md`.\n\n" + table
+        )
     return 0
 
 

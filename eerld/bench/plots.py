@@ -64,9 +64,16 @@ def timeline_plot(
                 axis.axvspan(start, i, color=_STATE_COLOURS.get(states[start], "#ffffff"), lw=0, zorder=0)
             start = i
     handles = [Rectangle((0, 0), 1, 1, color=c) for c in _STATE_COLOURS.values()]
-    fig.legend(handles, [s.value for s in _STATE_COLOURS], loc="upper center", ncol=4, fontsize=8)
     fig.suptitle(title, y=0.995, fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.legend(
+        handles,
+        [s.value for s in _STATE_COLOURS],
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.965),
+        ncol=4,
+        fontsize=8,
+    )
     fig.savefig(path, dpi=90)
     plt.close(fig)
 

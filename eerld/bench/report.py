@@ -109,7 +109,7 @@ class ControllerReport:
         rows.append(f"online final: {finals}")
         rows.append(
             f"exploration: {self.exploration_phases} phases, cost {self.exploration_cost_j / 1e3:.1f} kJ "
-            f"(trials that missed the threshold); capture {self.capture:.3f}"
+            f"in trials that missed the threshold; capture {self.capture:.3f}"
         )
         return "\n".join(rows)
 

@@ -381,6 +381,12 @@ class EerlController:
         if track.rebaseline_left > 0:
             track.rebaseline_left -= 1
             if track.rebaseline_left == 0:
+                if track.fresh_start:
+                    spread = track.predictor.feature_spread()
+                    band = self._config.drift_feature_band
+                    if spread is not None:
+                        band = max(band, 2.5 * float(spread[0]))
+                    track.predictor.forget_far(obs.workload, band)
                 self._start_retune(track, obs.iteration, fresh=track.fresh_start)
             return None
         if track.state in (ControllerState.EXPLORING, ControllerState.RETUNING):
@@ -438,7 +444,7 @@ class EerlController:
             allowed_s = prediction.duration_s / self._settings.throughput_threshold
             if obs.duration_s > allowed_s:
                 track.exploration_cost_s += obs.duration_s - allowed_s
-                track.exploration_cost_j += max(0.0, obs.energy_j - prediction.energy_j)
+                track.exploration_cost_j += obs.energy_j  # the whole energy of a trial that missed
         verdict_reason: str | None = None
         if (
             searching

@@ -115,6 +115,28 @@ class BaselinePredictor:
             self._energies.popleft()
         self._model = None
 
+    def forget_far(self, workload: Workload, band: float) -> None:
+        """Drop samples whose tokens differ from this workload's by more than ``band`` (relative).
+
+        After a step change the old regime's samples would make the regression extrapolate; samples of a
+        gradual drift stay within the band and keep the fit's range.
+        """
+        reference = workload_features(self._kind, workload)[0]
+        if reference <= 0:
+            return
+        keep = [abs(f[0] / reference - 1.0) <= band for f in self._features]
+        if sum(keep) < 2:
+            return
+        rows = [
+            (f, d, e)
+            for f, d, e, k in zip(self._features, self._durations, self._energies, keep, strict=True)
+            if k
+        ]
+        self._features = deque((r[0] for r in rows), maxlen=self._features.maxlen)
+        self._durations = deque((r[1] for r in rows), maxlen=self._durations.maxlen)
+        self._energies = deque((r[2] for r in rows), maxlen=self._energies.maxlen)
+        self._model = None
+
     def predict(self, workload: Workload) -> Prediction | None:
         """Predicted default cost of this workload; None before the first default phase."""
         if not self._durations:
