@@ -68,8 +68,9 @@ class EerlConfig:
     rebaseline_phases: int = 3
     retune_window_steps: int = 3
     switch_gain: float = 0.015
-    refine_for_energy: bool = False
-    """Also move a commit for energy alone (off: such moves flap on noise for little gain)."""
+    refine_surplus: float = 0.006
+    switch_gain_with_surplus: float = 0.004
+    """A commit this far above the planned threshold may move for energy (by more than switch_gain)."""
     history: int = 512
     predictor_window: int = 24
 
@@ -615,7 +616,9 @@ class EerlController:
         short = current.throughput_ratio < self._settings.throughput_threshold - 0.005
         gain = current.energy_ratio - best.energy_ratio
         moving = [t for t in tracks if best.sm_clock_mhz.get(t.kind) != t.committed_mhz]
-        if not moving or not (short or (self._config.refine_for_energy and gain > self._config.switch_gain)):
+        # Energy alone moves a commit only when it leaves clear throughput unused (else it would flap).
+        surplus = current.throughput_ratio > self._threshold() + self._config.refine_surplus
+        if not moving or not (short or (surplus and gain > self._config.switch_gain_with_surplus)):
             return None
         stale = [
             t for t in tracks if iteration - t.last_default_iteration > self._config.refine_interval_phases
