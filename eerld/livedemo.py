@@ -42,7 +42,6 @@ from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
 from eerld.config import load_config
 from eerld.control.base import ControllerState, PhaseKind
-from eerld.control.registry import controller_factory
 from eerld.errors import ConfigError, EerlError
 from eerld.gpu.sim import SimBackend, create_sim_backend, open_sim_device
 from eerld.logging import configure_logging
@@ -55,7 +54,8 @@ from eerld.simworker import KINDS, PhaseRun
 DEFAULT_ITERATIONS = 30
 DEFAULT_SPEEDUP = 50.0
 DEFAULT_SCENARIO = "sync-h100"
-FALLBACK_FIXED_CLOCKS = "generation=1110,training=1470"
+FIXED_CLOCKS = "generation=1110,training=1470"
+"""For ``--controller fixed``: about the offline sweep's best pair on sync-h100."""
 """``--controller fixed`` when EE-RL is not in this build: the sweep's best pair for sync-h100 (sim-model)."""
 STARTUP_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 20.0
@@ -104,15 +104,6 @@ def serve_daemon(argv: Sequence[str]) -> int:
         print(f"Error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1
     return serve(server)
-
-
-def choose_controller() -> str:
-    """``eerl`` when this build has the EE-RL controller, else ``fixed``."""
-    try:
-        controller_factory("eerl")
-    except ConfigError:
-        return "fixed"
-    return "eerl"
 
 
 def _die_with_parent() -> None:
@@ -332,7 +323,7 @@ class Options:
     speedup: float = DEFAULT_SPEEDUP
     out_dir: Path = Path("out/demo")
     scenario: str = DEFAULT_SCENARIO
-    controller: str = "auto"
+    controller: str = "eerl"
 
 
 def _work_dir() -> Path:
@@ -357,7 +348,7 @@ class LiveDemo:
         self.work = work_dir
         self.out = out
         self.scenario = load_scenario(options.scenario)
-        self.controller = choose_controller() if options.controller == "auto" else options.controller
+        self.controller = options.controller
         self.state_file = work_dir / "sim-state.json"
         self.socket = work_dir / "eerld.sock"
         self.admin_socket = work_dir / "admin.sock"
@@ -404,7 +395,7 @@ class LiveDemo:
             "json",
         ]
         if self.controller == "fixed":
-            args += ["--fixed-clocks", FALLBACK_FIXED_CLOCKS]
+            args += ["--fixed-clocks", FIXED_CLOCKS]
         return args
 
     def start_daemon(self) -> None:
@@ -887,8 +878,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--controller",
-        choices=("auto", "eerl", "fixed", "off"),
-        default="auto",
+        choices=("eerl", "fixed", "off"),
+        default="eerl",
         help="default: eerl if available, else fixed",
     )
     return p
