@@ -32,6 +32,7 @@ DEFAULT_METRICS_ADDRESS = "127.0.0.1:9478"
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
 BACKENDS = ("nvml", "sim")
 LOG_FORMATS = ("json", "console")
+CLOCK_ACTUATORS = ("lock", "application")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,8 @@ class Config:
     log_format: str | None = None
     """None: JSON when stderr is not a terminal, console otherwise."""
     lease_ttl_s: float = 10.0
+    clock_actuator: str = "lock"
+    """``lock`` (SM clock locks) or ``application`` (application clocks: GB200-NVL's -lgc problem)."""
     max_clock_changes_per_s: float = DEFAULT_MAX_CHANGES_PER_S
     """Per-GPU limit on session-driven clock changes (token bucket, burst 20); 0 disables it."""
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
@@ -106,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-clock-changes-per-s",
         dest="max_clock_changes_per_s",
         help="per-GPU limit on session clock changes per second (default 10; 0: no limit)",
+    )
+    p.add_argument(
+        "--clock-actuator",
+        help="lock (default: SM clock locks) or application (application clocks, where locks do not work)",
     )
     p.add_argument("--dry-run", action="store_true", default=None, help="decide and meter, never lock")
     p.add_argument("--reset-clocks", action="store_true", default=None, help="reset every GPU, then exit")
@@ -194,6 +201,7 @@ _FILE_KEYS = {
     "fixed_clocks": "fixed_clocks",
     "lease_ttl_s": "lease_ttl_s",
     "max_clock_changes_per_s": "max_clock_changes_per_s",
+    "clock_actuator": "clock_actuator",
     "dry_run": "dry_run",
     "log_format": "log_format",
     "grace_s": "grace_s",
@@ -326,6 +334,11 @@ def validate(values: Mapping[str, Any]) -> Config:
             if not isinstance(value, bool):
                 raise ConfigError(f"{flag}: expected true or false, got {value!r}")
             out[name] = value
+    actuator = text("clock_actuator", "--clock-actuator")
+    if actuator is not None:
+        if actuator not in CLOCK_ACTUATORS:
+            raise ConfigError(f"--clock-actuator: expected one of {', '.join(CLOCK_ACTUATORS)}, got {actuator!r}")
+        out["clock_actuator"] = actuator
     log_format = text("log_format", "--log-format")
     if log_format is not None:
         if log_format not in LOG_FORMATS:

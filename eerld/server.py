@@ -61,15 +61,18 @@ def create_backend(config: Config) -> GpuBackend:
             module = importlib.import_module("eerld.gpu.sim")
         except ImportError as e:
             raise ConfigError(f"--backend: the sim backend is not available in this build ({e})") from e
+        profile = builtin_profile(config.sim_profile)
+        if config.clock_actuator == "application":
+            profile = profile.with_overrides({"locked_clocks": False}, source="--clock-actuator")
         backend: GpuBackend = module.create_sim_backend(
-            builtin_profile(config.sim_profile),
+            profile,
             config.sim_gpus,
             speedup=config.sim_speedup,
             state_file=config.sim_state,
         )
         return backend
     module = importlib.import_module("eerld.gpu.nvml")
-    nvml_backend: GpuBackend = module.NvmlBackend()
+    nvml_backend: GpuBackend = module.NvmlBackend(use_locked_clocks=config.clock_actuator == "lock")
     return nvml_backend
 
 

@@ -9,11 +9,13 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
 import pytest
 from eerl.v1 import eerl_pb2 as pb
+from eerl.v1 import eerl_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -24,7 +26,7 @@ from eerld.errors import ConfigError
 from eerld.gpu.base import GpuBackend
 from eerld.gpu.sim import create_sim_backend
 from eerld.main import main
-from eerld.server import prepare_socket_path
+from eerld.server import create_backend, prepare_socket_path
 from eerld.sim.profiles import builtin_profile
 from eerld.testing import FakeGpuBackend, running_daemon
 
@@ -236,3 +238,27 @@ class TestSystemdReadiness:
             assert b"READY=1" in notify.recv(4096).split(b"\n")
         assert notify.recv(4096) == b"STOPPING=1"
         notify.close()
+
+
+class TestClockActuator:
+    def test_an_unknown_actuator_is_refused_with_one_clear_line(self):
+        """--clock-actuator takes lock or application only."""
+        with pytest.raises(ConfigError, match="--clock-actuator: expected one of lock, application"):
+            load_config(["--clock-actuator", "turbo"])
+
+    def test_the_application_actuator_moves_the_clock_where_locks_do_not_work(self, sock_dir):
+        """With --clock-actuator application the sim GPUs refuse locks, and sessions still get their clock."""
+        config = load_config(["--backend", "sim", "--sim-gpus", "1", "--clock-actuator", "application"])
+        backend = create_backend(config)
+        assert not backend.supports_locked_clocks(0)
+        with running_daemon(sock_dir, backend=backend, reaper=False) as handle:
+            with grpc.insecure_channel(f"unix:{handle.socket_path}") as channel:
+                stub = pb_grpc.PhaseServiceStub(channel)
+                sid = open_session(stub, 0).session_id
+                reply = begin(stub, sid, GEN, 0)
+                assert reply.clocks[0].requested_sm_clock_mhz == 1200
+                # The new clock holds once the simulated switch time (15 ms) has passed.
+                deadline = time.monotonic() + 5.0
+                while backend.clocks(0).sm_clock_mhz != 1200 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert backend.clocks(0).sm_clock_mhz == 1200
