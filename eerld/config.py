@@ -337,7 +337,8 @@ def validate(values: Mapping[str, Any]) -> Config:
     actuator = text("clock_actuator", "--clock-actuator")
     if actuator is not None:
         if actuator not in CLOCK_ACTUATORS:
-            raise ConfigError(f"--clock-actuator: expected one of {', '.join(CLOCK_ACTUATORS)}, got {actuator!r}")
+            choices = ", ".join(CLOCK_ACTUATORS)
+            raise ConfigError(f"--clock-actuator: expected one of {choices}, got {actuator!r}")
         out["clock_actuator"] = actuator
     log_format = text("log_format", "--log-format")
     if log_format is not None:

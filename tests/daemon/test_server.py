@@ -251,14 +251,16 @@ class TestClockActuator:
         config = load_config(["--backend", "sim", "--sim-gpus", "1", "--clock-actuator", "application"])
         backend = create_backend(config)
         assert not backend.supports_locked_clocks(0)
-        with running_daemon(sock_dir, backend=backend, reaper=False) as handle:
-            with grpc.insecure_channel(f"unix:{handle.socket_path}") as channel:
-                stub = pb_grpc.PhaseServiceStub(channel)
-                sid = open_session(stub, 0).session_id
-                reply = begin(stub, sid, GEN, 0)
-                assert reply.clocks[0].requested_sm_clock_mhz == 1200
-                # The new clock holds once the simulated switch time (15 ms) has passed.
-                deadline = time.monotonic() + 5.0
-                while backend.clocks(0).sm_clock_mhz != 1200 and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                assert backend.clocks(0).sm_clock_mhz == 1200
+        with (
+            running_daemon(sock_dir, backend=backend, reaper=False) as handle,
+            grpc.insecure_channel(f"unix:{handle.socket_path}") as channel,
+        ):
+            stub = pb_grpc.PhaseServiceStub(channel)
+            sid = open_session(stub, 0).session_id
+            reply = begin(stub, sid, GEN, 0)
+            assert reply.clocks[0].requested_sm_clock_mhz == 1200
+            # The new clock holds once the simulated switch time (15 ms) has passed.
+            deadline = time.monotonic() + 5.0
+            while backend.clocks(0).sm_clock_mhz != 1200 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert backend.clocks(0).sm_clock_mhz == 1200
