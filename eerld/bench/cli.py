@@ -2,6 +2,7 @@
 
 eerl-bench controller --scenario NAME|FILE [--threshold 0.95] [--iterations N] [--json OUT] [--timeline PNG]
 eerl-bench sweep --scenario NAME|FILE [--threshold 0.95] [--iterations N] [--plot PNG]
+eerl-bench headroom --scenario NAME|FILE [--threshold 0.95] [--regimes 150,...]
 eerl-bench all [--threshold 0.95] [--iterations N] [--out-dir bench/results] [--markdown docs/results.md]
 """
 
@@ -18,6 +19,7 @@ from typing import Never
 import numpy as np
 from tqdm import tqdm
 
+from eerld.bench.headroom import headroom
 from eerld.bench.plots import pareto_plot, timeline_plot
 from eerld.bench.report import ControllerReport, exploration_cost_j, final_states
 from eerld.bench.runner import KINDS, Progress, ScenarioRun
@@ -152,6 +154,16 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_headroom(args: argparse.Namespace) -> int:
+    scenario = load_scenario(args.scenario)
+    run = ScenarioRun(scenario, args.iterations)
+    with _progress(run.iterations, f"{scenario.name}: pricing every clock") as bar:
+        run.price_table(_updater(bar))
+    boundaries = [int(b) for b in args.regimes.split(",")] if args.regimes else None
+    print(headroom(run, args.threshold, boundaries).table())
+    return 0
+
+
 def _cmd_all(args: argparse.Namespace) -> int:
     out_dir: Path = args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -216,6 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
     common(sweep)
     sweep.add_argument("--plot", type=Path, default=None, help="write the Pareto plot (PNG) here")
     sweep.set_defaults(handler=_cmd_sweep)
+    room = commands.add_parser("headroom", help="what re-tuning could gain over the best fixed pair")
+    common(room)
+    room.add_argument(
+        "--regimes", default=None, help="regime boundaries, e.g. 150 or 100,200 (default: the drift steps)"
+    )
+    room.set_defaults(handler=_cmd_headroom)
     every = commands.add_parser("all", help="every built-in scenario; writes JSON, timelines and a table")
     common(every, scenario=False)
     every.add_argument("--out-dir", type=Path, default=Path("bench/results"))

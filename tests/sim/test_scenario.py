@@ -188,8 +188,8 @@ class TestDrift:
     def test_a_step_changes_the_workload_from_its_iteration_on(self) -> None:
         step = load_scenario("step-h100").workload
         assert step.at_iteration(149).generation.response_median_tokens == 1200
-        assert step.at_iteration(150).generation.response_median_tokens == 2600
-        assert step.at_iteration(299).generation.response_median_tokens == 2600
+        assert step.at_iteration(150).generation.response_median_tokens == 4000
+        assert step.at_iteration(299).generation.response_median_tokens == 4000
 
     def test_a_step_may_change_a_training_field(self, write_scenario: WriteScenario) -> None:
         path = write_scenario(
