@@ -432,8 +432,27 @@ def iteration_totals(scenario: Scenario, generation: PhaseOutcome, training: Pha
     return IterationTotals(wall, energy, training.workload.valid_tokens)
 
 
+class RunFigures:
+    """The figure of merit and throughput of any run total that has energy, wall time and valid tokens."""
+
+    __slots__ = ()
+    energy_j: float
+    wall_s: float
+    valid_tokens: int
+
+    @property
+    def energy_per_valid_token_j(self) -> float:
+        """The figure of merit: GPU energy (all GPUs, all phases, idle included) per valid token."""
+        return self.energy_j / self.valid_tokens if self.valid_tokens else float("inf")
+
+    @property
+    def throughput_tokens_per_s(self) -> float:
+        """Valid training tokens per second of wall time."""
+        return self.valid_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
 @dataclass(frozen=True, slots=True, eq=False)
-class RunResult:
+class RunResult(RunFigures):
     """A whole run at fixed clocks: totals and per-iteration arrays."""
 
     scenario: str
@@ -452,16 +471,6 @@ class RunResult:
     training_duration_s: FloatArray
     training_energy_j: FloatArray
     training_mean_clock_mhz: FloatArray
-
-    @property
-    def energy_per_valid_token_j(self) -> float:
-        """The figure of merit: GPU energy (all GPUs, all phases, idle included) per valid token."""
-        return self.energy_j / self.valid_tokens if self.valid_tokens else float("inf")
-
-    @property
-    def throughput_tokens_per_s(self) -> float:
-        """Valid training tokens per second of wall time."""
-        return self.valid_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
 
 def run_fixed(

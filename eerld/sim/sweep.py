@@ -18,13 +18,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from eerld.control.base import ExecutionMode, PhaseKind
-from eerld.sim.evaluate import ProgressCallback, clock_grid, combine_phases, evaluate_phase, sample_iteration
+from eerld.sim.evaluate import (
+    ProgressCallback,
+    RunFigures,
+    clock_grid,
+    combine_phases,
+    evaluate_phase,
+    sample_iteration,
+)
 from eerld.sim.scenario import Scenario
 from eerld.sim.workload import FloatArray, IntArray
 
 
 @dataclass(frozen=True, slots=True)
-class SweepPoint:
+class SweepPoint(RunFigures):
     """One fixed clock pair over the whole run, compared with the default governor."""
 
     generation_sm_clock_mhz: int | None
@@ -36,16 +43,6 @@ class SweepPoint:
     """1 − energy per valid token / the default's (positive: saves energy)."""
     throughput_ratio: float
     """Throughput over the default's."""
-
-    @property
-    def energy_per_valid_token_j(self) -> float:
-        """GPU energy per valid training token over the run."""
-        return self.energy_j / self.valid_tokens if self.valid_tokens else float("inf")
-
-    @property
-    def throughput_tokens_per_s(self) -> float:
-        """Valid training tokens per second of wall time."""
-        return self.valid_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
 
 @dataclass(frozen=True, slots=True, eq=False)
