@@ -64,6 +64,8 @@ class EerlConfig:
     """A committed allocation is re-checked against all trials (its own phases included) this often."""
     drift_ratio_band: float = 0.04
     drift_feature_band: float = 0.12
+    step_feature_band: float = 0.5
+    """A workload shift this large is a new regime: re-baseline on several default phases from scratch."""
     monitor_window: int = 10
     rebaseline_phases: int = 3
     retune_window_steps: int = 3
@@ -103,7 +105,7 @@ class _Kind:
     last_default_iteration: int = 0
     recent_time: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     recent_energy: deque[float] = field(default_factory=lambda: deque(maxlen=64))
-    recent_shift: deque[float] = field(default_factory=lambda: deque(maxlen=8))
+    recent_shift: deque[float] = field(default_factory=lambda: deque(maxlen=32))
     reference_time: float = 1.0
     reference_energy: float = 1.0
     exploration_cost_j: float = 0.0
@@ -660,13 +662,22 @@ class EerlController:
         if spread is not None:
             band = max(band, 2.5 * float(spread[0]))
         recent_shift = list(track.recent_shift)[-window:]
-        if len(recent_shift) >= window and abs(float(np.median(recent_shift))) > band:
+        median_shift = float(np.median(recent_shift)) if recent_shift else 0.0
+        if len(recent_shift) >= window and abs(median_shift) > band:
             track.since_control = config.control_interval_phases
             track.recent_shift.clear()
             track.state = ControllerState.RETUNING
-            track.rebaseline_left = 1
-            track.fresh_start = False
-            return "workload left its band: control phase, then re-tune"
+            if abs(median_shift) > config.step_feature_band:
+                # A new regime: the old default phases would make the predictor extrapolate.
+                track.rebaseline_left = config.rebaseline_phases
+                track.fresh_start = True
+                return f"workload stepped ({median_shift:+.0%}): re-baseline, then re-tune"
+            # Gradual drift: the predictor follows the workload and the clock curve (ratios against the
+            # predicted default) stays valid, so refresh the baseline and re-check the allocation with it;
+            # the refine moves the clocks locally only if the budget now sits differently.
+            track.state = ControllerState.COMMITTED
+            track.since_refine = config.refine_interval_phases - 1
+            return "workload left its band: control phase, then re-check the allocation"
         time_shift = _median_shift(list(track.recent_time), window, config.drift_ratio_band)
         energy_shift = _median_shift(list(track.recent_energy), window, config.drift_ratio_band)
         if time_shift is not None or energy_shift is not None:
