@@ -9,8 +9,9 @@ docs/sim-backend.md.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from eerld.errors import BackendFailure, GpuError, InvalidArgument, NotSupported
 from eerld.gpu.base import ClockEventReasons, GpuClocks, GpuIdentity, GpuUtilization
@@ -24,6 +25,8 @@ from eerld.gpu.sim_device import (
 )
 from eerld.gpu.sim_model import GpuState
 from eerld.sim.profiles import GpuProfile
+
+T = TypeVar("T")
 
 __all__ = [
     "FAULTABLE_METHODS",
@@ -60,10 +63,10 @@ class SimBackend:
         self.device.check_index(index)
         self.device.check_faults(index, method)
 
-    def _observe(self, index: int, method: str) -> GpuState:
+    def _read(self, index: int, method: str, measure: Callable[[GpuState], T]) -> T:
         if self._closed:
             raise BackendFailure("sim backend is closed", gpu_index=index)
-        return self.device.observe(index, method)
+        return self.device.read(index, method, measure)
 
     def _check_sm_clock(self, index: int, sm_clock_mhz: int) -> None:
         if isinstance(sm_clock_mhz, bool) or sm_clock_mhz not in self.device.model.grid_mhz:
@@ -109,8 +112,8 @@ class SimBackend:
 
     def clocks(self, index: int) -> GpuClocks:
         """The SM clock that holds now (the running segment's; when idle the lock, or the lowest clock)."""
-        gpu = self._observe(index, "clocks")
-        return GpuClocks(self.device.model.current_clock_mhz(gpu), self.device.profile.mem_clock_mhz)
+        clock_mhz = self._read(index, "clocks", self.device.model.current_clock_mhz)
+        return GpuClocks(clock_mhz, self.device.profile.mem_clock_mhz)
 
     def supports_locked_clocks(self, index: int) -> bool:
         """The profile's ``locked_clocks``."""
@@ -191,11 +194,11 @@ class SimBackend:
 
     def total_energy_mj(self, index: int) -> int:
         """The energy counter (mJ) at its last step; monotone except across ``reset_energy_counter``."""
-        return self.device.model.counter_mj(self._observe(index, "total_energy_mj"))
+        return self._read(index, "total_energy_mj", self.device.model.counter_mj)
 
     def power_w(self, index: int) -> float:
         """True power averaged over the last 100 ms of simulated time."""
-        return self.device.model.average_power_w(self._observe(index, "power_w"))
+        return self._read(index, "power_w", self.device.model.average_power_w)
 
     def power_limit_w(self, index: int) -> float:
         """The profile's ``power_limit_w``."""
@@ -204,11 +207,11 @@ class SimBackend:
 
     def utilization(self, index: int) -> GpuUtilization:
         """Busy share and mean memory activity over the last 100 ms."""
-        return self.device.model.utilization(self._observe(index, "utilization"))
+        return self._read(index, "utilization", self.device.model.utilization)
 
     def clock_event_reasons(self, index: int) -> ClockEventReasons:
         """GPU_IDLE, SW_POWER_CAP, APPLICATIONS_CLOCKS_SETTING (a lock or application clock) or NONE."""
-        return self.device.model.event_reasons(self._observe(index, "clock_event_reasons"))
+        return self._read(index, "clock_event_reasons", self.device.model.event_reasons)
 
     def close(self) -> None:
         """Idempotent; later calls raise BackendFailure. The device state (and its file) stays."""
@@ -249,15 +252,16 @@ def create_sim_backend(
     state_file: Path | None = None,
     seed: int = 0,
     clock: SimClock | None = None,
-    durable_writes: bool = True,
+    durable_writes: bool = False,
 ) -> SimBackend:
     """The sim backend for ``gpus`` GPUs of ``profile`` (what ``eerld --backend sim`` builds).
 
     Time is ``clock`` if given (``speedup`` is then ignored), else real time at ``speedup``. With
     ``state_file`` the device is shared with every process opening that file and re-opened from it when
     it exists (locks and counters survive a killed daemon); see :meth:`SimDevice.create` for the checks.
-    ``durable_writes=False`` skips the fsync of each state write (≈ 10 ms on a disk; still atomic and
-    crash-safe for processes). Raises ConfigError for a bad count, speed-up, or an unusable state file.
+    ``durable_writes=True`` also fsyncs each state write (≈ 10 ms on a disk); without it writes are still
+    atomic and survive any process's death, and a power loss is a reboot, which resets the device
+    anyway. Raises ConfigError for a bad count, speed-up, or an unusable state file.
     """
     device = SimDevice.create(
         profile,
@@ -271,7 +275,7 @@ def create_sim_backend(
 
 
 def open_sim_device(
-    state_file: Path, *, clock: SimClock | None = None, durable_writes: bool = True
+    state_file: Path, *, clock: SimClock | None = None, durable_writes: bool = False
 ) -> SimDevice:
     """Join the simulated GPUs of an existing state file (a simulated worker in another process).
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -181,6 +182,12 @@ class SimDevice:
             for i in range(self.gpus)
         )
         self._rngs = [np.random.default_rng([self.seed, i, 1]) for i in range(self.gpus)]
+        # Per GPU: the stored GpuState a read last started from, and that state advanced to the read's
+        # time. The next read continues from there while the store still holds that same object.
+        self._views: dict[int, tuple[GpuState, GpuState]] = {}
+        self._views_lock = threading.Lock()
+        # Held by each transaction of this process, and while a read loads the state and reads the clock.
+        self._order = threading.RLock()
 
     # ---- construction ------------------------------------------------------------------------------
 
@@ -193,15 +200,15 @@ class SimDevice:
         clock: SimClock,
         state_file: Path | None = None,
         seed: int = 0,
-        durable_writes: bool = True,
+        durable_writes: bool = False,
     ) -> SimDevice:
         """A device with these parameters; with ``state_file`` re-open the one stored there if present.
 
         A missing file starts a fresh device. An existing one must match (profile, GPU count, seed and
         the clock's kind and speed-up) or ConfigError says what differs; a corrupt one raises ConfigError
         naming the file (delete it to start fresh). A file written before the machine rebooted starts a
-        fresh device, as a reboot resets real GPUs (logged). ``durable_writes=False`` skips the fsync of
-        each write (see :class:`eerld.gpu.sim_store.FileStore`).
+        fresh device, as a reboot resets real GPUs (logged). ``durable_writes=True`` also fsyncs each
+        write (see :class:`eerld.gpu.sim_store.FileStore` for why the default does not).
         """
         if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
             raise ConfigError(f"sim GPU count must be a positive integer, got {gpus!r}")
@@ -233,7 +240,7 @@ class SimDevice:
 
     @classmethod
     def attach(
-        cls, state_file: Path, *, clock: SimClock | None = None, durable_writes: bool = True
+        cls, state_file: Path, *, clock: SimClock | None = None, durable_writes: bool = False
     ) -> SimDevice:
         """Join the device stored in ``state_file`` (a simulated worker's side); ConfigError if unusable."""
         store = FileStore(Path(state_file), durable=durable_writes)
@@ -275,7 +282,7 @@ class SimDevice:
     @contextmanager
     def _transaction(self) -> Iterator[DeviceState]:
         try:
-            with self.store.transaction() as txn:
+            with self._order, self.store.transaction() as txn:
                 if txn.state is None:
                     raise BackendFailure(f"sim state {self.store.description} vanished")
                 yield txn.state
@@ -292,12 +299,40 @@ class SimDevice:
 
         Reads never write the state back: advancing is deterministic, so any later reader gets the same.
         """
+        return self.read(index, method, GpuState.clone)
+
+    def read(self, index: int, method: str | None, measure: Callable[[GpuState], T]) -> T:
+        """``measure(gpu)`` on GPU ``index`` advanced to now, after its injected faults for ``method`` fire.
+
+        ``measure`` must not change ``gpu`` or keep it: it is this process's cached view of the GPU. A
+        read continues advancing the view of the previous read while nobody has changed the stored state
+        since (it would start again from that same stored state), so a read costs what happened since
+        the last read rather than since the last write; no copy is made until the state changes.
+        """
         self.check_index(index)
-        gpu = self._load().gpus[index].clone()
+        stored, now_s = self._load_at_now(index)
         if method is not None:
-            self._raise_fault(gpu, index, method)
-        self.model.advance(gpu, self._now(gpu))
-        return gpu
+            self._raise_fault(stored, index, method)
+            if method in stored.faults:  # another caller consumed that once-fault: the state changed
+                stored, now_s = self._load_at_now(index)
+        with self._views_lock:
+            view = self._views.get(index)
+            if view is None or view[0] is not stored:
+                view = (stored, stored.copy_for_advance())
+                self._views[index] = view
+            gpu = view[1]
+            self.model.advance(gpu, max(now_s, gpu.time_s))
+            return measure(gpu)
+
+    def _load_at_now(self, index: int) -> tuple[GpuState, float]:
+        """GPU ``index`` as stored, and the time now: no change by this process falls in between.
+
+        A change this process made at a time before "now" is in the state loaded, and one not in it is
+        made later, so a read is never evaluated at a time past a change it does not include (which
+        would, for example, let an energy counter read on another thread run backwards after a lock).
+        """
+        with self._order:
+            return self._load().gpus[index], self.clock.now_s()
 
     def update(self, index: int, method: str | None, body: Callable[[GpuState, float], T]) -> T:
         """Run ``body(gpu, now)`` on GPU ``index`` advanced to now, under the exclusive lock, and store it.
@@ -401,7 +436,7 @@ class SimDevice:
 
     def true_energy_j(self, gpu_index: int) -> float:
         """The exact energy integral of GPU ``gpu_index`` since the device was created (no quantisation)."""
-        return self.observe(gpu_index).energy_j
+        return self.read(gpu_index, None, _energy_j)
 
     def now_s(self) -> float:
         """Simulated time now."""
@@ -598,6 +633,10 @@ class _RunState:
     submitted: int = 0
     first_seq: int = -1
     last_seq: int = -1
+
+
+def _energy_j(gpu: GpuState) -> float:
+    return gpu.energy_j
 
 
 def _take_result(gpu: GpuState, ticket: WorkTicket) -> WorkResult | None:

@@ -13,7 +13,9 @@ energy between segments accrues by itself.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import numpy.typing as npt
@@ -134,6 +136,32 @@ class GpuState:
             faults={k: Fault(f.error, f.once) for k, f in self.faults.items()},
         )
 
+    def copy_for_advance(self) -> GpuState:
+        """A copy that :meth:`GpuModel.advance` may move on without changing this one.
+
+        Cheaper than :meth:`clone`: advancing only rebinds fields (arrays are sliced or rebuilt, never
+        written in place) except ``marks``, which gets its own dict.
+        """
+        return GpuState(
+            time_s=self.time_s,
+            energy_j=self.energy_j,
+            step_energy_j=self.step_energy_j,
+            counter_base_mj=self.counter_base_mj,
+            sm_lock_mhz=self.sm_lock_mhz,
+            app_sm_clock_mhz=self.app_sm_clock_mhz,
+            app_mem_clock_mhz=self.app_mem_clock_mhz,
+            mem_lock_mhz=self.mem_lock_mhz,
+            cap_mhz=self.cap_mhz,
+            pending=self.pending,
+            queue=self.queue,
+            head_seq=self.head_seq,
+            head=self.head,
+            history=self.history,
+            marks=dict(self.marks),
+            lost=self.lost,
+            faults=self.faults,
+        )
+
     @property
     def queued_segments(self) -> int:
         """Segments not finished yet (the running one included)."""
@@ -251,7 +279,7 @@ class GpuModel:
             return
         begin_s = gpu.time_s
         begin_energy_j = gpu.energy_j
-        blocks: list[FloatArray] = []
+        blocks: list[FloatArray | Row] = []
         marks: list[tuple[str, float]] = []
         cur = begin_s
         while cur < time_s:
@@ -273,15 +301,27 @@ class GpuModel:
                 break
             cur = self._run_queue(gpu, cur, time_s, blocks, marks)
         self._apply_due_switch(gpu, time_s)
-        rows = np.vstack(blocks) if blocks else empty_rows(len(HISTORY_COLUMNS))
-        gpu.energy_j = begin_energy_j + float(np.sum(rows[:, H_POWER] * (rows[:, H_END] - rows[:, H_START])))
+        # Most advances (a read shortly after the last one, an idle GPU) cover one or two intervals of
+        # constant power: integrate those with plain floats; numpy only for runs of queued segments.
+        energy_at: Callable[[float], float]
+        if all(isinstance(block, tuple) for block in blocks):
+            scalar_rows = [block for block in blocks if isinstance(block, tuple)]
+            energy_at = partial(_scalar_energy_until, scalar_rows, begin_energy_j)
+            new_history = np.array(scalar_rows, dtype=np.float64).reshape(-1, len(HISTORY_COLUMNS))
+        else:
+            new_history = np.vstack([np.array([b]) if isinstance(b, tuple) else b for b in blocks])
+            energy_at = partial(_energy_until, new_history, begin_energy_j)
+        gpu.energy_j = energy_at(time_s)
         step_s = math.floor(time_s / self.counter_period_s) * self.counter_period_s
         if step_s > begin_s:
-            gpu.step_energy_j = _energy_until(rows, begin_energy_j, step_s)
+            gpu.step_energy_j = energy_at(step_s)
         for key, at_s in marks:
             if key in gpu.marks and gpu.marks[key] is None:
-                gpu.marks[key] = [at_s, _energy_until(rows, begin_energy_j, at_s)]
-        history = np.vstack([gpu.history, rows])
+                gpu.marks[key] = [at_s, energy_at(at_s)]
+        if begin_s > time_s - POWER_WINDOW_S and gpu.history.shape[0]:  # older rows may still count
+            history = np.vstack([gpu.history, new_history])
+        else:  # everything recorded before ended at or before begin_s: out of the window
+            history = new_history
         gpu.history = history[history[:, H_END] > time_s - POWER_WINDOW_S]
         gpu.time_s = time_s
 
@@ -290,7 +330,7 @@ class GpuModel:
         gpu: GpuState,
         cur: float,
         time_s: float,
-        blocks: list[FloatArray],
+        blocks: list[FloatArray | Row],
         marks: list[tuple[str, float]],
     ) -> float:
         """Start queued segments from ``cur`` under the current cap until ``time_s`` or the next switch."""
@@ -419,27 +459,34 @@ class GpuModel:
         return ClockEventReasons.NONE
 
 
-def _interval(start_s: float, end_s: float, head: Head) -> FloatArray:
-    return np.array(
-        [
-            [
-                start_s,
-                end_s,
-                head.power_w,
-                head.sm_clock_mhz,
-                head.compute_activity,
-                head.memory_activity,
-                float(head.power_capped),
-            ]
-        ]
+Row = tuple[float, float, float, float, float, float, float]
+"""One history row as plain floats (``HISTORY_COLUMNS``)."""
+
+
+def _interval(start_s: float, end_s: float, head: Head) -> Row:
+    return (
+        start_s,
+        end_s,
+        head.power_w,
+        head.sm_clock_mhz,
+        head.compute_activity,
+        head.memory_activity,
+        float(head.power_capped),
     )
 
 
-def _idle(start_s: float, end_s: float, idle_power_w: float) -> FloatArray:
-    return np.array([[start_s, end_s, idle_power_w, 0.0, 0.0, 0.0, 0.0]])
+def _idle(start_s: float, end_s: float, idle_power_w: float) -> Row:
+    return (start_s, end_s, idle_power_w, 0.0, 0.0, 0.0, 0.0)
 
 
 def _energy_until(rows: FloatArray, begin_energy_j: float, time_s: float) -> float:
     """Energy at ``time_s`` given the intervals executed since ``begin_energy_j`` was exact."""
     covered = np.clip(np.minimum(rows[:, H_END], time_s) - rows[:, H_START], 0, None)
     return begin_energy_j + float(np.sum(rows[:, H_POWER] * covered))
+
+
+def _scalar_energy_until(rows: list[Row], begin_energy_j: float, time_s: float) -> float:
+    """:func:`_energy_until` for a few rows of plain floats."""
+    return begin_energy_j + sum(
+        row[H_POWER] * max(0.0, min(row[H_END], time_s) - row[H_START]) for row in rows
+    )

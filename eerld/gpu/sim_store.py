@@ -2,9 +2,10 @@
 
 The state file is JSON (format in docs/sim-backend.md). Every change is a transaction under an
 exclusive ``fcntl.flock`` on ``<file>.lock`` and is written atomically (temp file in the same
-directory, ``fsync``, ``rename``), so a process killed mid-write leaves the
-previous state whole; reads take a shared lock. Because the state — clock locks included — lives in
-the file, it outlives a killed daemon as a real GPU's settings do.
+directory, optionally ``fsync``, ``rename``), so a process killed mid-write leaves the previous state
+whole; reads need no lock, and re-use the parsed state while the file is unchanged. Because the
+state — clock locks included — lives in the file, it outlives a killed daemon as a real GPU's
+settings do.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import os
 import secrets
 import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -124,19 +126,29 @@ class MemoryStore:
 
 
 class FileStore:
-    """State in a JSON file shared by processes, guarded by ``flock`` on ``<file>.lock``.
+    """State in a JSON file shared by processes; changes under ``flock`` on ``<file>.lock``.
 
-    ``durable=False`` skips the ``fsync``: writes stay atomic for readers and survive any process's
-    death (the page cache does); only a power loss could drop the last write, and a reboot resets the
-    simulated device anyway. The directory is not fsynced for the same reason.
+    Every write goes to a new temp file that is renamed over the state file, so the file is never
+    changed in place: a reader that opens it sees one whole state, and needs no lock. That also makes
+    the file's identity a cheap version number: a read ``stat``s the path and re-uses the state it
+    parsed last while the path still names the same file (device, inode, size, mtime). The store keeps
+    that file open, so its inode cannot be freed and handed to a later write while the cache uses it.
+
+    ``durable=True`` also ``fsync``s each write (≈ 7–10 ms on a disk). Without it (the default) writes
+    stay atomic for readers and survive any process's death (the page cache does); only a power loss
+    could drop the last write, and a power loss is a reboot, which resets the simulated device anyway
+    (a state file from before a reboot is discarded). The directory is not fsynced for the same reason.
     """
 
-    def __init__(self, path: Path, *, durable: bool = True) -> None:
+    def __init__(self, path: Path, *, durable: bool = False) -> None:
         self.path = Path(path)
         self.durable = durable
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self._cache_lock = threading.Lock()
-        self._cache: tuple[bytes, DeviceState] | None = None
+        self._cache: _Parsed | None = None
+        # The open descriptor of the cached file, closed with the store (pins its inode, see above).
+        self._pin: list[int] = []
+        weakref.finalize(self, _close_all, self._pin)
 
     @property
     def description(self) -> str:
@@ -152,24 +164,49 @@ class FileStore:
         finally:
             os.close(fd)  # closing the descriptor releases the lock
 
+    def _cached(self, key: _FileKey) -> DeviceState | None:
+        with self._cache_lock:
+            if self._cache is not None and self._cache.key == key:
+                return self._cache.state
+        return None
+
+    def _remember(self, key: _FileKey, fd: int, state: DeviceState) -> None:
+        """Cache ``state`` as the contents of the file open at ``fd`` (the store takes the descriptor)."""
+        with self._cache_lock:
+            old = list(self._pin)
+            self._pin[:] = [fd]
+            self._cache = _Parsed(key, state)
+        _close_all(old)
+
     def _read(self) -> DeviceState | None:
-        """The parsed file, shared with the cache (parsed again only when the bytes changed)."""
+        """The parsed file, shared with the cache (parsed again only when the path names another file)."""
         try:
-            raw = self.path.read_bytes()
+            state = self._cached(_file_key(os.stat(self.path)))
         except FileNotFoundError:
             return None
-        with self._cache_lock:
-            if self._cache is not None and self._cache[0] == raw:
-                return self._cache[1]
-        state = decode_state(raw)
-        with self._cache_lock:
-            self._cache = (raw, state)
+        if state is not None:
+            return state
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            key = _file_key(os.fstat(fd))
+            state = self._cached(key)  # another thread may have parsed it meanwhile
+            if state is None:
+                state = decode_state(_read_all(fd))
+        except BaseException:
+            os.close(fd)
+            raise
+        self._remember(key, fd, state)
         return state
 
     def load(self) -> DeviceState | None:
-        """Read under a shared lock (CorruptState if the file cannot be parsed); do not change it."""
-        with self._flock(fcntl.LOCK_SH):
-            return self._read()
+        """The current state (CorruptState if the file cannot be parsed); do not change it.
+
+        No lock: the file is only ever replaced by a rename, so what is opened is one whole state.
+        """
+        return self._read()
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Transaction]:
@@ -179,12 +216,14 @@ class FileStore:
             txn = Transaction(None if current is None else current.clone())
             yield txn
             if txn.write and txn.state is not None:
-                raw = encode_state(txn.state)
-                self._write_atomically(raw)
-                with self._cache_lock:
-                    self._cache = (raw, txn.state)
+                key, fd = self._write_atomically(encode_state(txn.state))
+                self._remember(key, fd, txn.state)
 
-    def _write_atomically(self, raw: bytes) -> None:
+    def _write_atomically(self, raw: bytes) -> tuple[_FileKey, int]:
+        """Write a temp file and rename it over the state file; its key and its (still open) descriptor.
+
+        A rename changes neither the inode nor the mtime, so the key is the state file's from now on.
+        """
         directory = self.path.parent
         tmp = directory / f".{self.path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         try:
@@ -193,16 +232,47 @@ class FileStore:
             mode = 0o600
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
         try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(raw)
-                out.flush()
-                if self.durable:
-                    os.fsync(out.fileno())
+            view = memoryview(raw)
+            while view:
+                view = view[os.write(fd, view) :]
+            if self.durable:
+                os.fsync(fd)
+            key = _file_key(os.fstat(fd))
             os.replace(tmp, self.path)
         except BaseException:
+            os.close(fd)
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
             raise
+        return key, fd
+
+
+_FileKey = tuple[int, int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Parsed:
+    key: _FileKey
+    state: DeviceState
+
+
+def _file_key(st: os.stat_result) -> _FileKey:
+    """Which file, and which version of it: device, inode, size, modification time."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    fds.clear()
 
 
 # ---- encoding ------------------------------------------------------------------------------------------
