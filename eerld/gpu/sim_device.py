@@ -344,7 +344,7 @@ class SimDevice:
         error: GpuError | None = None
         result: T
         with self._transaction() as state:
-            gpu = state.gpus[index]
+            gpu = state.gpu_for_change(index)
             error = _take_fault(gpu, index, method) if method is not None else None
             if error is None:
                 now = self._now(gpu)
@@ -364,7 +364,7 @@ class SimDevice:
             raise _fault_error(fault.error, index, method)
         error: GpuError | None = None
         with self._transaction() as state:  # consume it, unless another caller already did
-            error = _take_fault(state.gpus[index], index, method, lost_raises=lost_raises)
+            error = _take_fault(state.gpu_for_change(index), index, method, lost_raises=lost_raises)
         if error is not None:
             raise error
 
@@ -401,8 +401,9 @@ class SimDevice:
             self.check_index(index)
         with self._transaction() as state:
             for index in indices:
-                state.gpus[index].faults.clear()
-                state.gpus[index].lost = False
+                gpu = state.gpu_for_change(index)
+                gpu.faults.clear()
+                gpu.lost = False
 
     def lose_gpu(self, gpu_index: int) -> None:
         """The GPU falls off the bus: its queued work is dropped and every call on it raises GpuLost."""

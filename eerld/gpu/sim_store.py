@@ -19,7 +19,7 @@ import secrets
 import threading
 import weakref
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -62,15 +62,23 @@ class DeviceState:
     seed: int
     clock: ClockBinding
     gpus: list[GpuState]
+    _changed: set[int] = field(default_factory=set, repr=False, compare=False)
 
-    def clone(self) -> DeviceState:
-        """A deep copy."""
-        return DeviceState(
-            profile=self.profile,
-            seed=self.seed,
-            clock=replace(self.clock),
-            gpus=[g.clone() for g in self.gpus],
-        )
+    def copy_for_change(self) -> DeviceState:
+        """A copy for a transaction that shares the GPUs until :meth:`gpu_for_change` copies one.
+
+        A stored state is never changed in place, so an unchanged GPU keeps its object from one stored
+        state to the next: a transaction copies only what it changes, and a file write re-encodes only
+        that (see :class:`FileStore`).
+        """
+        return DeviceState(self.profile, self.seed, replace(self.clock), list(self.gpus))
+
+    def gpu_for_change(self, index: int) -> GpuState:
+        """GPU ``index``, copied first if this state still shares it with the one it was copied from."""
+        if index not in self._changed:
+            self.gpus[index] = self.gpus[index].clone()
+            self._changed.add(index)
+        return self.gpus[index]
 
 
 @dataclass(slots=True)
@@ -119,7 +127,7 @@ class MemoryStore:
     def transaction(self) -> Iterator[Transaction]:
         """Exclusive within the process; a body that raises leaves the state untouched."""
         with self._lock:
-            txn = Transaction(None if self._state is None else self._state.clone())
+            txn = Transaction(None if self._state is None else self._state.copy_for_change())
             yield txn
             if txn.write and txn.state is not None:
                 self._state = txn.state
@@ -149,6 +157,7 @@ class FileStore:
         # The open descriptor of the cached file, closed with the store (pins its inode, see above).
         self._pin: list[int] = []
         weakref.finalize(self, _close_all, self._pin)
+        self._encoder = StateEncoder()
 
     @property
     def description(self) -> str:
@@ -213,10 +222,10 @@ class FileStore:
         """Read, let the body change the state, write it atomically — all under an exclusive lock."""
         with self._flock(fcntl.LOCK_EX):
             current = self._read()
-            txn = Transaction(None if current is None else current.clone())
+            txn = Transaction(None if current is None else current.copy_for_change())
             yield txn
             if txn.write and txn.state is not None:
-                key, fd = self._write_atomically(encode_state(txn.state))
+                key, fd = self._write_atomically(self._encoder.encode(txn.state))
                 self._remember(key, fd, txn.state)
 
     def _write_atomically(self, raw: bytes) -> tuple[_FileKey, int]:
@@ -297,6 +306,13 @@ def _decode_rows(obj: Any, columns: int, what: str) -> FloatArray:
     return data.reshape(obj["rows"], columns)
 
 
+_HEAD_FIELDS = tuple(f.name for f in fields(Head))
+
+
+def _encode_pending(pending: PendingSwitch | None) -> dict[str, Any] | None:
+    return None if pending is None else {"cap_mhz": pending.cap_mhz, "at_s": pending.at_s}
+
+
 def _encode_gpu(gpu: GpuState) -> dict[str, Any]:
     return {
         "time_s": gpu.time_s,
@@ -308,14 +324,14 @@ def _encode_gpu(gpu: GpuState) -> dict[str, Any]:
         "app_mem_clock_mhz": gpu.app_mem_clock_mhz,
         "mem_lock_mhz": gpu.mem_lock_mhz,
         "cap_mhz": gpu.cap_mhz,
-        "pending": None if gpu.pending is None else asdict(gpu.pending),
+        "pending": _encode_pending(gpu.pending),
         "queue": _encode_rows(gpu.queue),
         "head_seq": gpu.head_seq,
-        "head": None if gpu.head is None else asdict(gpu.head),
+        "head": None if gpu.head is None else {name: getattr(gpu.head, name) for name in _HEAD_FIELDS},
         "history": _encode_rows(gpu.history),
         "marks": gpu.marks,
         "lost": gpu.lost,
-        "faults": {name: asdict(fault) for name, fault in gpu.faults.items()},
+        "faults": {name: {"error": f.error, "once": f.once} for name, f in gpu.faults.items()},
     }
 
 
@@ -374,17 +390,51 @@ def _decode_gpu(obj: Any, index: int) -> GpuState:
         raise CorruptState(f"{where}: {type(exc).__name__}: {exc}") from exc
 
 
-def encode_state(state: DeviceState) -> bytes:
-    """The state file's bytes."""
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False)
+
+
+def _encode_header(state: DeviceState) -> str:
+    """The document up to the GPU list: ``{"format":…,"clock":{…},"gpus":[``."""
     doc = {
         "format": STATE_FORMAT,
         "version": STATE_VERSION,
         "profile": asdict(state.profile),
         "seed": state.seed,
         "clock": asdict(state.clock),
-        "gpus": [_encode_gpu(g) for g in state.gpus],
     }
-    return (json.dumps(doc, separators=(",", ":"), allow_nan=False) + "\n").encode()
+    return _dumps(doc)[:-1] + ',"gpus":['
+
+
+def encode_state(state: DeviceState) -> bytes:
+    """The state file's bytes."""
+    return StateEncoder().encode(state)
+
+
+class StateEncoder:
+    """:func:`encode_state` that re-uses the JSON of GPUs (and the header) unchanged since its last call.
+
+    A GPU is unchanged while it is the same object (states are never changed in place, see
+    :meth:`DeviceState.copy_for_change`).
+    """
+
+    def __init__(self) -> None:
+        self._gpus: list[tuple[GpuState, str]] = []
+        self._header: tuple[GpuProfile, int, ClockBinding, str] | None = None
+
+    def encode(self, state: DeviceState) -> bytes:
+        """The state file's bytes."""
+        header = self._header
+        if header is None or (header[0], header[1], header[2]) != (state.profile, state.seed, state.clock):
+            header = (state.profile, state.seed, replace(state.clock), _encode_header(state))
+            self._header = header
+        old = self._gpus
+        parts = [
+            old[i] if i < len(old) and old[i][0] is gpu else (gpu, _dumps(_encode_gpu(gpu)))
+            for i, gpu in enumerate(state.gpus)
+        ]
+        self._gpus = parts
+        return (header[3] + ",".join(text for _, text in parts) + "]}\n").encode()
 
 
 def decode_state(raw: bytes) -> DeviceState:

@@ -68,6 +68,17 @@ class TestFileCache:
             writer.lock_sm_clock(round_ % 2, clock_mhz)
             assert reader.device.observe(round_ % 2).sm_lock_mhz == clock_mhz
 
+    def test_a_write_keeps_what_another_backend_wrote_to_the_other_gpus(self, tmp_path: Path) -> None:
+        path = tmp_path / "gpus.json"
+        first, clock = virtual_backend(state_file=path)
+        second = create_sim_backend(QUIET_H100, 2, clock=clock, state_file=path)
+        first.lock_sm_clock(0, 1200)
+        first.lock_sm_clock(1, 1200)
+        second.lock_sm_clock(1, 1350)
+        first.lock_sm_clock(0, 1500)
+        fresh = create_sim_backend(QUIET_H100, 2, clock=clock, state_file=path)
+        assert [fresh.device.observe(i).sm_lock_mhz for i in range(2)] == [1500, 1350]
+
     def test_a_file_replaced_from_outside_is_read_again(self, tmp_path: Path) -> None:
         path = tmp_path / "gpus.json"
         backend, _ = virtual_backend(state_file=path)
