@@ -32,6 +32,12 @@ FLOOR_ROUND_TRIPS = 200
 """Echo round trips per client for the floor: enough for a p99 at 64 clients (12 800 samples)."""
 
 
+def _wait_alive(stub: pb_grpc.PhaseServiceStub, sid: str, event: Any) -> None:
+    """Wait for ``event`` while heartbeating, as a real client does (the lease must not run out)."""
+    while not event.wait(1.0):
+        stub.Heartbeat(pb.HeartbeatRequest(session_id=sid), timeout=60)
+
+
 def _client(socket_path: str, rank: int, events: int, ready: Any, go: Any, closing: Any, out: Any) -> None:
     """One client process: open, wait for the start, send ``events`` events, report, wait, close."""
     channel = grpc.insecure_channel(f"unix:{socket_path}")
@@ -40,7 +46,7 @@ def _client(socket_path: str, rank: int, events: int, ready: Any, go: Any, closi
         pb.OpenSessionRequest(job_id=f"load-{rank}", rank=rank, gpus=[pb.GpuRef(index=rank)]), timeout=60
     ).session_id
     ready.put(rank)
-    go.wait()
+    _wait_alive(stub, sid, go)
     tag = rank + 1
     sent = {GEN: 0, TRAIN: 0}
     valid_tokens = 0
@@ -62,7 +68,7 @@ def _client(socket_path: str, rank: int, events: int, ready: Any, go: Any, closi
         sent[kind] += 1
         valid_tokens += tag
     out.put(("sent", rank, sid, sent[GEN], sent[TRAIN], valid_tokens, samples, errors))
-    closing.wait()
+    _wait_alive(stub, sid, closing)
     closed = stub.CloseSession(pb.CloseSessionRequest(session_id=sid), timeout=60)
     out.put(("closed", rank, sid, closed.valid_tokens))
     channel.close()
@@ -76,7 +82,8 @@ def _sample_rss(daemon: DaemonProcess, stop: threading.Event, peak: list[float])
 
 def eerld_load(clients: int, events: int, tmp: Path) -> dict[str, Any]:
     """Run the load against a fresh daemon; return the figures and the mismatches found."""
-    daemon = DaemonProcess(tmp, gpus=clients, sim_state=False)
+    # rate limit off: every BeginPhase changes the lock, the worst case for latency
+    daemon = DaemonProcess(tmp, gpus=clients, sim_state=False, extra_args=["--max-clock-changes-per-s=0"])
     daemon.start()
     ctx = _context()
     ready, out = ctx.Queue(), ctx.Queue()
