@@ -667,11 +667,14 @@ class EerlController:
             track.since_control = config.control_interval_phases
             track.recent_shift.clear()
             track.state = ControllerState.RETUNING
-            if abs(median_shift) > config.step_feature_band:
+            # Judge the size of the move on the newest phases: when the window's median first leaves the
+            # band after a step, half the window still holds the old regime.
+            newest_shift = float(np.median(recent_shift[-config.rebaseline_phases :]))
+            if abs(newest_shift) > config.step_feature_band:
                 # A new regime: the old default phases would make the predictor extrapolate.
                 track.rebaseline_left = config.rebaseline_phases
                 track.fresh_start = True
-                return f"workload stepped ({median_shift:+.0%}): re-baseline, then re-tune"
+                return f"workload stepped ({newest_shift:+.0%}): re-baseline, then re-tune"
             # Gradual drift: the predictor follows the workload and the clock curve (ratios against the
             # predicted default) stays valid, so refresh the baseline and re-check the allocation with it;
             # the refine moves the clocks locally only if the budget now sits differently.

@@ -154,6 +154,15 @@ class TestBehaviour:
         throughput, _ = iteration_ratios(job, final, iteration=159)
         assert throughput >= 0.95 - 0.01
 
+    def test_a_workload_step_alone_triggers_a_rebaseline(self, settings: ControllerSettings) -> None:
+        """A doubling of the tokens is caught from the workload alone and re-baselines the predictor."""
+        job = SyntheticJob(noise=0.005, step_at_iteration=80, step_tokens_factor=2.0, step_memory_factor=1.0)
+        controller = create_eerl_controller(settings)
+        trace = drive_sync(controller, job, 110)
+        reasons = [d.reason for d in controller.decisions() if d.iteration >= 80]
+        assert any(r.startswith("workload stepped") for r in reasons)
+        assert any(trace.clocks[k][i] is None for k in KINDS for i in range(80, 100))
+
     def test_a_waiting_async_pool_uses_its_slack(self) -> None:
         """In async mode a pool whose peer takes twice as long slows down far beyond the threshold alone."""
         job = SyntheticJob()
