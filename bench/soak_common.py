@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-import psutil
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
@@ -169,9 +168,10 @@ class DaemonProcess:
             self.proc.kill()
             return self.proc.wait()
 
-    def psutil(self) -> psutil.Process:
+    @property
+    def pid(self) -> int:
         assert self.proc is not None
-        return psutil.Process(self.proc.pid)
+        return self.proc.pid
 
     def device(self) -> SimDevice:
         """The simulated GPUs as an outside observer (a worker, nvidia-smi) sees them."""
@@ -209,13 +209,18 @@ def write_json(path: Path, data: object) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True))
 
 
-def rss_mib(proc: psutil.Process) -> float:
-    return float(proc.memory_info().rss) / 2**20
+def rss_mib(pid: int) -> float:
+    """Resident memory of a process, MiB (from /proc, Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024.0
+    return 0.0
 
 
-def cpu_s(proc: psutil.Process) -> float:
-    times = proc.cpu_times()
-    return float(times.user + times.system)
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used (from /proc, Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pid_alive(pid: int) -> bool:

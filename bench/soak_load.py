@@ -75,9 +75,8 @@ def _client(socket_path: str, rank: int, events: int, ready: Any, go: Any, closi
 
 
 def _sample_rss(daemon: DaemonProcess, stop: threading.Event, peak: list[float]) -> None:
-    proc = daemon.psutil()
     while not stop.wait(0.1):
-        peak[0] = max(peak[0], rss_mib(proc))
+        peak[0] = max(peak[0], rss_mib(daemon.pid))
 
 
 def eerld_load(clients: int, events: int, tmp: Path) -> dict[str, Any]:
@@ -99,17 +98,17 @@ def eerld_load(clients: int, events: int, tmp: Path) -> dict[str, Any]:
             p.start()
         for _ in procs:
             ready.get(timeout=300)
-        dproc = daemon.psutil()
-        rss_before = rss_mib(dproc)
+        daemon_pid = daemon.pid
+        rss_before = rss_mib(daemon_pid)
         peak = [rss_before]
         stop = threading.Event()
         sampler = threading.Thread(target=_sample_rss, args=(daemon, stop, peak), daemon=True)
         sampler.start()
-        cpu0, t0 = cpu_s(dproc), time.monotonic()
+        cpu0, t0 = cpu_s(daemon_pid), time.monotonic()
         go.set()
         sent = [out.get(timeout=600) for _ in procs]
         wall_s = time.monotonic() - t0
-        cpu_used_s = cpu_s(dproc) - cpu0
+        cpu_used_s = cpu_s(daemon_pid) - cpu0
         stop.set()
         sampler.join()
         booked = {s.session_id: s for s in daemon.sessions()}
