@@ -304,9 +304,16 @@ class GpuModel:
         # Most advances (a read shortly after the last one, an idle GPU) cover one or two intervals of
         # constant power: integrate those with plain floats; numpy only for runs of queued segments.
         energy_at: Callable[[float], float]
+        lo_s = time_s - POWER_WINDOW_S
+        old = gpu.history if begin_s > lo_s else gpu.history[:0]  # else all of it ended before lo_s
         if all(isinstance(block, tuple) for block in blocks):
             scalar_rows = [block for block in blocks if isinstance(block, tuple)]
             energy_at = partial(_scalar_energy_until, scalar_rows, begin_energy_j)
+            if old.shape[0] and _continues(old[-1].tolist(), scalar_rows[0]):
+                # The same power since the last advance (a read while one segment runs, or idle):
+                # extend that row rather than add one per read.
+                scalar_rows = [(float(old[-1, H_START]), *scalar_rows[0][1:]), *scalar_rows[1:]]
+                old = old[:-1]
             new_history = np.array(scalar_rows, dtype=np.float64).reshape(-1, len(HISTORY_COLUMNS))
         else:
             new_history = np.vstack([np.array([b]) if isinstance(b, tuple) else b for b in blocks])
@@ -318,11 +325,10 @@ class GpuModel:
         for key, at_s in marks:
             if key in gpu.marks and gpu.marks[key] is None:
                 gpu.marks[key] = [at_s, energy_at(at_s)]
-        if begin_s > time_s - POWER_WINDOW_S and gpu.history.shape[0]:  # older rows may still count
-            history = np.vstack([gpu.history, new_history])
-        else:  # everything recorded before ended at or before begin_s: out of the window
-            history = new_history
-        gpu.history = history[history[:, H_END] > time_s - POWER_WINDOW_S]
+        history = np.vstack([old, new_history]) if old.shape[0] else new_history
+        if history[0, H_END] <= lo_s:
+            history = history[history[:, H_END] > lo_s]
+        gpu.history = history
         gpu.time_s = time_s
 
     def _run_queue(
@@ -406,10 +412,10 @@ class GpuModel:
 
     def average_power_w(self, gpu: GpuState) -> float:
         """True power averaged over the last ``POWER_WINDOW_S`` (or the shorter time since creation)."""
-        weights, covered = self._window(gpu)
-        if covered <= 0:
+        window = _window(gpu)
+        if window.covered_s <= 0:
             return self.instant_power_w(gpu)
-        return float(np.sum(gpu.history[:, H_POWER] * weights)) / covered
+        return window.energy_j / window.covered_s
 
     def instant_power_w(self, gpu: GpuState) -> float:
         """Power at ``time_s``: the running segment's, else idle."""
@@ -417,21 +423,14 @@ class GpuModel:
 
     def utilization(self, gpu: GpuState) -> GpuUtilization:
         """Share of the window with a segment running, and its mean memory activity, in percent."""
-        weights, covered = self._window(gpu)
-        if covered <= 0:
+        window = _window(gpu)
+        if window.covered_s <= 0:
             busy = 1.0 if gpu.head is not None else 0.0
             memory = gpu.head.memory_activity if gpu.head is not None else 0.0
         else:
-            running = gpu.history[:, H_CLOCK] > 0
-            busy = float(np.sum(weights[running])) / covered
-            memory = float(np.sum(weights * gpu.history[:, H_MEMORY])) / covered
+            busy = window.busy_s / window.covered_s
+            memory = window.memory_s / window.covered_s
         return GpuUtilization(gpu_percent=round(100 * busy), memory_percent=round(100 * min(1.0, memory)))
-
-    def _window(self, gpu: GpuState) -> tuple[FloatArray, float]:
-        lo = gpu.time_s - POWER_WINDOW_S
-        hist = gpu.history
-        weights = np.clip(np.minimum(hist[:, H_END], gpu.time_s) - np.maximum(hist[:, H_START], lo), 0, None)
-        return weights, float(np.sum(weights))
 
     def current_clock_mhz(self, gpu: GpuState) -> int:
         """The SM clock that holds: the running segment's; when idle the cap, or the lowest clock."""
@@ -477,6 +476,47 @@ def _interval(start_s: float, end_s: float, head: Head) -> Row:
 
 def _idle(start_s: float, end_s: float, idle_power_w: float) -> Row:
     return (start_s, end_s, idle_power_w, 0.0, 0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Window:
+    """Integrals over the last ``POWER_WINDOW_S`` of the history: time covered, energy, time busy, and
+    memory activity × time."""
+
+    covered_s: float
+    energy_j: float
+    busy_s: float
+    memory_s: float
+
+
+SMALL_HISTORY_ROWS = 32
+"""Up to this many history rows, window sums use plain floats (numpy's per-call cost is higher)."""
+
+
+def _window(gpu: GpuState) -> _Window:
+    lo = gpu.time_s - POWER_WINDOW_S
+    hist = gpu.history
+    if hist.shape[0] <= SMALL_HISTORY_ROWS:
+        covered = energy = busy = memory = 0.0
+        for row in hist.tolist():
+            weight = max(0.0, min(row[H_END], gpu.time_s) - max(row[H_START], lo))
+            covered += weight
+            energy += row[H_POWER] * weight
+            busy += weight if row[H_CLOCK] > 0 else 0.0
+            memory += weight * row[H_MEMORY]
+        return _Window(covered, energy, busy, memory)
+    weights = np.clip(np.minimum(hist[:, H_END], gpu.time_s) - np.maximum(hist[:, H_START], lo), 0, None)
+    return _Window(
+        covered_s=float(np.sum(weights)),
+        energy_j=float(np.sum(hist[:, H_POWER] * weights)),
+        busy_s=float(np.sum(weights[hist[:, H_CLOCK] > 0])),
+        memory_s=float(np.sum(weights * hist[:, H_MEMORY])),
+    )
+
+
+def _continues(last: list[float], row: Row) -> bool:
+    """Whether ``row`` goes on from history row ``last`` at the same power, clock and activities."""
+    return last[H_END] == row[H_START] and last[H_POWER:] == list(row[H_POWER:])
 
 
 def _energy_until(rows: FloatArray, begin_energy_j: float, time_s: float) -> float:

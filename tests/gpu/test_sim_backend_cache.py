@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from eerld.gpu.sim import create_sim_backend
+from eerld.sim import physics
 from tests.gpu.sim_fixtures import QUIET_H100, virtual_backend
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -141,6 +142,18 @@ class TestReadViews:
         assert backend.true_energy_j(0) > 0
         assert backend.device.observe(0).sm_lock_mhz is None
         assert backend.device.observe(0).marks
+
+    def test_power_and_utilisation_over_many_short_segments_are_their_means(self) -> None:
+        backend, clock = virtual_backend()
+        backend.lock_sm_clock(0, 1200)
+        clock.advance(1.0)
+        segments = 600  # 0.5 ms each: about 200 of them in the 100 ms window
+        backend.device.submit_segments(0, np.full(segments, 0.4), np.full(segments, 0.0005))
+        clock.advance(0.2)
+        duration_s = physics.segment_duration_s(0.4, 0.0005, 1200.0)
+        assert backend.power_w(0) == pytest.approx(physics.segment_power_w(QUIET_H100, 0.4, 0.0005, 1200.0))
+        assert backend.utilization(0).gpu_percent == 100
+        assert backend.utilization(0).memory_percent == round(100 * 0.0005 / duration_s)
 
     def test_the_energy_counter_read_from_many_threads_never_goes_back(self, tmp_path: Path) -> None:
         backend = create_sim_backend(QUIET_H100, 1, speedup=SPEEDUP, state_file=tmp_path / "gpus.json")
