@@ -548,6 +548,9 @@ class EerlController:
             track.committed_mhz = plan.sm_clock_mhz.get(track.kind)
             track.state = ControllerState.COMMITTED
             track.window = None
+            # A floor belongs to one search; kept, it would bar every later refine from moving back down
+            # (a floor raised on a biased baseline ratcheted the memory-bound generation clock upward).
+            track.floor_mhz = 0
             track.trials_in_search = 0
             track.since_control = 0
             track.recent_time.clear()
@@ -667,9 +670,14 @@ class EerlController:
             track.since_control = config.control_interval_phases
             track.recent_shift.clear()
             track.state = ControllerState.RETUNING
-            # Judge the size of the move on the newest phases: when the window's median first leaves the
-            # band after a step, half the window still holds the old regime.
-            newest_shift = float(np.median(recent_shift[-config.rebaseline_phases :]))
+            # Judge the size of the move on the newest phases against the newest default phases: when the
+            # window's median first leaves the band after a step, half the window still holds the old
+            # regime, and under drift the window's mean lags far behind the last control phase.
+            newest_shift = 0.0
+            latest = track.predictor.newest_feature_means(config.rebaseline_phases)
+            if latest is not None and latest[0] > 0:
+                features = workload_features(track.kind, obs.workload)
+                newest_shift = float(features[0] / latest[0] - 1.0)
             if abs(newest_shift) > config.step_feature_band:
                 # A new regime: the old default phases would make the predictor extrapolate.
                 track.rebaseline_left = config.rebaseline_phases

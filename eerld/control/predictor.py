@@ -75,6 +75,12 @@ class BaselinePredictor:
             return None
         return np.mean(np.stack(list(self._features)), axis=0)  # type: ignore[no-any-return]
 
+    def newest_feature_means(self, count: int) -> npt.NDArray[np.float64] | None:
+        """Mean workload features of the ``count`` newest samples: where the baseline was last checked."""
+        if not self._features:
+            return None
+        return np.mean(np.stack(list(self._features)[-count:]), axis=0)  # type: ignore[no-any-return]
+
     def feature_spread(self) -> npt.NDArray[np.float64] | None:
         """Relative standard deviation of each feature over the window (how much batches vary anyway)."""
         if len(self._features) < 2:
