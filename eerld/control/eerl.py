@@ -91,6 +91,7 @@ class _Kind:
     coarse_stopped: bool = False
     min_energy_ratio: float = np.inf
     floor_mhz: int = 0
+    floor_iteration: int = 0
     window: tuple[int, int] | None = None
     epoch_iteration: int = 0
     phases: int = 0
@@ -262,7 +263,7 @@ class EerlController:
             low, high = probed
             # Above the highest trial, estimates interpolate towards the default (ratio 1 at the top).
             high = self._max_mhz
-            low = max(low, track.floor_mhz)
+            low = max(low, self._floor(track))
             if track.window is not None:
                 inside = (max(low, track.window[0]), min(high, track.window[1]))
                 # The window keeps a re-tune local, unless a failed trial pushed the floor beyond it.
@@ -313,6 +314,18 @@ class EerlController:
             default_duration_s=max(track.default_duration_s, 1e-9),
             default_energy_j=max(track.default_energy_j, 1e-9),
         )
+
+    def _floor(self, track: _Kind) -> int:
+        """The lowest clock a failed trial allows; a committed kind's floor expires with its baseline.
+
+        The floor was judged on the baseline of its search. Kept for ever, it would bar the refine from
+        moving back down once later control phases show the baseline was biased (it ratcheted a memory-bound
+        generation clock upward under drift); within a control interval it keeps a commit from flapping.
+        """
+        searching = track.state in (ControllerState.EXPLORING, ControllerState.RETUNING)
+        if searching or self._iteration - track.floor_iteration < self._config.control_interval_phases:
+            return track.floor_mhz
+        return 0
 
     def _committed_option(self, track: _Kind) -> KindOptions:
         """A committed kind offers only its committed clock to the other kinds' allocation."""
@@ -543,14 +556,12 @@ class EerlController:
             clock = plan.sm_clock_mhz[failing.kind]
             assert clock is not None
             failing.floor_mhz = clock + 1
+            failing.floor_iteration = iteration
             return f"trial at {clock} MHz measured below the threshold: search above it"
         for track in searching:
             track.committed_mhz = plan.sm_clock_mhz.get(track.kind)
             track.state = ControllerState.COMMITTED
             track.window = None
-            # A floor belongs to one search; kept, it would bar every later refine from moving back down
-            # (a floor raised on a biased baseline ratcheted the memory-bound generation clock upward).
-            track.floor_mhz = 0
             track.trials_in_search = 0
             track.since_control = 0
             track.recent_time.clear()
