@@ -29,15 +29,10 @@ import grpc
 
 from eerl._channel import make_channel
 from eerl.config import ClientConfig
-from eerl.phases import PhaseKind, Workload
+from eerl.phases import KIND_TO_PB, PhaseKind, Workload
 from eerl.v1 import eerl_pb2, eerl_pb2_grpc
 
 logger = logging.getLogger("eerl")
-
-_KIND_TO_PB = {
-    PhaseKind.GENERATION: eerl_pb2.PHASE_KIND_GENERATION,
-    PhaseKind.TRAINING: eerl_pb2.PHASE_KIND_TRAINING,
-}
 
 # Codes that mean "the daemon (or the path to it) is gone": drop the session, reconnect with back-off.
 _CONNECTION_LOST = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
@@ -445,7 +440,7 @@ class Sender:
 
     def _call(self, link: _Link, event: Event, timeout_s: float) -> None:
         assert event.kind is not None
-        kind = _KIND_TO_PB[event.kind]
+        kind = KIND_TO_PB[event.kind]
         workload = _workload_pb(event.workload)
         if event.begin:
             link.stub.BeginPhase(

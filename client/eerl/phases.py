@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from eerl.errors import ConfigError
+from eerl.v1 import eerl_pb2
 
 
 class PhaseKind(enum.StrEnum):
@@ -52,6 +53,19 @@ class GpuRole(enum.StrEnum):
     GENERATION = "generation"
     TRAINING = "training"
 
+
+# Their wire values, derived from the generated enums by name (``PhaseKind.TRAINING`` →
+# ``PHASE_KIND_TRAINING``), so a member the proto lacks fails at import rather than at the first RPC.
+KIND_TO_PB: dict[PhaseKind, eerl_pb2.PhaseKind.ValueType] = {
+    kind: eerl_pb2.PhaseKind.Value(f"PHASE_KIND_{kind.name}") for kind in PhaseKind
+}
+KIND_FROM_PB: dict[eerl_pb2.PhaseKind.ValueType, PhaseKind] = {v: k for k, v in KIND_TO_PB.items()}
+MODE_TO_PB: dict[ExecutionMode, eerl_pb2.ExecutionMode.ValueType] = {
+    mode: eerl_pb2.ExecutionMode.Value(f"EXECUTION_MODE_{mode.name}") for mode in ExecutionMode
+}
+ROLE_TO_PB: dict[GpuRole, eerl_pb2.GpuRole.ValueType] = {
+    role: eerl_pb2.GpuRole.Value(f"GPU_ROLE_{role.name}") for role in GpuRole
+}
 
 _E = TypeVar("_E", bound=enum.StrEnum)
 

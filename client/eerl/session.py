@@ -28,8 +28,7 @@ from eerl._version import __version__
 from eerl.config import ClientConfig
 from eerl.errors import ConfigError
 from eerl.gpus import GpuId, parse_gpus, visible_gpus
-from eerl.phases import ExecutionMode, GpuRole, PhaseKind, Workload, parse_enum
-from eerl.v1 import eerl_pb2
+from eerl.phases import MODE_TO_PB, ROLE_TO_PB, ExecutionMode, GpuRole, PhaseKind, Workload, parse_enum
 
 logger = logging.getLogger("eerl")
 
@@ -38,16 +37,6 @@ _R = TypeVar("_R")
 
 IterationSpec = int | Callable[..., int] | None
 """An explicit iteration, a callable that returns one, or None for the session's own counter."""
-
-_MODE_TO_PB = {
-    ExecutionMode.SYNC: eerl_pb2.EXECUTION_MODE_SYNC,
-    ExecutionMode.ASYNC: eerl_pb2.EXECUTION_MODE_ASYNC,
-}
-_ROLE_TO_PB = {
-    GpuRole.BOTH: eerl_pb2.GPU_ROLE_BOTH,
-    GpuRole.GENERATION: eerl_pb2.GPU_ROLE_GENERATION,
-    GpuRole.TRAINING: eerl_pb2.GPU_ROLE_TRAINING,
-}
 
 _DISABLED_STATS = ClientStats(
     connected=False,
@@ -235,9 +224,9 @@ class Session:
         prompt_tokens: int = 0,
     ) -> None:
         """Reports to the innermost phase open on this thread (for decorated functions); else ignored."""
-        stack: list[Phase] | None = getattr(self._local, "stack", None)
-        if stack:
-            stack[-1].report(tokens, valid_tokens, sequences, max_response_tokens, prompt_tokens)
+        phase = self.current_phase()
+        if phase is not None:
+            phase.report(tokens, valid_tokens, sequences, max_response_tokens, prompt_tokens)
 
     def current_phase(self) -> Phase | None:
         """The innermost phase open on this thread, if any."""
@@ -371,8 +360,8 @@ def connect(
             rank=rank,
             world_size=world_size,
             gpus=chosen_gpus,
-            mode=_MODE_TO_PB[execution_mode],
-            role=_ROLE_TO_PB[gpu_role],
+            mode=MODE_TO_PB[execution_mode],
+            role=ROLE_TO_PB[gpu_role],
             throughput_threshold=threshold or 0.0,
             client_name=client_name,
         ),

@@ -20,13 +20,8 @@ from types import TracebackType
 import grpc
 
 from eerl.config import ClientConfig
-from eerl.phases import PhaseKind, Workload
+from eerl.phases import KIND_FROM_PB, PhaseKind, Workload
 from eerl.v1 import eerl_pb2, eerl_pb2_grpc
-
-_KIND_FROM_PB = {
-    eerl_pb2.PHASE_KIND_GENERATION: PhaseKind.GENERATION,
-    eerl_pb2.PHASE_KIND_TRAINING: PhaseKind.TRAINING,
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +142,7 @@ class _Servicer(eerl_pb2_grpc.PhaseServiceServicer):
         recorded = RecordedPhase(
             session_id=session_id,
             begin=begin,
-            kind=_KIND_FROM_PB[kind],
+            kind=KIND_FROM_PB[kind],
             iteration=iteration,
             workload=Workload(
                 tokens=workload.tokens,
