@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 
 import eerl
 
@@ -30,8 +31,16 @@ HEAVY = ["numpy", "torch", "transformers", "trl", "structlog", "eerld", "ray", "
 
 
 def test_the_public_api_is_exactly_the_documented_names() -> None:
+    """PUBLIC_API is a deliberate snapshot: changing the API must change this test too."""
     assert set(eerl.__all__) == PUBLIC_API
     assert all(hasattr(eerl, name) for name in PUBLIC_API)
+
+
+def test_every_public_name_the_package_binds_is_in_all() -> None:
+    bound = {
+        n for n, v in vars(eerl).items() if not n.startswith("_") and not isinstance(v, types.ModuleType)
+    }
+    assert bound | {"__version__"} == set(eerl.__all__)
 
 
 def test_importing_eerl_loads_no_framework_or_heavy_library() -> None:
