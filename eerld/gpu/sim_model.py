@@ -114,28 +114,6 @@ class GpuState:
     lost: bool = False
     faults: dict[str, Fault] = field(default_factory=dict)
 
-    def clone(self) -> GpuState:
-        """A deep copy (reads advance a private copy and never write it back)."""
-        return GpuState(
-            time_s=self.time_s,
-            energy_j=self.energy_j,
-            step_energy_j=self.step_energy_j,
-            counter_base_mj=self.counter_base_mj,
-            sm_lock_mhz=self.sm_lock_mhz,
-            app_sm_clock_mhz=self.app_sm_clock_mhz,
-            app_mem_clock_mhz=self.app_mem_clock_mhz,
-            mem_lock_mhz=self.mem_lock_mhz,
-            cap_mhz=self.cap_mhz,
-            pending=None if self.pending is None else PendingSwitch(self.pending.cap_mhz, self.pending.at_s),
-            queue=self.queue.copy(),
-            head_seq=self.head_seq,
-            head=None if self.head is None else Head(**{s: getattr(self.head, s) for s in Head.__slots__}),
-            history=self.history.copy(),
-            marks={k: None if v is None else list(v) for k, v in self.marks.items()},
-            lost=self.lost,
-            faults={k: Fault(f.error, f.once) for k, f in self.faults.items()},
-        )
-
     def copy_for_advance(self) -> GpuState:
         """A copy that :meth:`GpuModel.advance` may move on without changing this one.
 
@@ -161,6 +139,23 @@ class GpuState:
             lost=self.lost,
             faults=self.faults,
         )
+
+    def clone(self) -> GpuState:
+        """A deep copy (reads advance a private copy and never write it back).
+
+        Starts from :meth:`copy_for_advance`, so a new field needs listing only there, then gives every
+        mutable field its own copy.
+        """
+        copy = self.copy_for_advance()
+        if self.pending is not None:
+            copy.pending = PendingSwitch(self.pending.cap_mhz, self.pending.at_s)
+        copy.queue = self.queue.copy()
+        if self.head is not None:
+            copy.head = Head(**{s: getattr(self.head, s) for s in Head.__slots__})
+        copy.history = self.history.copy()
+        copy.marks = {k: None if v is None else list(v) for k, v in self.marks.items()}
+        copy.faults = {k: Fault(f.error, f.once) for k, f in self.faults.items()}
+        return copy
 
     @property
     def queued_segments(self) -> int:
@@ -205,22 +200,15 @@ class GpuModel:
         The limiter sees the actual power (``P(f) · noise_power``), as the virtual-time evaluator does;
         when even the lowest clock exceeds the limit the lowest clock is used.
         """
-        out = np.empty(rows.shape[0], dtype=np.float64)
-        for scale in np.unique(rows[:, Q_SCALE]):
-            sel = rows[:, Q_SCALE] == scale
-            part = rows[sel]
-            power = physics.segment_power_w(
-                self.profile,
-                part[:, Q_COMPUTE, None],
-                part[:, Q_MEMORY, None],
-                self._grid[None, :],
-                float(scale),
-            )
-            within = power * part[:, Q_NOISE_POWER, None] <= self.profile.power_limit_w
-            highest = within.shape[1] - 1 - np.argmax(within[:, ::-1], axis=1)
-            highest = np.where(within.any(axis=1), highest, 0)
-            out[sel] = self._grid[highest]
-        return out
+        index = physics.power_limited_index(
+            self.profile,
+            self._grid,
+            rows[:, Q_COMPUTE],
+            rows[:, Q_MEMORY],
+            mem_activity_scale=rows[:, Q_SCALE],
+            power_noise=rows[:, Q_NOISE_POWER],
+        )
+        return self._grid[index]
 
     def price(self, rows: FloatArray, cap_mhz: int | None) -> Priced:
         """Clock, duration, power and activities of each row when it starts under ``cap_mhz``."""

@@ -201,46 +201,17 @@ def _phase_sample(
 def power_capped_index(profile: GpuProfile, segments: Segments) -> IntArray:
     """Per segment, the grid index of the highest clock whose (noisy) power is within the limit.
 
-    Power rises monotonically with the clock (``a·f = C/d`` and ``m = M/d`` both grow as d shrinks), so
-    a bisection over the grid finds it; segments within the limit at the top clock skip the search.
-    If even the lowest clock exceeds the limit the segment runs at the lowest clock.
+    If even the lowest clock exceeds the limit the segment runs at the lowest clock (see
+    :func:`physics.power_limited_index`).
     """
-    grid = clock_grid(profile)
-    capped = np.full(segments.count, grid.top, dtype=np.int64)
-    if segments.count == 0:
-        return capped
-
-    def power_w(rows: IntArray, index: IntArray) -> FloatArray:
-        clocks = grid.sm_clocks_mhz[index].astype(np.float64)
-        compute = segments.compute_mhz_s[rows]
-        memory = segments.memory_s[rows]
-        duration = physics.segment_duration_s(compute, memory, clocks)
-        power = physics.segment_power_given_w(
-            profile,
-            compute,
-            memory,
-            duration,
-            grid.voltage[index],
-            mem_activity_scale=segments.mem_activity_scale[rows],
-        )
-        return power * segments.power_noise[rows]
-
-    all_rows = np.arange(segments.count)
-    over = np.nonzero(power_w(all_rows, capped) > profile.power_limit_w)[0]
-    if len(over) == 0:
-        return capped
-    low = np.full(len(over), -1, dtype=np.int64)  # highest index known within the limit (-1: none)
-    high = np.full(len(over), grid.top, dtype=np.int64)  # lowest index known over the limit
-    while True:
-        open_ = high - low > 1
-        if not open_.any():
-            break
-        middle = (low + high) // 2
-        within = power_w(over, np.maximum(middle, 0)) <= profile.power_limit_w
-        low = np.where(open_ & within, middle, low)
-        high = np.where(open_ & ~within, middle, high)
-    capped[over] = np.maximum(low, 0)
-    return capped
+    return physics.power_limited_index(
+        profile,
+        clock_grid(profile).sm_clocks_mhz.astype(np.float64),
+        segments.compute_mhz_s,
+        segments.memory_s,
+        mem_activity_scale=segments.mem_activity_scale,
+        power_noise=segments.power_noise,
+    )
 
 
 def evaluate_phase(

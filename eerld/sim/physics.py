@@ -74,3 +74,54 @@ def segment_power_given_w(
         + profile.sm_power_w * voltage * voltage * compute_mhz_s / (safe * profile.sm_clock_max_mhz)
         + profile.mem_power_w * mem_activity_scale * memory_s / safe
     )
+
+
+def power_limited_index(
+    profile: GpuProfile,
+    sm_clocks_mhz: npt.NDArray[np.float64],
+    compute_mhz_s: npt.NDArray[np.float64],
+    memory_s: npt.NDArray[np.float64],
+    *,
+    mem_activity_scale: npt.NDArray[np.float64],
+    power_noise: npt.NDArray[np.float64],
+) -> npt.NDArray[np.int64]:
+    """Per segment, the index into the ascending ``sm_clocks_mhz`` of the highest clock whose noisy power
+    (``P(f) · power_noise``) is within ``power_limit_w``; 0 when even the lowest clock exceeds it.
+
+    The one power limiter of the project (the evaluator and the simulated GPU both use it). Power rises
+    monotonically with the clock (``a·f = C/d`` and ``m = M/d`` both grow as d shrinks), so a bisection
+    over the grid finds it; segments within the limit at the top clock skip the search.
+    """
+    top = len(sm_clocks_mhz) - 1
+    capped = np.full(len(compute_mhz_s), top, dtype=np.int64)
+
+    def within_limit(rows: npt.NDArray[np.int64], index: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        clocks = sm_clocks_mhz[index]
+        compute = compute_mhz_s[rows]
+        memory = memory_s[rows]
+        duration = segment_duration_s(compute, memory, clocks)
+        power = segment_power_given_w(
+            profile,
+            compute,
+            memory,
+            duration,
+            voltage_ratio(profile, clocks),
+            mem_activity_scale=mem_activity_scale[rows],
+        )
+        return power * power_noise[rows] <= profile.power_limit_w
+
+    over = np.nonzero(~within_limit(np.arange(len(capped)), capped))[0]
+    if len(over) == 0:
+        return capped
+    low = np.full(len(over), -1, dtype=np.int64)  # highest index known within the limit (-1: none)
+    high = np.full(len(over), top, dtype=np.int64)  # lowest index known over the limit
+    while True:
+        open_ = high - low > 1
+        if not open_.any():
+            break
+        middle = (low + high) // 2
+        within = within_limit(over, np.maximum(middle, 0))
+        low = np.where(open_ & within, middle, low)
+        high = np.where(open_ & ~within, middle, high)
+    capped[over] = np.maximum(low, 0)
+    return capped
