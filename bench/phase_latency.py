@@ -34,6 +34,9 @@ if str(REPO) not in sys.path:  # run from a checkout: python bench/phase_latency
 
 from eerld.gpu.sim import open_sim_device  # noqa: E402 - after the path set-up above
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from soak_common import percentile  # noqa: E402 - the bench scripts' one nearest-rank quantile
+
 ECHO = Path(__file__).with_name("echo_server.py")
 GEN, TRAIN = pb.PHASE_KIND_GENERATION, pb.PHASE_KIND_TRAINING
 WARMUP_ROUNDS = 20
@@ -156,11 +159,6 @@ def stop(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def latency(clients: int, rounds: int, backend: str, repeats: int) -> dict[str, object]:

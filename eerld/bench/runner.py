@@ -25,6 +25,7 @@ from eerld.control.base import (
 from eerld.sim.evaluate import (
     IterationSample,
     PhaseOutcome,
+    RunFigures,
     clock_grid,
     combine_phases,
     evaluate_phase,
@@ -41,22 +42,12 @@ KINDS = (PhaseKind.GENERATION, PhaseKind.TRAINING)
 
 
 @dataclass(frozen=True, slots=True)
-class RunTotals:
-    """A whole run: energy (all GPUs, idle included), wall time and valid tokens."""
+class RunTotals(RunFigures):
+    """A whole run: energy (all GPUs, idle included), wall time and valid tokens; figures via RunFigures."""
 
     energy_j: float
     wall_s: float
     valid_tokens: int
-
-    @property
-    def energy_per_valid_token_j(self) -> float:
-        """The figure of merit."""
-        return self.energy_j / self.valid_tokens if self.valid_tokens else float("inf")
-
-    @property
-    def throughput_tokens_per_s(self) -> float:
-        """Valid training tokens per second of wall time."""
-        return self.valid_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
 
 @dataclass(slots=True)

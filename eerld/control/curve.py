@@ -113,11 +113,10 @@ class ClockCurve:
         trials = list(self._trials)
         clocks = np.array([t.sm_clock_mhz for t in trials], dtype=np.float64)
         times, energies = self.ratios(trials)
-        ages = now_iteration - np.array([t.iteration for t in self._trials], dtype=np.float64)
+        ages = now_iteration - np.array([t.iteration for t in trials], dtype=np.float64)
         age_weight = 0.5 ** (np.maximum(ages, 0.0) / self._half_life)
-        kernel = np.exp(-0.5 * ((grid[:, None] - clocks[None, :]) / self._bandwidth_mhz) ** 2)
-        base = kernel * age_weight[None, :]
-        own = _self_kernel(clocks, self._bandwidth_mhz, age_weight)
+        base = _weights(grid, clocks, self._bandwidth_mhz, age_weight)
+        own = _weights(clocks, clocks, self._bandwidth_mhz, age_weight)
         # Start from the residuals to each clock's own median (where it has three trials or more), so that
         # an outlier cannot drag the first fit; then iterate the robust fit a few times.
         robust_t = _huber_weights(times - _per_clock_median(clocks, times))
@@ -133,8 +132,11 @@ class ClockCurve:
         return CurveEstimate(grid, fit_t, fit_e, support)
 
 
-def _self_kernel(clocks: FloatArray, bandwidth_mhz: float, age_weight: FloatArray) -> FloatArray:
-    kernel = np.exp(-0.5 * ((clocks[:, None] - clocks[None, :]) / bandwidth_mhz) ** 2)
+def _weights(
+    points: FloatArray, clocks: FloatArray, bandwidth_mhz: float, age_weight: FloatArray
+) -> FloatArray:
+    """Gaussian kernel of each point (rows) to each trial clock (columns), times the trials' age weights."""
+    kernel = np.exp(-0.5 * ((points[:, None] - clocks[None, :]) / bandwidth_mhz) ** 2)
     return kernel * age_weight[None, :]
 
 

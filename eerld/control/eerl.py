@@ -69,10 +69,9 @@ class EerlConfig:
     monitor_window: int = 10
     rebaseline_phases: int = 3
     retune_window_steps: int = 3
-    switch_gain: float = 0.015
     refine_surplus: float = 0.006
+    """A commit this far above the planned threshold may move for energy (gain > switch_gain_with_surplus)."""
     switch_gain_with_surplus: float = 0.004
-    """A commit this far above the planned threshold may move for energy (by more than switch_gain)."""
     history: int = 512
     predictor_window: int = 24
 
@@ -110,7 +109,6 @@ class _Kind:
     reference_time: float = 1.0
     reference_energy: float = 1.0
     exploration_cost_j: float = 0.0
-    exploration_cost_s: float = 0.0
     savings_j: float = 0.0
     predicted_energy_j: float = 0.0
     last_decision: Decision | None = None
@@ -459,7 +457,6 @@ class EerlController:
             track.trials_in_search += 1
             allowed_s = prediction.duration_s / self._settings.throughput_threshold
             if obs.duration_s > allowed_s:
-                track.exploration_cost_s += obs.duration_s - allowed_s
                 track.exploration_cost_j += obs.energy_j  # the whole energy of a trial that missed
         verdict_reason: str | None = None
         if (
