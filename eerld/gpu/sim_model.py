@@ -217,12 +217,14 @@ class GpuModel:
         compute = rows[:, Q_COMPUTE]
         memory = rows[:, Q_MEMORY]
         clean_s = physics.segment_duration_s(compute, memory, clock)
-        power = np.empty_like(clean_s)
-        for scale in np.unique(rows[:, Q_SCALE]):
-            sel = rows[:, Q_SCALE] == scale
-            power[sel] = physics.segment_power_w(
-                self.profile, compute[sel], memory[sel], clock[sel], float(scale)
-            )
+        power = physics.segment_power_given_w(
+            self.profile,
+            compute,
+            memory,
+            clean_s,
+            physics.voltage_ratio(self.profile, clock),
+            mem_activity_scale=rows[:, Q_SCALE],
+        )
         safe = np.maximum(clean_s, 1e-30)
         return Priced(
             sm_clock_mhz=clock,
