@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import grpc
+from eerl.phases import KIND_TO_PB, PhaseKind
 from eerl.v1 import eerl_pb2, eerl_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -121,13 +122,10 @@ def _cmd_sessions(ctx: _Context) -> int:
 
 def _cmd_decisions(ctx: _Context) -> int:
     a = ctx.args
-    kinds = {None: eerl_pb2.PHASE_KIND_UNSPECIFIED, "generation": eerl_pb2.PHASE_KIND_GENERATION}
-    kinds["training"] = eerl_pb2.PHASE_KIND_TRAINING
+    kind = KIND_TO_PB[PhaseKind(a.phase)] if a.phase is not None else eerl_pb2.PHASE_KIND_UNSPECIFIED
     if a.limit is not None and a.limit < 0:
         raise ValidationError("--limit", "must not be negative")
-    request = eerl_pb2.GetDecisionsRequest(
-        session_id=a.session or "", kind=kinds[a.phase], limit=a.limit or 0
-    )
+    request = eerl_pb2.GetDecisionsRequest(session_id=a.session or "", kind=kind, limit=a.limit or 0)
     reply = _admin(ctx).GetDecisions(request, timeout=a.timeout)
     decisions = [decision_dict(d) for d in reply.decisions]
     _emit(ctx, {"decisions": decisions}, decisions_table(decisions))
@@ -231,7 +229,7 @@ def _parser() -> argparse.ArgumentParser:
     parsers["unpin"].add_argument("--gpus", required=True, help=gpus_help)
     p = parsers["decisions"]
     p.add_argument("--session", metavar="ID", help="only this session")
-    p.add_argument("--phase", choices=("generation", "training"), help="only this phase kind")
+    p.add_argument("--phase", choices=[k.value for k in PhaseKind], help="only this phase kind")
     p.add_argument("--limit", type=int, help="at most this many, newest last (default: the daemon's 1000)")
     p = parsers["reset"]
     p.add_argument("--gpus", default="all", help=gpus_help + " (default all)")
