@@ -40,7 +40,7 @@ from eerld.control.simple import nearest_supported_mhz
 from eerld.energy import phase_energy, read_counters
 from eerld.errors import ConfigError, Conflict, GpuError, NotFound, Unavailable, ValidationError
 from eerld.gpu.base import GpuBackend, GpuIdentity
-from eerld.sessions import ActivePhase, GpuSelector, Session, SessionRegistry, SessionSpec
+from eerld.sessions import ActivePhase, GpuRole, GpuSelector, Session, SessionRegistry, SessionSpec
 
 log = structlog.get_logger("eerld.daemon")
 
@@ -120,7 +120,7 @@ class SessionView:
     world_size: int
     gpu_indices: tuple[int, ...]
     mode: ExecutionMode
-    role: str
+    role: GpuRole
     current_phase: PhaseKind | None
     iteration: int
     phases: tuple[PhaseStatusView, ...]
@@ -866,7 +866,7 @@ class Daemon:
             world_size=session.spec.world_size,
             gpu_indices=session.gpu_indices,
             mode=session.spec.mode,
-            role=session.spec.role.value,
+            role=session.spec.role,
             current_phase=active.kind if active else None,
             iteration=session.last_iteration or 0,
             phases=tuple(phases),
@@ -906,10 +906,6 @@ class Daemon:
         ]
         views.sort(key=lambda v: v.timestamp_unix_s)
         return tuple(views[-limit:]) if limit > 0 else ()
-
-    def gpu_count(self) -> int:
-        """GPUs on the node."""
-        return len(self._identities)
 
 
 def _supported_or_none(backend: GpuBackend, index: int) -> tuple[int, ...]:

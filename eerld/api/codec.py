@@ -373,7 +373,7 @@ def session_out(s: SessionView) -> pb.SessionInfo:
         world_size=s.world_size,
         gpu_indices=list(s.gpu_indices),
         mode=_MODES_OUT[s.mode],
-        role=_ROLES_OUT[GpuRole(s.role)],
+        role=_ROLES_OUT[s.role],
         current_phase=kind_out(s.current_phase),
         iteration=s.iteration,
         phases=[_phase_status_out(p) for p in s.phases],

@@ -329,10 +329,7 @@ class ClockArbiter:
         index, uuid = slot.identity.index, slot.identity.uuid
         read_back: int | None = None
         if target_sm is None:
-            if slot.locks_work:
-                self._backend.reset_sm_clock(index)
-            else:
-                self._backend.reset_application_clocks(index)
+            self._reset_sm(slot)
             log.info("clock_reset", gpu_index=index, gpu_uuid=uuid, session_id=slot.log_session_id)
         elif slot.locks_work:
             read_back = self._backend.lock_sm_clock(index, target_sm)
@@ -351,6 +348,13 @@ class ClockArbiter:
         slot.applied_sm_mhz = target_sm
         return read_back
 
+    def _reset_sm(self, slot: _Slot) -> None:
+        """Give the SM clock back to the driver by whichever actuator this GPU uses."""
+        if slot.locks_work:
+            self._backend.reset_sm_clock(slot.identity.index)
+        else:
+            self._backend.reset_application_clocks(slot.identity.index)
+
     def _actuate_mem(self, slot: _Slot, target_mem: int | None) -> None:
         index = slot.identity.index
         if target_mem is None:
@@ -364,10 +368,7 @@ class ClockArbiter:
         """Reset SM (and memory) clocks whatever eerld believes; degrade on failure."""
         index = slot.identity.index
         try:
-            if slot.locks_work:
-                self._backend.reset_sm_clock(index)
-            else:
-                self._backend.reset_application_clocks(index)
+            self._reset_sm(slot)
             with contextlib.suppress(NotSupported):
                 self._backend.reset_mem_clock(index)
         except GpuError as e:

@@ -260,7 +260,7 @@ class TestClockActuator:
             reply = begin(stub, sid, GEN, 0)
             assert reply.clocks[0].requested_sm_clock_mhz == 1200
             # The new clock holds once the simulated switch time (15 ms) has passed.
-            deadline = time.monotonic() + 5.0
+            deadline = time.monotonic() + 30.0  # generous: the machine is shared and noisy
             while backend.clocks(0).sm_clock_mhz != 1200 and time.monotonic() < deadline:
                 time.sleep(0.01)
             assert backend.clocks(0).sm_clock_mhz == 1200
