@@ -426,7 +426,7 @@ class EerlMetrics:
 
 @dataclass
 class MetricsServer:
-    """A running ``/metrics`` endpoint; :meth:`close` stops it. Forwards the observation hooks."""
+    """A running ``/metrics`` endpoint; :meth:`close` stops it. The observation hooks are on ``metrics``."""
 
     metrics: EerlMetrics
     host: str
@@ -434,14 +434,6 @@ class MetricsServer:
     _server: WSGIServer
     _thread: threading.Thread
     _detach: list[Any] = field(default_factory=list)
-
-    def observe_rpc(self, method: str, code: str, duration_s: float) -> None:
-        """See :meth:`EerlMetrics.observe_rpc`."""
-        self.metrics.observe_rpc(method, code, duration_s)
-
-    def observe_phase_event(self, event: str, duration_s: float) -> None:
-        """See :meth:`EerlMetrics.observe_phase_event`."""
-        self.metrics.observe_phase_event(event, duration_s)
 
     def close(self) -> None:
         """Stop serving, detach from the daemon and release the port; idempotent."""

@@ -161,9 +161,9 @@ class TestCollector:
 class TestHooks:
     def test_rpcs_are_counted_by_method_and_code(self, metrics_server: MetricsServer) -> None:
         """observe_rpc counts per method and status code and feeds the latency histogram."""
-        metrics_server.observe_rpc("BeginPhase", "OK", 0.002)
-        metrics_server.observe_rpc("BeginPhase", "OK", 0.003)
-        metrics_server.observe_rpc("Pin", "INVALID_ARGUMENT", 0.001)
+        metrics_server.metrics.observe_rpc("BeginPhase", "OK", 0.002)
+        metrics_server.metrics.observe_rpc("BeginPhase", "OK", 0.003)
+        metrics_server.metrics.observe_rpc("Pin", "INVALID_ARGUMENT", 0.001)
         got = samples(scrape(metrics_server))
         counts = {
             (labels["method"], labels["code"]): value for labels, value in got["eerl_rpc_requests_total"]
