@@ -449,13 +449,19 @@ def run_fixed(
     clocks: Mapping[PhaseKind, int | None],
     iterations: int | None = None,
     progress: ProgressCallback | None = None,
+    *,
+    samples: Sequence[IterationSample] | None = None,
 ) -> RunResult:
     """Run the scenario with one fixed clock per phase kind (missing or None: default governor).
 
     Sync: each phase starts right after the other phase on the same GPUs, so it pays the clock switch
-    from the other phase's clock. Async: each pool keeps its clock, so there is no switch.
+    from the other phase's clock. Async: each pool keeps its clock, so there is no switch. ``samples``
+    (``sample_iteration(scenario, i)`` for the first iterations) lets several runs share the sampling,
+    which costs more than pricing a phase at one clock.
     """
     count = scenario.workload.iterations if iterations is None else iterations
+    if samples is not None and len(samples) < count:
+        raise InvalidArgument(f"run_fixed: {len(samples)} samples for {count} iterations")
     gen_clock = clocks.get(PhaseKind.GENERATION)
     train_clock = clocks.get(PhaseKind.TRAINING)
     sync = scenario.workload.mode is ExecutionMode.SYNC
@@ -469,7 +475,7 @@ def run_fixed(
         k: [] for k in ("gd", "ge", "gc", "td", "te", "tc", "wall", "energy", "valid")
     }
     for i in range(count):
-        sample = sample_iteration(scenario, i)
+        sample = sample_iteration(scenario, i) if samples is None else samples[i]
         gen_previous = as_lock(train_clock) if sync and i > 0 else None
         train_previous = as_lock(gen_clock) if sync else None
         gen = evaluate_phase(scenario, sample, PhaseKind.GENERATION, [gen_clock], gen_previous)

@@ -59,13 +59,15 @@ def compare_fixed(
 ) -> list[FixedRow]:
     """Run the default governor, then each setting, over the same iterations; first row is the default."""
     default = FixedSetting("default governor", None, None)
+    count = scenario.workload.iterations if iterations is None else iterations
+    samples = [sample_iteration(scenario, i) for i in range(count)]
     runs: list[tuple[FixedSetting, RunResult]] = []
     for setting in (default, *settings):
         clocks = {
             PhaseKind.GENERATION: setting.generation_sm_clock_mhz,
             PhaseKind.TRAINING: setting.training_sm_clock_mhz,
         }
-        runs.append((setting, run_fixed(scenario, clocks, iterations, progress)))
+        runs.append((setting, run_fixed(scenario, clocks, count, progress, samples=samples)))
     base = runs[0][1]
     return [
         FixedRow(
