@@ -94,10 +94,13 @@ def echo_client(socket_path: str, gpu: int, rounds: int, start_at: float, out: m
     out.put(samples)
 
 
-def run_clients(target, socket_path: Path, clients: int, rounds: int) -> list[float]:
-    ctx = mp.get_context("spawn")
+def run_clients(
+    target, socket_path: Path, clients: int, rounds: int, *, ctx=None, start_delay_s: float | None = None
+) -> list[float]:
+    """``clients`` processes of ``target`` (spawned unless ``ctx`` says otherwise), started together."""
+    ctx = ctx or mp.get_context("spawn")
     out: mp.Queue = ctx.Queue()
-    start_at = time.time() + 1.0 + 0.15 * clients
+    start_at = time.time() + (1.0 + 0.15 * clients if start_delay_s is None else start_delay_s)
     procs = [
         ctx.Process(target=target, args=(str(socket_path), gpu, rounds, start_at, out))
         for gpu in range(clients)
@@ -108,7 +111,7 @@ def run_clients(target, socket_path: Path, clients: int, rounds: int) -> list[fl
     for _ in procs:
         samples.extend(out.get(timeout=600))
     for p in procs:
-        p.join()
+        p.join(timeout=60)
     return samples
 
 

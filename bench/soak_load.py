@@ -184,21 +184,14 @@ def _context() -> Any:
 
 def _run_echo_clients(sock: Path, clients: int, round_trips: int) -> list[float]:
     """phase_latency's echo clients, started from the forkserver like the eerld clients."""
-    ctx = _context()
-    out = ctx.Queue()
-    start_at = time.time() + 2.0 + 0.05 * clients
-    procs = [
-        ctx.Process(target=phase_latency.echo_client, args=(str(sock), i, round_trips, start_at, out))
-        for i in range(clients)
-    ]
-    for p in procs:
-        p.start()
-    samples: list[float] = []
-    for _ in procs:
-        samples.extend(out.get(timeout=600))
-    for p in procs:
-        p.join(timeout=60)
-    return samples
+    return phase_latency.run_clients(
+        phase_latency.echo_client,
+        sock,
+        clients,
+        round_trips,
+        ctx=_context(),
+        start_delay_s=2.0 + 0.05 * clients,
+    )
 
 
 def echo_floor(clients: int, round_trips: int, tmp: Path) -> dict[str, float]:
