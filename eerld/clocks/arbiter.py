@@ -320,11 +320,6 @@ class ClockArbiter:
         )
         return True
 
-    @property
-    def rate_limited_changes(self) -> int:
-        """Session clock changes skipped by the per-GPU rate limit since start."""
-        return self._limiter.denied
-
     def _actuate_sm(self, slot: _Slot, target_sm: int | None) -> int | None:
         index, uuid = slot.identity.index, slot.identity.uuid
         read_back: int | None = None
