@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import structlog
 
@@ -39,10 +40,11 @@ from eerld.control.base import (
 from eerld.control.simple import nearest_supported_mhz
 from eerld.energy import phase_energy, read_counters
 from eerld.errors import ConfigError, Conflict, GpuError, NotFound, Unavailable, ValidationError
-from eerld.gpu.base import GpuBackend, GpuIdentity
+from eerld.gpu.base import ClockEventReasons, GpuBackend, GpuClocks, GpuIdentity, GpuUtilization
 from eerld.sessions import ActivePhase, GpuRole, GpuSelector, Session, SessionRegistry, SessionSpec
 
 log = structlog.get_logger("eerld.daemon")
+_T = TypeVar("_T")
 
 VERSION = "0.1.0"
 DEFAULT_LEASE_TTL_S = 10.0
@@ -794,24 +796,24 @@ class Daemon:
         holder = self._sessions.holder(index)
         problems: list[str] = []
 
-        def read(fn: Callable[[int], object], default: object) -> object:
+        def read(fn: Callable[[int], _T], default: _T) -> _T:
             try:
                 return fn(index)
             except GpuError as e:
                 problems.append(f"{type(e).__name__}: {e}")
                 return default
 
-        clocks = read(self._backend.clocks, None)
-        util = read(self._backend.utilization, None)
-        reasons = read(self._backend.clock_event_reasons, None)
-        power_w = float(read(self._backend.power_w, 0.0))  # type: ignore[arg-type]
-        power_limit_w = float(read(self._backend.power_limit_w, 0.0))  # type: ignore[arg-type]
-        energy_mj = float(read(self._backend.total_energy_mj, 0))  # type: ignore[arg-type]
+        clocks: GpuClocks | None = read(self._backend.clocks, None)
+        util: GpuUtilization | None = read(self._backend.utilization, None)
+        reasons: ClockEventReasons | None = read(self._backend.clock_event_reasons, None)
+        power_w = read(self._backend.power_w, 0.0)
+        power_limit_w = read(self._backend.power_limit_w, 0.0)
+        energy_mj = float(read(self._backend.total_energy_mj, 0))
         degraded = view.degraded_reason or (problems[0] if problems else "")  # after every read
         return GpuStatusView(
             info=self._info(index),
-            sm_clock_mhz=getattr(clocks, "sm_clock_mhz", 0),
-            mem_clock_mhz=getattr(clocks, "mem_clock_mhz", 0),
+            sm_clock_mhz=clocks.sm_clock_mhz if clocks is not None else 0,
+            mem_clock_mhz=clocks.mem_clock_mhz if clocks is not None else 0,
             locked_sm_clock_mhz=view.locked_sm_clock_mhz,
             would_lock_sm_clock_mhz=view.would_lock_sm_clock_mhz,
             source=view.source,
@@ -822,9 +824,9 @@ class Daemon:
             power_w=power_w,
             power_limit_w=power_limit_w,
             energy_mj=energy_mj,
-            utilization_gpu_percent=getattr(util, "gpu_percent", 0),
+            utilization_gpu_percent=util.gpu_percent if util is not None else 0,
             degraded_reason=degraded,
-            clock_event_reasons=tuple(reasons.names()) if reasons is not None else (),  # type: ignore[attr-defined]
+            clock_event_reasons=tuple(reasons.names()) if reasons is not None else (),
         )
 
     def sessions(self) -> tuple[SessionView, ...]:
