@@ -87,9 +87,8 @@ def allocate_async(
     window_energy = e + idle_power_w * np.maximum(allowed_s - t, 0.0)
     feasible = t <= allowed_s
     best = int(np.argmin(np.where(feasible, window_energy, np.inf))) if feasible.any() else int(np.argmin(t))
-    iteration_default = horizon_s
     return Allocation(
         sm_clock_mhz={own.kind: own.sm_clocks_mhz[best]},
-        throughput_ratio=float(min(1.0, iteration_default / max(t[best], 1e-12))),
+        throughput_ratio=float(min(1.0, horizon_s / max(t[best], 1e-12))),
         energy_ratio=float(e[best] / own.default_energy_j),
     )

@@ -113,14 +113,6 @@ class BaselinePredictor:
         self._model = None
         return error
 
-    def forget(self, keep: int) -> None:
-        """Drop all but the newest ``keep`` samples (the workload moved away from the older ones)."""
-        while len(self._durations) > keep:
-            self._features.popleft()
-            self._durations.popleft()
-            self._energies.popleft()
-        self._model = None
-
     def forget_far(self, workload: Workload, band: float) -> None:
         """Drop samples whose tokens differ from this workload's by more than ``band`` (relative).
 
