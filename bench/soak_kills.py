@@ -54,13 +54,17 @@ def _reap(proc: subprocess.Popen[str]) -> None:
 # -- client death ------------------------------------------------------------------------------------
 
 
-def client_kills(kills: int, seed: int = 1) -> dict[str, Any]:
-    """SIGKILL ``kills`` clients mid-phase (rounds of up to 8, one per GPU, killed in random order)."""
+def client_kills(kills: int, seed: int = 1, lease_ttl_s: float = 10.0) -> dict[str, Any]:
+    """SIGKILL ``kills`` clients mid-phase (rounds of up to 8, one per GPU, killed in random order).
+
+    With a ``lease_ttl_s`` longer than the patience of the waits, a reset can only come from the end of
+    the client's Attach stream (the lease would still run).
+    """
     rng = random.Random(seed)
     reset_s: list[float] = []
     problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="eerl-ck-", dir="/tmp") as d:
-        daemon = DaemonProcess(Path(d), gpus=GPUS)
+        daemon = DaemonProcess(Path(d), gpus=GPUS, lease_ttl_s=lease_ttl_s)
         daemon.start()
         device = daemon.device()
         try:

@@ -8,10 +8,14 @@ import soak_kills
 pytestmark = pytest.mark.slow
 
 
-def test_clients_killed_mid_phase_have_their_gpus_reset_within_the_bound_and_leak_no_lock() -> None:
-    result = soak_kills.client_kills(5)
+def test_clients_killed_mid_phase_have_their_gpus_reset_by_the_end_of_their_stream_and_leak_no_lock() -> None:
+    """With an hour-long lease, every reset seen comes from the broken Attach stream, not the lease.
+
+    How fast it comes (the 2 s bound) is a figure of `make soak`, not an assertion here.
+    """
+    result = soak_kills.client_kills(5, lease_ttl_s=3600.0)
     assert result["problems"] == []
-    assert result["over_bound"] == 0
+    assert result["kills"] == 5
     assert result["leaked_locks"] == 0
     assert result["ledger_entries_left"] == 0
 
