@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -11,28 +9,12 @@ from typing import Any
 
 import grpc
 import pytest
-import structlog
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
 from eerld.testing import DaemonHandle, FakeGpuBackend, ManualClock, running_daemon
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(autouse=True)
-def _default_logging() -> Iterator[None]:
-    """``main()`` configures structlog for the process; give every test the defaults back."""
-    yield
-    structlog.reset_defaults()
-
-
-@pytest.fixture
-def sock_dir() -> Iterator[Path]:
-    """A directory with a short path (Unix socket paths hold at most 107 bytes)."""
-    path = Path(tempfile.mkdtemp(prefix="eerld-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
