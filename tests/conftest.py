@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -9,6 +10,13 @@ from pathlib import Path
 
 import pytest
 import structlog
+from hypothesis import settings
+
+# `make test` (and CI) draws the same examples every run, so a red build is reproducible and a green one is
+# not luck; HYPOTHESIS_PROFILE=explore draws fresh random examples to hunt for new failures.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(autouse=True)

@@ -72,6 +72,9 @@ class EerlConfig:
     refine_surplus: float = 0.006
     """A commit this far above the planned threshold may move for energy (gain > switch_gain_with_surplus)."""
     switch_gain_with_surplus: float = 0.004
+    max_refine_backoff: int = 8
+    """A refine that ends no better than where it started doubles the refine interval, up to this factor:
+    on a stationary workload the estimates of neighbours and of the commit then stop trading places."""
     history: int = 512
     predictor_window: int = 24
 
@@ -138,6 +141,8 @@ class EerlController:
             track.coarse = self._coarse_schedule()
         self._history: deque[Decision] = deque(maxlen=self._config.history)
         self._peer_durations: deque[float] = deque(maxlen=5)
+        self._refine_backoff = 1
+        self._refine_from_energy: float | None = None
         self._iteration = 0
         self._plan: Allocation | None = None
 
@@ -495,7 +500,7 @@ class EerlController:
             track.since_control += 1
             verdict_reason = self._monitor(track, obs, time_ratio, energy_ratio)
             track.since_refine += 1
-            if verdict_reason is None and track.since_refine >= self._config.refine_interval_phases:
+            if verdict_reason is None and track.since_refine >= self._refine_interval():
                 track.since_refine = 0
                 verdict_reason = self._refine(obs.iteration)
         if verdict_reason is None:
@@ -555,6 +560,7 @@ class EerlController:
             failing.floor_mhz = clock + 1
             failing.floor_iteration = iteration
             return f"trial at {clock} MHz measured below the threshold: search above it"
+        self._judge_refine(plan)
         for track in searching:
             track.committed_mhz = plan.sm_clock_mhz.get(track.kind)
             track.state = ControllerState.COMMITTED
@@ -574,6 +580,19 @@ class EerlController:
             f"commit: expected throughput {plan.throughput_ratio:.3f}, energy {plan.energy_ratio:.3f} "
             "of the predicted default"
         )
+
+    def _refine_interval(self) -> int:
+        return self._config.refine_interval_phases * self._refine_backoff
+
+    def _judge_refine(self, plan: Allocation) -> None:
+        """Back off the refine when the re-tune it started commits no better than the allocation it left."""
+        if self._refine_from_energy is None:
+            return
+        if plan.energy_ratio > self._refine_from_energy - self._config.switch_gain_with_surplus:
+            self._refine_backoff = min(2 * self._refine_backoff, self._config.max_refine_backoff)
+        else:
+            self._refine_backoff = 1
+        self._refine_from_energy = None
 
     def _failing_kind(self, plan: Allocation) -> _Kind | None:
         """The kind whose measured trials put the allocation below the threshold, if any."""
@@ -652,6 +671,8 @@ class EerlController:
             track.floor_mhz = 0
             track.trials_in_search = 0
             track.epoch_iteration = iteration - self._config.refine_interval_phases * 3
+        # Only an energy-driven move is judged by its outcome; a commit below the threshold must move.
+        self._refine_from_energy = None if short else current.energy_ratio
         why = "below the threshold" if short else f"{gain:.1%} more energy than a neighbour"
         return f"refine: the committed allocation is {why} by all trials so far; re-tune locally"
 
@@ -695,6 +716,7 @@ class EerlController:
             # predicted default) stays valid, so refresh the baseline and re-check the allocation with it;
             # the refine moves the clocks locally only if the budget now sits differently.
             track.state = ControllerState.COMMITTED
+            self._refine_backoff = 1
             track.since_refine = config.refine_interval_phases - 1
             return "workload left its band: control phase, then re-check the allocation"
         time_shift = _median_shift(list(track.recent_time), window, config.drift_ratio_band)
@@ -715,6 +737,9 @@ class EerlController:
         track.epoch_iteration = iteration
         if fresh:
             track.curve.discount(keep_after_iteration=iteration - 1)
+            # A changed workload: the next refines judge fresh estimates, at the normal pace.
+            self._refine_backoff = 1
+            self._refine_from_energy = None
         if track.committed_mhz is None:
             # Nothing to be local around: explore again from the top.
             track.state = ControllerState.EXPLORING
