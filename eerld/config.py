@@ -62,6 +62,8 @@ class Config:
     log_format: str | None = None
     """None: JSON when stderr is not a terminal, console otherwise."""
     lease_ttl_s: float = 10.0
+    energy_sample_ms: float = 20.0
+    """NVML energy counters are read in the background this often (0: read at each phase event)."""
     clock_actuator: str = "lock"
     """``lock`` (SM clock locks) or ``application`` (application clocks: GB200-NVL's -lgc problem)."""
     max_clock_changes_per_s: float = DEFAULT_MAX_CHANGES_PER_S
@@ -105,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--controller", help=f"{'|'.join(CONTROLLER_NAMES)} (default {DEFAULT_CONTROLLER})")
     p.add_argument("--fixed-clocks", help="for --controller fixed: generation=MHZ,training=MHZ")
     p.add_argument("--lease-ttl", dest="lease_ttl_s", help="default lease TTL of heartbeat sessions, seconds")
+    p.add_argument(
+        "--energy-sample-ms",
+        dest="energy_sample_ms",
+        help="nvml: read energy counters in the background every N ms, 0 to read at each phase event "
+        "(default 20)",
+    )
     p.add_argument(
         "--max-clock-changes-per-s",
         dest="max_clock_changes_per_s",
@@ -200,6 +208,7 @@ _FILE_KEYS = {
     "controller": "controller",
     "fixed_clocks": "fixed_clocks",
     "lease_ttl_s": "lease_ttl_s",
+    "energy_sample_ms": "energy_sample_ms",
     "max_clock_changes_per_s": "max_clock_changes_per_s",
     "clock_actuator": "clock_actuator",
     "dry_run": "dry_run",
@@ -318,6 +327,10 @@ def validate(values: Mapping[str, Any]) -> Config:
             raise ConfigError(f"--fixed-clocks: expected generation=MHZ,training=MHZ, got {fixed!r}")
     if values.get("lease_ttl_s") is not None:
         out["lease_ttl_s"] = _float(values["lease_ttl_s"], "--lease-ttl", minimum=1.0, maximum=3600.0)
+    if values.get("energy_sample_ms") is not None:
+        out["energy_sample_ms"] = _float(
+            values["energy_sample_ms"], "--energy-sample-ms", minimum=0.0, maximum=1000.0
+        )
     if values.get("max_clock_changes_per_s") is not None:
         out["max_clock_changes_per_s"] = _float(
             values["max_clock_changes_per_s"], "--max-clock-changes-per-s", minimum=0.0, maximum=10_000.0
@@ -390,5 +403,7 @@ def _check_consistency(config: Config) -> None:
         raise ConfigError(
             "--fixed-clocks: required with --controller fixed (e.g. generation=1200,training=1500)"
         )
+    if config.dry_run and config.reset_clocks:
+        raise ConfigError("--reset-clocks: changes clocks, so it cannot be combined with --dry-run")
     if config.backend != "sim" and config.sim_state is not None:
         raise ConfigError("--sim-state: only meaningful with --backend sim")

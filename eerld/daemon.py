@@ -41,6 +41,7 @@ from eerld.control.simple import nearest_supported_mhz
 from eerld.energy import phase_energy, read_counters
 from eerld.errors import ConfigError, Conflict, GpuError, NotFound, Unavailable, ValidationError
 from eerld.gpu.base import ClockEventReasons, GpuBackend, GpuClocks, GpuIdentity, GpuUtilization
+from eerld.gpu.observe_only import ObserveOnlyBackend
 from eerld.sessions import ActivePhase, GpuRole, GpuSelector, Session, SessionRegistry, SessionSpec
 
 log = structlog.get_logger("eerld.daemon")
@@ -270,6 +271,8 @@ class Daemon:
         apply_timeout_s: float = APPLY_TIMEOUT_S,
         max_clock_changes_per_s: float = DEFAULT_MAX_CHANGES_PER_S,
     ) -> None:
+        # Dry-run: the arbiter skips actuation, and the backend itself refuses any clock change.
+        backend = ObserveOnlyBackend(backend) if dry_run else backend
         self._backend = backend
         self._controller_name = controller_name
         self._controller_factory = controller_factory

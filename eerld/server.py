@@ -42,6 +42,7 @@ from eerld.control.registry import controller_factory
 from eerld.daemon import Daemon
 from eerld.errors import ConfigError
 from eerld.gpu.base import GpuBackend
+from eerld.gpu.energy_sampler import SampledEnergyBackend
 from eerld.sdnotify import sd_notify
 from eerld.sim.profiles import builtin_profile
 
@@ -73,6 +74,9 @@ def create_backend(config: Config) -> GpuBackend:
         return backend
     module = importlib.import_module("eerld.gpu.nvml")
     nvml_backend: GpuBackend = module.NvmlBackend(use_locked_clocks=config.clock_actuator == "lock")
+    if config.energy_sample_ms > 0 and not config.reset_clocks:
+        # A counter read costs milliseconds on real GPUs: keep it off the phase events' path.
+        return SampledEnergyBackend(nvml_backend, period_s=config.energy_sample_ms / 1000.0)
     return nvml_backend
 
 

@@ -150,6 +150,11 @@ class ClockArbiter:
     def recover_from_ledger(self) -> list[int]:
         """Reset every GPU the ledger names (locks left by a dead daemon); return the indices reset."""
         reset: list[int] = []
+        if self._dry_run:
+            # A dry-run daemon never touches a clock: leave the locks and the ledger to a real daemon.
+            for index, entry in sorted(self._ledger.entries().items()):
+                log.warning("ledger_lock_left_in_dry_run", gpu_index=index, gpu_uuid=entry.uuid)
+            return reset
         for index, entry in sorted(self._ledger.entries().items()):
             slot = self._slots.get(index)
             if slot is None:

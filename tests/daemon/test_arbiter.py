@@ -121,6 +121,30 @@ class TestDryRun:
         assert not status.gpus[0].HasField("locked_sm_clock_mhz")
         assert status.gpus[1].would_lock_sm_clock_mhz == 900
 
+    def test_dry_run_leaves_a_lock_the_ledger_names_and_keeps_the_ledger(
+        self, start_daemon, fake: FakeGpuBackend, sock_dir
+    ):
+        """A dry-run daemon never resets, even a lock a crashed daemon left: that is a real daemon's job."""
+        fake.force_lock(0, 1800)
+        ledger = sock_dir / "state" / "ledger.json"
+        ledger.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        entry = {"index": 0, "uuid": "", "owner": "session"}
+        ledger.write_text(json.dumps({"version": 1, "locked": [entry]}))
+        with start_daemon(dry_run=True):
+            assert fake.locked() == {0: 1800}
+        assert fake.locked() == {0: 1800}
+        assert json.loads(ledger.read_text())["locked"][0]["index"] == 0
+
+    def test_a_dry_run_daemon_refuses_a_clock_change_at_the_backend_even_on_the_reset_path(
+        self, start_daemon, fake: FakeGpuBackend
+    ):
+        fake.force_lock(1, 1500)
+        with start_daemon(dry_run=True) as handle:
+            results = handle.daemon.reset_clocks()
+        assert fake.locked() == {1: 1500}
+        assert fake.lock_calls() == 0
+        assert all("dry-run" in r.degraded_reason for r in results)
+
 
 class TestNoOpCalls:
     def test_a_phase_whose_clock_already_holds_makes_no_lock_call(self, phase, fake: FakeGpuBackend):

@@ -145,6 +145,8 @@ class TestConfig:
             (["--lease-ttl", "-3"], "--lease-ttl"),
             (["--socket", "/tmp/x.sock", "--admin-socket", "/tmp/x.sock"], "--admin-socket"),
             (["--no-such-flag"], "no-such-flag"),
+            (["--dry-run", "--reset-clocks"], "--dry-run"),
+            (["--energy-sample-ms", "-1"], "--energy-sample-ms"),
         ],
     )
     def test_a_bad_value_gives_one_error_line_naming_it_and_exit_code_2(self, argv, names, capsys):
