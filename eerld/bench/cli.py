@@ -9,7 +9,9 @@ eerl-bench all [--threshold 0.95] [--iterations N] [--out-dir bench/results] [--
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -107,8 +109,30 @@ def run_controller(
     return report
 
 
+def with_seed(scenario: Scenario, seed: int | None) -> Scenario:
+    """The scenario with another workload seed (other response lengths, valid fractions and noise)."""
+    if seed is None:
+        return scenario
+    workload = dataclasses.replace(scenario.workload, seed=seed)
+    return dataclasses.replace(scenario, workload=workload, name=f"{scenario.name} (seed {seed})")
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``1-5`` or ``1,3,7`` (or a mix) as a list of seeds."""
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            low, _, high = part.partition("-")
+            seeds.extend(range(int(low), int(high or low) + 1))
+    except ValueError:
+        raise EerlError(f"--seeds: expected e.g. 1-5 or 1,3,7, got {text!r}") from None
+    if not seeds:
+        raise EerlError(f"--seeds: no seed in {text!r}")
+    return seeds
+
+
 def _cmd_controller(args: argparse.Namespace) -> int:
-    scenario = load_scenario(args.scenario)
+    scenario = with_seed(load_scenario(args.scenario), args.seed)
     report = run_controller(scenario, args.threshold, args.iterations, args.timeline)
     print(report.table())
     print(f"runtime {report.runtime_s:.1f} s")
@@ -165,6 +189,52 @@ def _cmd_headroom(args: argparse.Namespace) -> int:
         run.price_table(_updater(bar))
     boundaries = [int(b) for b in args.regimes.split(",")] if args.regimes else None
     print(headroom(run, args.threshold, boundaries).table())
+    return 0
+
+
+def _cmd_seeds(args: argparse.Namespace) -> int:
+    """Capture and throughput of the online controller over several workload seeds per scenario."""
+    names = builtin_scenario_names() if args.scenario == "all" else (args.scenario,)
+    rows: list[dict[str, object]] = []
+    lines = [
+        "| scenario | seed | oracle savings | online savings | capture | online throughput |",
+        "|---|---|---|---|---|---|",
+    ]
+
+    def emit(line: str) -> None:
+        lines.append(line)
+        print(line, flush=True)
+
+    for line in lines:
+        print(line)
+    for name in names:
+        captures: list[float] = []
+        throughputs: list[float] = []
+        for seed in parse_seeds(args.seeds):
+            scenario = with_seed(load_scenario(name), seed)
+            report = run_controller(scenario, args.threshold, args.iterations, None)
+            captures.append(report.capture)
+            throughputs.append(report.throughput_ratio_online)
+            rows.append({"scenario": name, "seed": seed, **report.to_json()})
+            emit(
+                f"| {name} | {seed} | {report.savings_oracle:.1%} | {report.savings_online:.1%} | "
+                f"{report.capture:.3f} | {report.throughput_ratio_online:.3f} |"
+            )
+        emit(
+            f"| {name} | **min / median** | | | {min(captures):.3f} / {statistics.median(captures):.3f} | "
+            f"{min(throughputs):.3f} / {statistics.median(throughputs):.3f} |"
+        )
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    if args.markdown is not None:
+        args.markdown.write_text(
+            "# eerl-bench seeds\n\n"
+            f"Written by `eerl-bench seeds --scenario {args.scenario} --seeds {args.seeds} "
+            f"--threshold {args.threshold}`:\nthe online controller on other workload seeds (other response "
+            "lengths, valid fractions and noise\ndraws); the oracle is re-swept for each seed.\n\n"
+            + "\n".join(lines)
+            + "\n"
+        )
     return 0
 
 
@@ -262,8 +332,17 @@ def build_parser() -> argparse.ArgumentParser:
     controller = commands.add_parser("controller", help="default vs oracle vs online EE-RL")
     common(controller)
     controller.add_argument("--json", type=Path, default=None, help="write the figures as JSON here")
+    controller.add_argument("--seed", type=int, default=None, help="override the scenario's workload seed")
     controller.add_argument("--timeline", type=Path, default=None, help="write the timeline plot (PNG) here")
     controller.set_defaults(handler=_cmd_controller)
+    seeds = commands.add_parser("seeds", help="capture and throughput over several workload seeds")
+    seeds.add_argument("--scenario", default="all", help="built-in scenario name, TOML file, or all")
+    seeds.add_argument("--seeds", default="1-5", help="seeds: 1-5 or 1,3,7 (default 1-5)")
+    seeds.add_argument("--threshold", type=float, default=0.95, help="throughput threshold (default 0.95)")
+    seeds.add_argument("--iterations", type=int, default=None, help="run only the first N iterations")
+    seeds.add_argument("--json", type=Path, default=None, help="write every run's figures as JSON here")
+    seeds.add_argument("--markdown", type=Path, default=None, help="write the table here")
+    seeds.set_defaults(handler=_cmd_seeds)
     sweep = commands.add_parser("sweep", help="the fixed-clock sweep and its Pareto front")
     common(sweep)
     sweep.add_argument("--plot", type=Path, default=None, help="write the Pareto plot (PNG) here")

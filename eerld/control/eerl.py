@@ -384,14 +384,13 @@ class EerlController:
     # ------------------------------------------------------------------ observing
 
     def _observe_default(self, track: _Kind, obs: PhaseObservation, now_s: float) -> Decision | None:
-        prediction = track.predictor.predict(obs.workload)
         track.last_default_iteration = obs.iteration
         relearning = track.rebaseline_left > 0 or track.state is ControllerState.BASELINE
         error = track.predictor.add(obs.workload, obs.duration_s, obs.energy_j, force=relearning)
         self._track_default_scale(track, obs.workload)
-        if prediction is not None:
-            track.predicted_energy_j += prediction.energy_j
-            track.savings_j += prediction.energy_j - obs.energy_j
+        # A phase on the default governor saves nothing by definition: its energy counts in the total
+        # the savings are a fraction of, and the predictor's error on it is no saving (nor a loss).
+        track.predicted_energy_j += obs.energy_j
         if track.state is ControllerState.BASELINE:
             if track.predictor.count >= self._config.baseline_phases:
                 track.state = ControllerState.EXPLORING

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from eerld.bench.cli import main, run_controller
+from eerld.bench.cli import main, parse_seeds, run_controller
 from eerld.bench.report import ControllerReport
 from eerld.sim.scenario import load_scenario
 
@@ -85,3 +85,31 @@ class TestCli:
         """A threshold above 1 exits 2 with an error line."""
         assert main(["controller", "--scenario", "sync-h100", "--threshold", "1.5"]) == 2
         assert capsys.readouterr().err.startswith("Error:")
+
+    def test_seeds_runs_each_seed_on_its_own_workload(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """`seeds` reports one row per seed and a min/median row; other seeds draw other workloads."""
+        out = tmp_path / "seeds.json"
+        code = main(
+            ["seeds", "--scenario", "sync-h100", "--seeds", "1,2", "--iterations", "6", "--json", str(out)]
+        )
+        assert code == 0
+        printed = capsys.readouterr().out
+        assert "| sync-h100 | 1 |" in printed
+        assert "| sync-h100 | 2 |" in printed
+        assert "min / median" in printed
+        rows = json.loads(out.read_text())
+        assert [r["seed"] for r in rows] == [1, 2]
+        energies = {r["default"]["energy_per_valid_token_j"] for r in rows}
+        assert len(energies) == 2
+
+    @pytest.mark.parametrize(("text", "seeds"), [("1-3", [1, 2, 3]), ("4,7", [4, 7]), ("1-2,9", [1, 2, 9])])
+    def test_seed_lists_parse(self, text: str, seeds: list[int]) -> None:
+        assert parse_seeds(text) == seeds
+
+    def test_a_bad_seed_list_is_one_error_line(self, capsys: pytest.CaptureFixture[str]) -> None:
+        assert main(["seeds", "--scenario", "sync-h100", "--seeds", "one-two"]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1
+        assert "--seeds" in err[0]

@@ -227,6 +227,14 @@ class TestBehaviour:
             assert snapshot.predictor_error_fraction < 0.05
         assert snapshots[PhaseKind.GENERATION].estimated_savings_fraction > 0.05
 
+    def test_phases_on_the_default_governor_report_no_savings(self, settings: ControllerSettings) -> None:
+        """While it learns the baseline (default governor only), a noisy job shows exactly zero savings."""
+        controller = create_eerl_controller(settings)
+        trace = drive_sync(controller, SyntheticJob(noise=0.03, seed=5), 3)
+        assert all(c is None for kind in KINDS for c in trace.clocks[kind])
+        for snapshot in controller.snapshot():
+            assert snapshot.estimated_savings_fraction == 0.0
+
     def test_decision_history_is_bounded_and_gives_reasons(self, settings: ControllerSettings) -> None:
         """The history keeps at most its configured length, oldest first, each entry with a reason."""
         controller = EerlController(settings, dataclasses.replace(EerlConfig(), history=10))
