@@ -22,6 +22,7 @@ Usage (on a GPU node, repo root): ``python bench/real_gpu.py --out DIR [--iterat
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -71,6 +72,26 @@ def nvml_latency(backend: NvmlBackend, calls: int = 500) -> dict[str, dict[str, 
             samples.append((time.perf_counter() - t0) * 1e6)
         out[name] = {"p50_us": pct(samples, 0.5), "p99_us": pct(samples, 0.99)}
     return out
+
+
+def counter_update_period_s(backend: NvmlBackend, seconds: float = 1.5) -> dict[str, float]:
+    """How often the energy counter changes: read it back to back, date each change (read-only)."""
+    changes: list[float] = []
+    last = backend.total_energy_mj(0)
+    deadline = time.perf_counter() + seconds
+    reads = 0
+    while time.perf_counter() < deadline:
+        value = backend.total_energy_mj(0)
+        reads += 1
+        if value != last:
+            changes.append(time.perf_counter())
+            last = value
+    gaps = [b - a for a, b in itertools.pairwise(changes)]
+    return {
+        "reads": reads,
+        "changes": len(changes),
+        "median_change_interval_ms": statistics.median(gaps) * 1e3 if gaps else float("nan"),
+    }
 
 
 class Sampler:
@@ -298,6 +319,8 @@ def main() -> None:
             "supports_locked_clocks": backend.supports_locked_clocks(0),
         }
         print("GPU:", json.dumps(report["gpu"]), flush=True)
+        report["energy_counter_updates"] = counter_update_period_s(backend)
+        print("energy counter:", json.dumps(report["energy_counter_updates"]), flush=True)
         report["nvml_read_latency"] = nvml_latency(backend)
         print("NVML read latency:", json.dumps(report["nvml_read_latency"]), flush=True)
         work = make_work(args.phase_s)
@@ -321,7 +344,7 @@ def main() -> None:
                 }
             print("energy eerld/nvml:", report["energy_ratio_eerld_over_nvml"], flush=True)
             print("client path:", flush=True)
-            report["client"] = client_phases(tmp / "w.sock", 3, work)
+            report["client"] = client_phases(tmp / "w.sock", 2, work)
             print(json.dumps(report["client"]), flush=True)
             report["rpc_latency_dry_run"] = rpc_latency(tmp / "w.sock", tmp / "echo.sock", args.rounds)
             print("RPC latency:", json.dumps(report["rpc_latency_dry_run"]), flush=True)

@@ -5,11 +5,13 @@ call takes about 3 ms (p99 16 ms) while clock, power and utilisation reads take 
 counter itself advances only every ~10 ms. Read on the RPC path, it made BeginPhase + EndPhase cost
 ~9 ms on one GPU, and it grows with every GPU of a session (reads are per GPU).
 
-Here one thread per GPU reads the counter every ``period_s``; :meth:`total_energy_mj` answers at once
-with the newest sample extrapolated to now along the mean power of the last few samples. The answer
-never goes below one already given for that GPU (so no phase can see a false counter reset) unless the
-counter really restarted (driver reload). A sample older than ``stale_after_s`` (a stuck read) makes
-the call read the counter directly, as without the sampler.
+Here one thread per GPU reads the counter every ``period_s``; :meth:`total_energy_mj` answers at once.
+The counter advances in steps (on an H200 several reads in a row can return the same value), so what
+is kept is when the counter *changed*: each change is dated midway between the read that still saw the
+old value and the one that saw the new. The answer is the newest change plus the mean power between the
+changes of the last ``WINDOW_S`` times the time since. It never goes below one already given for that
+GPU (so no phase can see a false counter reset) unless the counter really restarted (driver reload). A
+GPU whose last read is older than ``stale_after_s`` (a stuck read) is read directly, as without sampling.
 """
 
 from __future__ import annotations
@@ -25,30 +27,31 @@ from eerld.gpu.base import GpuBackend
 from eerld.gpu.delegating import DelegatingBackend
 
 DEFAULT_PERIOD_S = 0.02
-WINDOW_SAMPLES = 6
+WINDOW_S = 0.5
+"""The mean power of the extrapolation is taken over the counter's changes of about this long."""
 
 
 @dataclass(frozen=True, slots=True)
 class EnergySample:
-    """One counter reading and when it was taken (the middle of the call)."""
+    """A counter value and when the counter took it."""
 
     time_s: float
     energy_mj: int
 
 
-def estimate_energy_mj(samples: Sequence[EnergySample], now_s: float) -> int | None:
-    """The counter at ``now_s``: the newest sample plus the recent mean power times the time since (pure).
+def estimate_energy_mj(changes: Sequence[EnergySample], now_s: float) -> int | None:
+    """The counter at ``now_s``: the newest change plus the mean power between changes since (pure).
 
-    Only samples since the last restart of the counter (a decrease) count; with fewer than two of them,
-    or when ``now_s`` is not after the newest, the newest value is the estimate. None without samples.
+    Only changes since the last restart of the counter (a decrease) count; with fewer than two of them,
+    or when ``now_s`` is not after the newest, the newest value is the estimate. None without changes.
     """
-    if not samples:
+    if not changes:
         return None
     start = 0
-    for i in range(1, len(samples)):
-        if samples[i].energy_mj < samples[i - 1].energy_mj:
+    for i in range(1, len(changes)):
+        if changes[i].energy_mj < changes[i - 1].energy_mj:
             start = i
-    run = samples[start:]
+    run = changes[start:]
     newest = run[-1]
     span_s = newest.time_s - run[0].time_s
     if len(run) < 2 or span_s <= 0.0 or now_s <= newest.time_s:
@@ -58,18 +61,29 @@ def estimate_energy_mj(samples: Sequence[EnergySample], now_s: float) -> int | N
 
 
 class _Counter:
-    """The recent samples of one GPU and the last value handed out."""
+    """The recent changes of one GPU's counter, its last read, and the last value handed out."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.samples: deque[EnergySample] = deque(maxlen=WINDOW_SAMPLES)
+        self.changes: deque[EnergySample] = deque(maxlen=256)
+        self.last_read_s: float | None = None
+        self.last_mj: int | None = None
         self.floor_mj = 0
 
-    def add(self, sample: EnergySample) -> None:
+    def add(self, read_s: float, value_mj: int) -> None:
+        """Record a read; a new value is a change, dated midway since the read before."""
         with self.lock:
-            if self.samples and sample.energy_mj < self.samples[-1].energy_mj:
-                self.floor_mj = 0  # the counter restarted: earlier answers are no floor any more
-            self.samples.append(sample)
+            if self.last_mj is None or value_mj != self.last_mj:
+                since_s = self.last_read_s if self.last_read_s is not None else read_s
+                changed_s = (since_s + read_s) / 2.0
+                if self.last_mj is not None and value_mj < self.last_mj:
+                    self.floor_mj = 0  # the counter restarted: earlier answers are no floor any more
+                    self.changes.clear()
+                self.changes.append(EnergySample(changed_s, value_mj))
+                while len(self.changes) > 2 and changed_s - self.changes[0].time_s > WINDOW_S:
+                    self.changes.popleft()
+            self.last_read_s = read_s
+            self.last_mj = value_mj
 
 
 class SampledEnergyBackend(DelegatingBackend):
@@ -109,7 +123,7 @@ class SampledEnergyBackend(DelegatingBackend):
             value = self._inner.total_energy_mj(index)
         except GpuError:
             return  # no sample: a stale counter falls back to direct reads, which raise
-        self._counters[index].add(EnergySample((before + self._clock()) / 2.0, value))
+        self._counters[index].add((before + self._clock()) / 2.0, value)
 
     def _run(self, index: int) -> None:
         while not self._stop.wait(self._period_s):
@@ -121,16 +135,16 @@ class SampledEnergyBackend(DelegatingBackend):
             return self._inner.total_energy_mj(index)
         now_s = self._clock()
         with counter.lock:
-            samples = list(counter.samples)
-        if not samples or now_s - samples[-1].time_s > self._stale_after_s:
-            value = self._inner.total_energy_mj(index)
-            counter.add(EnergySample(now_s, value))
-        else:
-            estimate = estimate_energy_mj(samples, now_s)
-            assert estimate is not None
-            value = estimate
+            changes = list(counter.changes)
+            last_read_s = counter.last_read_s
+        if last_read_s is None or now_s - last_read_s > self._stale_after_s:
+            counter.add(now_s, self._inner.total_energy_mj(index))
+            with counter.lock:
+                changes = list(counter.changes)
+        estimate = estimate_energy_mj(changes, now_s)
+        assert estimate is not None
         with counter.lock:
-            value = max(value, counter.floor_mj)
+            value = max(estimate, counter.floor_mj)
             counter.floor_mj = value
         return value
 
