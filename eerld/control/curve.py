@@ -116,14 +116,17 @@ class ClockCurve:
         ages = now_iteration - np.array([t.iteration for t in trials], dtype=np.float64)
         age_weight = 0.5 ** (np.maximum(ages, 0.0) / self._half_life)
         base = _weights(grid, clocks, self._bandwidth_mhz, age_weight)
-        own = _weights(clocks, clocks, self._bandwidth_mhz, age_weight)
+        # The fit at a trial depends only on its clock: fit once per distinct clock (a committed clock
+        # holds most trials) and spread the result back to the trials.
+        distinct, back = np.unique(clocks, return_inverse=True)
+        own = _weights(distinct, clocks, self._bandwidth_mhz, age_weight)
         # Start from the residuals to each clock's own median (where it has three trials or more), so that
         # an outlier cannot drag the first fit; then iterate the robust fit a few times.
         robust_t = _huber_weights(times - _per_clock_median(clocks, times))
         robust_e = _huber_weights(energies - _per_clock_median(clocks, energies))
         for _ in range(3):
-            at_t = _local_linear(clocks, clocks, times, own * robust_t[None, :])
-            at_e = _local_linear(clocks, clocks, energies, own * robust_e[None, :])
+            at_t = _local_linear(distinct, clocks, times, own * robust_t[None, :])[back]
+            at_e = _local_linear(distinct, clocks, energies, own * robust_e[None, :])[back]
             robust_t = _huber_weights(times - at_t)
             robust_e = _huber_weights(energies - at_e)
         fit_t = _local_linear(grid, clocks, times, base * robust_t[None, :])
