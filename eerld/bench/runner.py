@@ -32,6 +32,7 @@ from eerld.sim.evaluate import (
     sample_iteration,
 )
 from eerld.sim.scenario import Scenario
+from eerld.sim.sweep import pair_totals
 
 FloatArray = npt.NDArray[np.float64]
 Progress = Callable[[int], None]
@@ -142,24 +143,13 @@ class ScenarioRun:
     def sweep(self) -> tuple[FloatArray, FloatArray]:
         """Total energy and wall time for every (generation, training) clock pair: [gen, train] arrays."""
         table = self.price_table()
-        g_d, g_e = table.duration_s[PhaseKind.GENERATION], table.energy_j[PhaseKind.GENERATION]
-        t_d, t_e = table.duration_s[PhaseKind.TRAINING], table.energy_j[PhaseKind.TRAINING]
-        if self.scenario.workload.mode is ExecutionMode.SYNC:
-            wall = g_d.sum(axis=0)[:, None] + t_d.sum(axis=0)[None, :]
-            energy = g_e.sum(axis=0)[:, None] + t_e.sum(axis=0)[None, :]
-            return energy, wall
-        idle = self.scenario.gpu.idle_power_w
-        gen_gpus = self.scenario.workload.pool_gpus(PhaseKind.GENERATION)
-        train_gpus = self.scenario.workload.pool_gpus(PhaseKind.TRAINING)
-        size = len(table.sm_clocks_mhz)
-        wall = np.zeros((size, size))
-        energy = np.zeros((size, size))
-        for i in range(self.iterations):
-            w = np.maximum(g_d[i][:, None], t_d[i][None, :])
-            wall += w
-            energy += g_e[i][:, None] + t_e[i][None, :]
-            energy += idle * (gen_gpus * (w - g_d[i][:, None]) + train_gpus * (w - t_d[i][None, :]))
-        return energy, wall
+        return pair_totals(
+            self.scenario,
+            table.duration_s[PhaseKind.GENERATION],
+            table.energy_j[PhaseKind.GENERATION],
+            table.duration_s[PhaseKind.TRAINING],
+            table.energy_j[PhaseKind.TRAINING],
+        )
 
     def oracle(self, threshold: float) -> tuple[tuple[int, int], RunTotals]:
         """The best fixed clock pair meeting the threshold on the whole run (grid indices, totals)."""

@@ -131,6 +131,39 @@ class SweepResult:
         return tuple(front)
 
 
+def pair_totals(
+    scenario: Scenario,
+    generation_duration_s: FloatArray,
+    generation_energy_j: FloatArray,
+    training_duration_s: FloatArray,
+    training_energy_j: FloatArray,
+) -> tuple[FloatArray, FloatArray]:
+    """Whole-run (energy, wall) of every (generation clock, training clock) pair: ``[g, t]`` arrays.
+
+    The inputs are ``[iteration, clock index]`` phase tables. Sync phases add, so the run's totals are
+    sums of column sums; async iterations last as long as their slower pool, so they combine per iteration.
+    """
+    if scenario.workload.mode is ExecutionMode.SYNC:
+        wall = generation_duration_s.sum(axis=0)[:, None] + training_duration_s.sum(axis=0)[None, :]
+        energy = generation_energy_j.sum(axis=0)[:, None] + training_energy_j.sum(axis=0)[None, :]
+        return energy, wall
+    size = generation_duration_s.shape[1]
+    wall = np.zeros((size, training_duration_s.shape[1]))
+    energy = np.zeros_like(wall)
+    for i in range(generation_duration_s.shape[0]):
+        iteration_wall, iteration_energy = combine_phases(
+            scenario.workload,
+            scenario.gpu.idle_power_w,
+            generation_duration_s=generation_duration_s[i][:, None],
+            generation_energy_j=generation_energy_j[i][:, None],
+            training_duration_s=training_duration_s[i][None, :],
+            training_energy_j=training_energy_j[i][None, :],
+        )
+        wall += iteration_wall
+        energy += iteration_energy
+    return energy, wall
+
+
 def sweep(
     scenario: Scenario, iterations: int | None = None, progress: ProgressCallback | None = None
 ) -> SweepResult:
@@ -141,9 +174,6 @@ def sweep(
     size = len(clocks)
     tables = {name: np.zeros((count, size)) for name in ("gd", "ge", "td", "te")}
     valid = np.zeros(count, dtype=np.int64)
-    asynchronous = scenario.workload.mode is ExecutionMode.ASYNC
-    wall = np.zeros((size, size))
-    energy = np.zeros((size, size))
     for i in range(count):
         sample = sample_iteration(scenario, i)
         gen = evaluate_phase(scenario, sample, PhaseKind.GENERATION, requested)
@@ -151,22 +181,9 @@ def sweep(
         tables["gd"][i], tables["ge"][i] = gen.duration_s, gen.energy_j
         tables["td"][i], tables["te"][i] = train.duration_s, train.energy_j
         valid[i] = sample.valid_tokens
-        if asynchronous:
-            iteration_wall, iteration_energy = combine_phases(
-                scenario.workload,
-                scenario.gpu.idle_power_w,
-                generation_duration_s=gen.duration_s[:, None],
-                generation_energy_j=gen.energy_j[:, None],
-                training_duration_s=train.duration_s[None, :],
-                training_energy_j=train.energy_j[None, :],
-            )
-            wall += iteration_wall
-            energy += iteration_energy
         if progress is not None:
             progress(i + 1, count)
-    if not asynchronous:
-        wall = tables["gd"].sum(axis=0)[:, None] + tables["td"].sum(axis=0)[None, :]
-        energy = tables["ge"].sum(axis=0)[:, None] + tables["te"].sum(axis=0)[None, :]
+    energy, wall = pair_totals(scenario, tables["gd"], tables["ge"], tables["td"], tables["te"])
     return SweepResult(
         scenario=scenario.name,
         iterations=count,
@@ -182,4 +199,4 @@ def sweep(
     )
 
 
-__all__ = ["SweepPoint", "SweepResult", "sweep"]
+__all__ = ["SweepPoint", "SweepResult", "pair_totals", "sweep"]
