@@ -108,7 +108,8 @@ class _Kind:
     last_default_iteration: int = 0
     recent_time: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     recent_energy: deque[float] = field(default_factory=lambda: deque(maxlen=64))
-    recent_shift: deque[float] = field(default_factory=lambda: deque(maxlen=32))
+    recent_shift: dict[int, deque[float]] = field(default_factory=dict)
+    """Per watched workload feature (index into :func:`workload_features`), its recent relative shifts."""
     reference_time: float = 1.0
     reference_energy: float = 1.0
     exploration_cost_j: float = 0.0
@@ -683,18 +684,29 @@ class EerlController:
         track.recent_time.append(time_ratio)
         track.recent_energy.append(energy_ratio)
         means = track.predictor.feature_means()
+        features = workload_features(track.kind, obs.workload)
+        watched = _WATCHED_FEATURES[track.kind]
         if means is not None:
-            features = workload_features(track.kind, obs.workload)
-            shift = float(features[0] / means[0] - 1.0) if means[0] > 0 else 0.0
-            track.recent_shift.append(shift)
+            for index in watched:
+                shift = float(features[index] / means[index] - 1.0) if means[index] > 0 else 0.0
+                track.recent_shift.setdefault(index, deque(maxlen=32)).append(shift)
         window = config.monitor_window
         spread = track.predictor.feature_spread()
-        band = config.drift_feature_band
-        if spread is not None:
-            band = max(band, 2.5 * float(spread[0]))
-        recent_shift = list(track.recent_shift)[-window:]
-        median_shift = float(np.median(recent_shift)) if recent_shift else 0.0
-        if len(recent_shift) >= window and abs(median_shift) > band:
+        # The watched feature furthest outside its band (tokens; for generation also the longest response,
+        # which a raised response cap moves while the token count barely does).
+        moved: tuple[float, int] | None = None
+        for index in watched:
+            band = config.drift_feature_band
+            if spread is not None:
+                band = max(band, 2.5 * float(spread[index]))
+            recent = list(track.recent_shift.get(index, ()))[-window:]
+            median_shift = float(np.median(recent)) if recent else 0.0
+            if len(recent) >= window and abs(median_shift) > band:
+                excess = abs(median_shift) / band
+                if moved is None or excess > moved[0]:
+                    moved = (excess, index)
+        if moved is not None:
+            index = moved[1]
             track.since_control = config.control_interval_phases
             track.recent_shift.clear()
             track.state = ControllerState.RETUNING
@@ -703,9 +715,8 @@ class EerlController:
             # regime, and under drift the window's mean lags far behind the last control phase.
             newest_shift = 0.0
             latest = track.predictor.newest_feature_means(config.rebaseline_phases)
-            if latest is not None and latest[0] > 0:
-                features = workload_features(track.kind, obs.workload)
-                newest_shift = float(features[0] / latest[0] - 1.0)
+            if latest is not None and latest[index] > 0:
+                newest_shift = float(features[index] / latest[index] - 1.0)
             if abs(newest_shift) > config.step_feature_band:
                 # A new regime: the old default phases would make the predictor extrapolate.
                 track.rebaseline_left = config.rebaseline_phases
@@ -763,6 +774,12 @@ class EerlController:
 def create_eerl_controller(settings: ControllerSettings) -> Controller:
     """The factory the daemon looks up: an EE-RL controller for one session."""
     return EerlController(settings)
+
+
+_WATCHED_FEATURES: dict[PhaseKind, tuple[int, ...]] = {
+    PhaseKind.GENERATION: (0, 1),  # tokens, longest response
+    PhaseKind.TRAINING: (0,),  # tokens
+}
 
 
 def _median_shift(values: list[float], window: int, floor: float) -> float | None:

@@ -43,16 +43,19 @@ class SyntheticJob:
     step_at_iteration: int | None = None
     step_tokens_factor: float = 2.0
     step_memory_factor: float = 0.5
+    step_longest_factor: float = 1.0
+    """At the step the longest response grows by this factor (a raised response cap)."""
     outliers: dict[tuple[PhaseKind, int], float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._rng = np.random.default_rng(self.seed)
 
     def workload(self, iteration: int) -> Workload:
-        tokens = self.tokens
+        tokens, longest = self.tokens, 8192
         if self.step_at_iteration is not None and iteration >= self.step_at_iteration:
             tokens = int(tokens * self.step_tokens_factor)
-        return Workload(tokens=tokens, valid_tokens=tokens // 2, sequences=2048, max_response_tokens=8192)
+            longest = int(longest * self.step_longest_factor)
+        return Workload(tokens=tokens, valid_tokens=tokens // 2, sequences=2048, max_response_tokens=longest)
 
     def segment(self, kind: PhaseKind, iteration: int) -> tuple[float, float]:
         compute, memory = _SHAPE[kind]

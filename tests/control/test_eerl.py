@@ -178,6 +178,29 @@ class TestBehaviour:
         assert any(r.startswith("workload stepped") for r in reasons)
         assert any(trace.clocks[k][i] is None for k in KINDS for i in range(80, 100))
 
+    def test_a_raised_response_cap_is_a_step_even_when_the_tokens_barely_move(
+        self, settings: ControllerSettings
+    ) -> None:
+        """The longest response doubling (tokens +5%, generation 1.6x slower) re-baselines generation."""
+        job = SyntheticJob(
+            noise=0.005,
+            step_at_iteration=80,
+            step_tokens_factor=1.05,
+            step_memory_factor=1.5,
+            step_longest_factor=2.0,
+        )
+        controller = create_eerl_controller(settings)
+        drive_sync(controller, job, 110)
+        stepped = [
+            d
+            for d in controller.decisions()
+            if d.iteration >= 80
+            and d.kind is PhaseKind.GENERATION
+            and d.reason.startswith("workload stepped")
+        ]
+        assert stepped
+        assert stepped[0].iteration < 95
+
     def test_a_waiting_async_pool_uses_its_slack(self) -> None:
         """In async mode a pool whose peer takes twice as long slows down far beyond the threshold alone."""
         job = SyntheticJob()
