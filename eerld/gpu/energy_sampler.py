@@ -63,7 +63,8 @@ def estimate_energy_mj(changes: Sequence[EnergySample], now_s: float) -> int | N
 class _Counter:
     """The recent changes of one GPU's counter, its last read, and the last value handed out."""
 
-    def __init__(self) -> None:
+    def __init__(self, period_s: float) -> None:
+        self.period_s = period_s
         self.lock = threading.Lock()
         self.changes: deque[EnergySample] = deque(maxlen=256)
         self.last_read_s: float | None = None
@@ -74,7 +75,9 @@ class _Counter:
         """Record a read; a new value is a change, dated midway since the read before."""
         with self.lock:
             if self.last_mj is None or value_mj != self.last_mj:
-                since_s = self.last_read_s if self.last_read_s is not None else read_s
+                # The first read has no read before it: date it as if there were one a period earlier,
+                # so that every change carries the same offset and the slope between them stays true.
+                since_s = self.last_read_s if self.last_read_s is not None else read_s - self.period_s
                 changed_s = (since_s + read_s) / 2.0
                 if self.last_mj is not None and value_mj < self.last_mj:
                     self.floor_mj = 0  # the counter restarted: earlier answers are no floor any more
@@ -105,7 +108,7 @@ class SampledEnergyBackend(DelegatingBackend):
         self._stale_after_s = stale_after_s if stale_after_s is not None else max(0.5, 20 * period_s)
         self._clock = clock
         self._stop = threading.Event()
-        self._counters = {gpu.index: _Counter() for gpu in inner.inventory()}
+        self._counters = {gpu.index: _Counter(period_s) for gpu in inner.inventory()}
         for index in self._counters:
             self.sample(index)
         self._threads = [

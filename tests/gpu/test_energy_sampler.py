@@ -116,6 +116,18 @@ class TestSampledBackend:
         assert max(errors_estimate) <= power_mj_per_s * 0.025
         assert max(errors_estimate) < max(errors_raw)
 
+    def test_right_after_start_the_extrapolation_runs_at_the_true_power(
+        self, counting: CountingBackend, clock: ManualClock
+    ) -> None:
+        """With only the first two samples, the estimate is off by at most half a sampling period's energy."""
+        backend = sampled(counting, clock)  # its first sample is taken at creation
+        clock.advance(0.02)
+        backend.sample(0)
+        clock.advance(0.01)
+        power_mj_per_s = counting._inner.power_at(0) * 1000.0
+        truth = counting._inner.total_energy_mj(0)
+        assert abs(backend.total_energy_mj(0) - truth) <= power_mj_per_s * 0.015
+
     def test_answers_never_go_backwards_without_a_counter_restart(
         self, counting: CountingBackend, clock: ManualClock
     ) -> None:
