@@ -43,6 +43,7 @@ for extra in (REPO, REPO / "client", Path(__file__).resolve().parent):
 import grpc  # noqa: E402
 from eerl.v1 import eerl_pb2 as pb  # noqa: E402
 from eerl.v1 import eerl_pb2_grpc as pb_grpc  # noqa: E402
+from soak_common import percentile as pct  # noqa: E402 - the bench scripts' one nearest-rank quantile
 
 from eerld.gpu.nvml import NvmlBackend  # noqa: E402
 
@@ -50,9 +51,10 @@ GEN, TRAIN = pb.PHASE_KIND_GENERATION, pb.PHASE_KIND_TRAINING
 METRICS = "127.0.0.1:9478"
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+def child_env() -> dict[str, str]:
+    """This environment with the checkout's eerld and eerl importable (a run from a plain checkout)."""
+    paths = [str(REPO), str(REPO / "client"), os.environ.get("PYTHONPATH", "")]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
 
 
 def nvml_latency(backend: NvmlBackend, calls: int = 500) -> dict[str, dict[str, float]]:
@@ -155,10 +157,7 @@ def start_daemon(tmp: Path, *extra: str) -> subprocess.Popen[bytes]:
     """eerld on the nvml backend in dry-run, its sockets, state and log in ``tmp``."""
     tmp.mkdir(exist_ok=True)
     log = (tmp / "eerld.log").open("wb")
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "client"), os.environ.get("PYTHONPATH", "")]),
-    )
+    env = child_env()
     proc = subprocess.Popen(
         [
             sys.executable, "-m", "eerld.main", "--backend=nvml", "--dry-run",
@@ -358,12 +357,7 @@ def main() -> None:
                 direct.send_signal(signal.SIGTERM)
                 direct.wait(timeout=30)
             print("RPC latency, direct reads:", json.dumps(report["rpc_latency_dry_run_direct_reads"]))
-            env = dict(
-                os.environ,
-                PYTHONPATH=os.pathsep.join(
-                    [str(REPO), str(REPO / "client"), os.environ.get("PYTHONPATH", "")]
-                ),
-            )
+            env = child_env()
             ctl = [
                 sys.executable,
                 "-c",

@@ -2,7 +2,7 @@
 
 Measured on an H200 (driver 580, ``bench/real_gpu.py``): one ``nvmlDeviceGetTotalEnergyConsumption``
 call takes about 3 ms (p99 16 ms) while clock, power and utilisation reads take 5-10 µs, and the
-counter itself advances only every ~10 ms. Read on the RPC path, it made BeginPhase + EndPhase cost
+counter itself changes only every ~100 ms. Read on the RPC path, it made BeginPhase + EndPhase cost
 ~9 ms on one GPU, and it grows with every GPU of a session (reads are per GPU).
 
 Here one thread per GPU reads the counter every ``period_s``; :meth:`total_energy_mj` answers at once.
