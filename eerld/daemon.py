@@ -627,6 +627,8 @@ class Daemon:
                 with peer.lock:
                     if not peer.closed:
                         self._observe(peer, observation, now_s)
+        if not self.phase_observers:  # metrics off: nobody to tell
+            return EndedPhase(energy.duration_s, energy.energy_mj, energy.mean_power_w, state)
         record = PhaseRecord(
             session_id=session_id,
             job_id=session.spec.job_id,
@@ -655,9 +657,13 @@ class Daemon:
             log.exception("controller_error", session_id=_short(session.session_id))
 
     def _state_of(self, session: Session, kind: PhaseKind) -> ControllerState:
-        for snap in self._snapshots(session):
-            if snap.kind == kind:
-                return snap.state
+        try:
+            state = session.controller.state_of(kind)
+        except Exception:
+            log.exception("controller_error", session_id=_short(session.session_id))
+            state = None
+        if state is not None:
+            return state
         last = session.last_decision.get(kind)
         return last.state if last else ControllerState.OFF
 

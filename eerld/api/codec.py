@@ -7,7 +7,7 @@ nothing. Bounds reject the absurd (a token count no phase can reach, a NaN) rath
 from __future__ import annotations
 
 import math
-import string
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -41,7 +41,7 @@ MAX_PIN_DURATION_S = 366 * 24 * 3600.0
 MAX_CLOCK_MHZ = 10_000
 MAX_DECISIONS_LIMIT = 100_000
 
-_TOKEN_CHARS = frozenset(string.ascii_letters + string.digits + "-_")
+_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
 
 _KINDS = {pb.PHASE_KIND_GENERATION: PhaseKind.GENERATION, pb.PHASE_KIND_TRAINING: PhaseKind.TRAINING}
 _KINDS_OUT = {v: k for k, v in _KINDS.items()}
@@ -75,7 +75,7 @@ def session_id(value: str, field: str = "session_id") -> str:
     """A syntactically valid session token (whether it exists is the domain's question)."""
     if not value:
         raise ValidationError(field, "required")
-    if len(value) > MAX_SESSION_ID_CHARS or not set(value) <= _TOKEN_CHARS:
+    if len(value) > MAX_SESSION_ID_CHARS or not _TOKEN.fullmatch(value):
         raise ValidationError(field, "not a session id")
     return value
 
@@ -106,21 +106,21 @@ def iteration(value: int, field: str = "iteration") -> int:
     return value
 
 
-def _count(value: int, field: str, maximum: int) -> int:
+def _count(value: int, field: str, name: str, maximum: int) -> int:
     if value > maximum:
         raise ValidationError(
-            field, f"{value} is absurd (at most {maximum}); negative values arrive this way too"
+            f"{field}.{name}", f"{value} is absurd (at most {maximum}); negative values arrive this way too"
         )
     return value
 
 
 def workload(msg: pb.Workload, field: str) -> Workload:
     """A phase workload with every count bounded and valid tokens within tokens."""
-    tokens = _count(msg.tokens, f"{field}.tokens", MAX_TOKENS)
-    valid = _count(msg.valid_tokens, f"{field}.valid_tokens", MAX_TOKENS)
-    sequences = _count(msg.sequences, f"{field}.sequences", MAX_SEQUENCES)
-    longest = _count(msg.max_response_tokens, f"{field}.max_response_tokens", MAX_TOKENS)
-    prompt = _count(msg.prompt_tokens, f"{field}.prompt_tokens", MAX_TOKENS)
+    tokens = _count(msg.tokens, field, "tokens", MAX_TOKENS)
+    valid = _count(msg.valid_tokens, field, "valid_tokens", MAX_TOKENS)
+    sequences = _count(msg.sequences, field, "sequences", MAX_SEQUENCES)
+    longest = _count(msg.max_response_tokens, field, "max_response_tokens", MAX_TOKENS)
+    prompt = _count(msg.prompt_tokens, field, "prompt_tokens", MAX_TOKENS)
     if tokens and valid > tokens:
         raise ValidationError(f"{field}.valid_tokens", f"{valid} exceeds tokens ({tokens})")
     return Workload(tokens, valid, sequences, longest, prompt)

@@ -140,6 +140,10 @@ class Controller(Protocol):
         """Current view per phase kind this controller decides for."""
         ...
 
+    def state_of(self, kind: PhaseKind) -> ControllerState | None:
+        """The state of one phase kind (None: not one it decides for); what EndPhase returns, so cheap."""
+        ...
+
     def decisions(self) -> Sequence[Decision]:
         """History, oldest first (bounded; old entries may be dropped)."""
         ...

@@ -211,6 +211,11 @@ class EerlController:
             )
         return views
 
+    def state_of(self, kind: PhaseKind) -> ControllerState | None:
+        """The state of ``kind``'s track (None when this session does not run that kind)."""
+        track = self._kinds.get(kind)
+        return track.state if track is not None else None
+
     def decisions(self) -> Sequence[Decision]:
         """History, oldest first (bounded)."""
         return list(self._history)

@@ -62,6 +62,10 @@ class _HistoryController:
             for k in self._settings.kinds
         ]
 
+    def state_of(self, kind: PhaseKind) -> ControllerState | None:
+        """The one state of this controller, for the kinds it decides for."""
+        return self._state if kind in self._phases else None
+
     def decisions(self) -> Sequence[Decision]:
         """Decision history, oldest first."""
         return list(self._history)

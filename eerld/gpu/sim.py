@@ -69,7 +69,7 @@ class SimBackend:
         return self.device.read(index, method, measure)
 
     def _check_sm_clock(self, index: int, sm_clock_mhz: int) -> None:
-        if isinstance(sm_clock_mhz, bool) or sm_clock_mhz not in self.device.model.grid_mhz:
+        if isinstance(sm_clock_mhz, bool) or sm_clock_mhz not in self.device.model.grid_set_mhz:
             grid = self.device.model.grid_mhz
             raise InvalidArgument(
                 f"SM clock {sm_clock_mhz!r} MHz is not supported (grid {grid[0]}–{grid[-1]} MHz, "

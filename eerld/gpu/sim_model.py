@@ -13,7 +13,7 @@ energy between segments accrues by itself.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -140,6 +140,18 @@ class GpuState:
             faults=self.faults,
         )
 
+    def copy_for_change(self) -> GpuState:
+        """A copy that a transaction may change without changing this (stored, shared) one.
+
+        Shares what is never changed in place — the arrays (rebuilt, see :meth:`copy_for_advance`), the
+        running :class:`Head` and the :class:`PendingSwitch` (both replaced, never edited) — and gives
+        the two dicts that are edited in place (``marks``, ``faults``) their own copies. A lock change
+        costs a third of a :meth:`clone`.
+        """
+        copy = self.copy_for_advance()
+        copy.faults = dict(self.faults)
+        return copy
+
     def clone(self) -> GpuState:
         """A deep copy (reads advance a private copy and never write it back).
 
@@ -186,6 +198,7 @@ class GpuModel:
     def __init__(self, profile: GpuProfile) -> None:
         self.profile = profile
         self.grid_mhz: tuple[int, ...] = profile.sm_clock_grid_mhz()
+        self.grid_set_mhz: frozenset[int] = frozenset(self.grid_mhz)  # membership on every lock
         self._grid = np.array(self.grid_mhz, dtype=np.float64)
         self.max_clock_mhz = self.grid_mhz[-1]
         self.min_clock_mhz = self.grid_mhz[0]
@@ -296,6 +309,9 @@ class GpuModel:
         energy_at: Callable[[float], float]
         lo_s = time_s - POWER_WINDOW_S
         old = gpu.history if begin_s > lo_s else gpu.history[:0]  # else all of it ended before lo_s
+        if len(blocks) == 1 and not marks and isinstance(blocks[0], tuple):
+            self._advance_one_interval(gpu, blocks[0], old, begin_energy_j, lo_s=lo_s)
+            return
         if all(isinstance(block, tuple) for block in blocks):
             scalar_rows = [block for block in blocks if isinstance(block, tuple)]
             energy_at = partial(_scalar_energy_until, scalar_rows, begin_energy_j)
@@ -316,6 +332,28 @@ class GpuModel:
             if key in gpu.marks and gpu.marks[key] is None:
                 gpu.marks[key] = [at_s, energy_at(at_s)]
         history = np.vstack([old, new_history]) if old.shape[0] else new_history
+        if history[0, H_END] <= lo_s:
+            history = history[history[:, H_END] > lo_s]
+        gpu.history = history
+        gpu.time_s = time_s
+
+    def _advance_one_interval(
+        self, gpu: GpuState, row: Row, old: FloatArray, begin_energy_j: float, *, lo_s: float
+    ) -> None:
+        """:meth:`advance` over one interval of constant power (an idle GPU, or a read while a segment
+        runs): the same figures as the general path, with one small array copy instead of three."""
+        start_s, time_s, power_w = row[H_START], row[H_END], row[H_POWER]
+        # _scalar_energy_until over this one row, written out (the same floating-point operations).
+        gpu.energy_j = begin_energy_j + power_w * max(0.0, time_s - start_s)
+        step_s = math.floor(time_s / self.counter_period_s) * self.counter_period_s
+        if step_s > start_s:
+            gpu.step_energy_j = begin_energy_j + power_w * max(0.0, min(time_s, step_s) - start_s)
+        if old.shape[0] and _continues(old[-1].tolist(), row):
+            history = old.copy()
+            history[-1, H_END] = time_s  # a fresh array: stored states never see it change
+        else:
+            fresh = np.array((row,), dtype=np.float64)
+            history = np.vstack([old, fresh]) if old.shape[0] else fresh
         if history[0, H_END] <= lo_s:
             history = history[history[:, H_END] > lo_s]
         gpu.history = history
@@ -515,7 +553,7 @@ def _energy_until(rows: FloatArray, begin_energy_j: float, time_s: float) -> flo
     return begin_energy_j + float(np.sum(rows[:, H_POWER] * covered))
 
 
-def _scalar_energy_until(rows: list[Row], begin_energy_j: float, time_s: float) -> float:
+def _scalar_energy_until(rows: Sequence[Row], begin_energy_j: float, time_s: float) -> float:
     """:func:`_energy_until` for a few rows of plain floats."""
     return begin_energy_j + sum(
         row[H_POWER] * max(0.0, min(row[H_END], time_s) - row[H_START]) for row in rows

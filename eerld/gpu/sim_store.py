@@ -71,12 +71,14 @@ class DeviceState:
         state to the next: a transaction copies only what it changes, and a file write re-encodes only
         that (see :class:`FileStore`).
         """
-        return DeviceState(self.profile, self.seed, replace(self.clock), list(self.gpus))
+        clock = self.clock
+        binding = ClockBinding(clock.kind, clock.speedup, clock.epoch_monotonic_s, clock.boot_id)
+        return DeviceState(self.profile, self.seed, binding, list(self.gpus))
 
     def gpu_for_change(self, index: int) -> GpuState:
         """GPU ``index``, copied first if this state still shares it with the one it was copied from."""
         if index not in self._changed:
-            self.gpus[index] = self.gpus[index].clone()
+            self.gpus[index] = self.gpus[index].copy_for_change()
             self._changed.add(index)
         return self.gpus[index]
 

@@ -347,6 +347,56 @@ class TestMeasurement:
 
         assert run(1) == pytest.approx(run(997), rel=1e-12)
 
+    @pytest.mark.parametrize("busy", [False, True])
+    def test_reading_often_or_rarely_gives_the_same_power_and_utilisation(self, busy: bool) -> None:
+        """Frequent reads take the one-interval path of the model; one late read takes the general one."""
+
+        def run(reads: int) -> tuple[float, float, float, int]:
+            backend, clock = virtual_backend(H100)
+            if busy:
+                backend.device.submit_segments(
+                    0, np.full(4, 400.0), np.full(4, 0.2), 1.0, *backend.device.draw_noise(0, 4)
+                )
+            backend.lock_sm_clock(0, 1410)
+            for _ in range(reads):
+                clock.advance(1.0 / reads)
+                backend.total_energy_mj(0)
+            utilisation = backend.utilization(0)
+            return (
+                backend.power_w(0),
+                utilisation.gpu_percent,
+                utilisation.memory_percent,
+                backend.total_energy_mj(0),
+            )
+
+        rarely, often = run(1), run(499)
+        assert often == pytest.approx(rarely, rel=1e-9)
+
+    def test_a_change_leaves_the_stored_state_it_started_from_untouched(self) -> None:
+        """Transactions share the arrays of the state they copy; the copy must never write through."""
+        backend, clock = virtual_backend(H100)
+        backend.device.submit_segments(
+            0, np.full(2, 400.0), np.full(2, 0.2), 1.0, *backend.device.draw_noise(0, 2)
+        )
+        clock.advance(0.05)
+        before = backend.device.store.load().gpus[0]
+        snapshot = before.clone()
+        backend.lock_sm_clock(0, 1410)
+        backend.device.inject_fault(0, "power_w", InvalidArgument, once=True)
+        clock.advance(0.3)
+        backend.total_energy_mj(0)
+        after = backend.device.store.load().gpus[0]
+        assert after is not before
+        assert after.sm_lock_mhz == 1410
+        assert "power_w" in after.faults
+        assert before.sm_lock_mhz is None
+        assert before.faults == {}
+        assert before.time_s == snapshot.time_s
+        assert np.array_equal(before.history, snapshot.history)
+        assert np.array_equal(before.queue, snapshot.queue)
+        assert before.energy_j == snapshot.energy_j
+        assert before.marks == snapshot.marks
+
 
 class TestValidation:
     @pytest.mark.parametrize("method", sorted(INDEXED_CALLS))
