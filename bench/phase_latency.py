@@ -7,7 +7,12 @@ same kind of socket at the same concurrency, in the same run. It reports p50/p99
 (target: eerld ≤ 1.5× the floor). It then measures the time from a client's SIGKILL to its GPU's reset,
 for a stream-bound and a lease-bound session (lease TTL 1 s), watching the sim state file from outside.
 
-Usage: python bench/phase_latency.py [--clients 1,32] [--rounds 1000] [--kills 5] [--json]
+``--backends`` adds variants of the daemon with part of its work taken out (bench/daemon_variant.py: no
+simulator, no log lines, no daemon work at all) to see where the time goes; ``--handler-times`` adds each
+RPC's duration as the server saw it.
+
+Usage: python bench/phase_latency.py [--clients 1,32] [--rounds 1000] [--kills 5] [--repeats 3]
+       [--backends sim,fake,nolog,noop] [--handler-times] [--json]
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from soak_common import percentile  # noqa: E402 - the bench scripts' one nearest-rank quantile
 
 ECHO = Path(__file__).with_name("echo_server.py")
+VARIANT = Path(__file__).with_name("daemon_variant.py")
 GEN, TRAIN = pb.PHASE_KIND_GENERATION, pb.PHASE_KIND_TRAINING
 WARMUP_ROUNDS = 20
 
@@ -128,12 +134,18 @@ def wait_ready(proc: subprocess.Popen, socket_path: Path) -> None:
 
 
 def start_eerld(
-    tmp: Path, gpus: int, *, backend: str = "sim", sim_state: Path | None = None, lease_ttl_s: float = 10.0
+    tmp: Path,
+    gpus: int,
+    *,
+    backend: str = "sim",
+    sim_state: Path | None = None,
+    lease_ttl_s: float = 10.0,
+    handler_times: Path | None = None,
 ) -> subprocess.Popen:
-    if backend == "fake":
-        program = [sys.executable, str(Path(__file__).with_name("fake_daemon.py")), str(gpus)]
-    else:
+    if backend == "sim" and handler_times is None:
         program = [sys.executable, "-m", "eerld.main", "--backend=sim", f"--sim-gpus={gpus}"]
+    else:  # a variant with part of the work taken out, or with the server's handler times recorded
+        program = [sys.executable, str(VARIANT), backend, str(gpus), f"--sim-gpus={gpus}"]
     args = [
         *program,
         f"--socket={tmp / 'w.sock'}",
@@ -149,8 +161,9 @@ def start_eerld(
     ]
     if sim_state is not None:
         args.append(f"--sim-state={sim_state}")
-    log = (tmp / "eerld.log").open("ab")
-    proc = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=log)
+    env = dict(os.environ, EERL_HANDLER_TIMES=str(handler_times)) if handler_times else None
+    with (tmp / "eerld.log").open("ab") as log:  # the daemon keeps its own descriptor
+        proc = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=log, env=env)
     wait_ready(proc, tmp / "w.sock")
     return proc
 
@@ -164,7 +177,19 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def latency(clients: int, rounds: int, backend: str, repeats: int) -> dict[str, object]:
+def read_handler_times(path: Path) -> dict[str, float]:
+    """Server-side median and p99 (ms) per RPC, as bench/daemon_variant.py wrote them when it stopped."""
+    times: dict[str, float] = {}
+    for line in path.read_text().splitlines():
+        name, _count, median_s, p99_s = line.split()
+        times[f"{name}_handler_p50_ms"] = float(median_s) * 1e3
+        times[f"{name}_handler_p99_ms"] = float(p99_s) * 1e3
+    return times
+
+
+def latency(
+    clients: int, rounds: int, backend: str, repeats: int, *, handler_times: bool = False
+) -> dict[str, object]:
     """Floor and eerld measured alternately ``repeats`` times; the figures are medians over the repeats."""
     runs: list[dict[str, float]] = []
     for _ in range(repeats):
@@ -177,11 +202,13 @@ def latency(clients: int, rounds: int, backend: str, repeats: int) -> dict[str, 
                 floor = run_clients(echo_client, echo_sock, clients, rounds)
             finally:
                 stop(echo)
-            daemon = start_eerld(tmp, max(clients, 1), backend=backend)
+            times_file = tmp / "handler-times.txt" if handler_times else None
+            daemon = start_eerld(tmp, max(clients, 1), backend=backend, handler_times=times_file)
             try:
                 measured = run_clients(eerld_client, tmp / "w.sock", clients, rounds)
             finally:
                 stop(daemon)
+            server_side = read_handler_times(times_file) if times_file is not None else {}
         run = {
             "eerld_p50_ms": percentile(measured, 0.5) * 1e3,
             "eerld_p99_ms": percentile(measured, 0.99) * 1e3,
@@ -190,6 +217,7 @@ def latency(clients: int, rounds: int, backend: str, repeats: int) -> dict[str, 
         }
         run["ratio_p50"] = run["eerld_p50_ms"] / run["floor_p50_ms"]
         run["ratio_p99"] = run["eerld_p99_ms"] / run["floor_p99_ms"]
+        run.update(server_side)
         runs.append(run)
     result: dict[str, object] = {
         "backend": backend,
@@ -259,14 +287,25 @@ def main() -> None:
     parser.add_argument("--clients", default="1,32")
     parser.add_argument("--rounds", type=int, default=1000, help="round trips per run, split over clients")
     parser.add_argument("--kills", type=int, default=5)
-    parser.add_argument("--backends", default="sim,fake", help="eerld backends to measure: sim, fake")
+    parser.add_argument(
+        "--backends",
+        default="sim,fake",
+        help="what to measure: sim (eerld as shipped) and the variants of bench/daemon_variant.py "
+        "(fake: no simulator, nolog: no INFO log lines, noop: eerld's gRPC surface alone)",
+    )
+    parser.add_argument(
+        "--handler-times",
+        action="store_true",
+        help="also report each RPC's duration inside the server (median over runs of the runs' p50 and p99)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="alternating floor/eerld runs per setting")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     results: dict[str, object] = {"latency": [], "kill_to_reset_s": {}}
     for backend in args.backends.split(","):
         for clients in (int(c) for c in args.clients.split(",")):
-            r = latency(clients, max(20, args.rounds // clients), backend, args.repeats)
+            rounds = max(20, args.rounds // clients)
+            r = latency(clients, rounds, backend, args.repeats, handler_times=args.handler_times)
             results["latency"].append(r)  # type: ignore[union-attr]
             if not args.json:
                 print(
@@ -278,6 +317,17 @@ def main() -> None:
                     f" p50 ratios {r['ratio_p50_runs']})",
                     flush=True,
                 )
+                if args.handler_times:
+                    print(
+                        "     inside the server: "
+                        + ", ".join(
+                            f"{rpc} p50 {r[f'{rpc}_handler_p50_ms'] * 1e3:.0f} µs"
+                            f" p99 {r[f'{rpc}_handler_p99_ms'] * 1e3:.0f} µs"
+                            for rpc in ("BeginPhase", "EndPhase")
+                            if f"{rpc}_handler_p50_ms" in r
+                        ),
+                        flush=True,
+                    )
     for mode, ttl in (("stream", 10.0), ("lease", 1.0)) if args.kills > 0 else ():
         times = kill_to_reset(mode, args.kills, ttl)
         results["kill_to_reset_s"][mode] = {

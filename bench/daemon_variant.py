@@ -1,0 +1,84 @@
+"""eerld with parts of its work taken out, to see where a phase event's time goes.
+
+bench/phase_latency.py runs these beside the real daemon (``--backends sim,fake,nolog,noop``):
+
+- ``sim``: eerld as shipped, on the sim backend (what ``python -m eerld.main --backend=sim`` runs);
+- ``fake``: the in-memory fake backend instead of the simulator (the daemon's cost without the physics);
+- ``nolog``: the sim backend with log lines below WARNING dropped (the cost of the lock's log line);
+- ``noop``: the same gRPC servers, interceptor, health and reflection, but BeginPhase and EndPhase answer
+  at once (the cost of eerld's gRPC surface alone).
+
+With ``EERL_HANDLER_TIMES=FILE`` the process writes, when it stops, the median and p99 of each RPC's
+duration as the server saw it (the span the ``eerl_rpc_duration_seconds`` histogram observes).
+
+Usage: python bench/daemon_variant.py sim|fake|nolog|noop GPUS [eerld flags...]  (--backend is ignored)
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import logging
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import structlog
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from eerld.config import load_config  # noqa: E402 - after the path set-up above
+from eerld.control.base import ControllerState  # noqa: E402
+from eerld.daemon import BeganPhase, Daemon, EndedPhase  # noqa: E402
+from eerld.gpu.base import GpuBackend  # noqa: E402
+from eerld.logging import configure_logging  # noqa: E402
+from eerld.server import create_server, serve  # noqa: E402
+from eerld.testing import FakeGpuBackend  # noqa: E402
+
+VARIANTS = ("sim", "fake", "nolog", "noop")
+
+
+def answer_at_once() -> None:
+    """BeginPhase/EndPhase return constants: what is left is eerld's gRPC surface."""
+    began = BeganPhase((), ControllerState.FIXED, 1200)
+    ended = EndedPhase(1.0, 1000.0, 1.0, ControllerState.FIXED)
+    Daemon.begin_phase = lambda self, *args: began  # type: ignore[method-assign]
+    Daemon.end_phase = lambda self, *args: ended  # type: ignore[method-assign]
+
+
+def record_handler_times(daemon: Daemon, path: str) -> None:
+    durations: dict[str, list[float]] = collections.defaultdict(list)
+    daemon.rpc_observers.append(lambda name, _code, seconds: durations[name].append(seconds))
+
+    def write() -> None:
+        with open(path, "w") as out:
+            for name, values in sorted(durations.items()):
+                values.sort()
+                p99 = values[min(len(values) - 1, int(len(values) * 0.99))]
+                out.write(f"{name} {len(values)} {statistics.median(values)} {p99}\n")
+
+    atexit.register(write)
+
+
+def main() -> int:
+    variant, gpus = sys.argv[1], int(sys.argv[2])
+    if variant not in VARIANTS:
+        sys.exit(f"Error: variant must be one of {', '.join(VARIANTS)}, not {variant!r}")
+    config = load_config([*sys.argv[3:], "--backend=sim"])
+    configure_logging(config.log_format)
+    if variant == "nolog":
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    if variant == "noop":
+        answer_at_once()
+    backend: GpuBackend | None = FakeGpuBackend(gpus) if variant == "fake" else None
+    server = create_server(config, backend=backend)
+    if os.environ.get("EERL_HANDLER_TIMES"):
+        record_handler_times(server.daemon, os.environ["EERL_HANDLER_TIMES"])
+    return serve(server)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,19 @@
+"""bench/phase_latency.py at a small count: the harness that measures #3's latency target keeps working, and
+its daemon variants take out what they say they take out."""
+
+from __future__ import annotations
+
+import phase_latency
+import pytest
+
+
+@pytest.mark.parametrize("backend", ["sim", "noop"])
+def test_the_harness_measures_eerld_beside_the_floor_with_server_side_times(backend: str) -> None:
+    result = phase_latency.latency(1, 30, backend, 1, handler_times=True)
+    assert result["round_trips_per_run"] == 30
+    for key in ("eerld_p50_ms", "floor_p50_ms", "BeginPhase_handler_p50_ms", "EndPhase_handler_p50_ms"):
+        assert isinstance(result[key], float)
+        assert result[key] > 0
+    assert result["BeginPhase_handler_p50_ms"] <= result["eerld_p50_ms"]
+    # the one RPC of the session's set-up is recorded too, and the variant does not skip it
+    assert result["OpenSession_handler_p50_ms"] > 0
