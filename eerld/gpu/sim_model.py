@@ -145,8 +145,7 @@ class GpuState:
 
         Shares what is never changed in place — the arrays (rebuilt, see :meth:`copy_for_advance`), the
         running :class:`Head` and the :class:`PendingSwitch` (both replaced, never edited) — and gives
-        the two dicts that are edited in place (``marks``, ``faults``) their own copies. A lock change
-        costs a third of a :meth:`clone`.
+        the two dicts that are edited in place (``marks``, ``faults``) their own copies.
         """
         copy = self.copy_for_advance()
         copy.faults = dict(self.faults)

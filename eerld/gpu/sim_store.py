@@ -19,7 +19,7 @@ import secrets
 import threading
 import weakref
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -44,7 +44,7 @@ class CorruptState(ValueError):
     """The state file exists but cannot be read as a device state; the message says why."""
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class ClockBinding:
     """How simulated time is counted for this device; every process sharing it must agree."""
 
@@ -71,9 +71,7 @@ class DeviceState:
         state to the next: a transaction copies only what it changes, and a file write re-encodes only
         that (see :class:`FileStore`).
         """
-        clock = self.clock
-        binding = ClockBinding(clock.kind, clock.speedup, clock.epoch_monotonic_s, clock.boot_id)
-        return DeviceState(self.profile, self.seed, binding, list(self.gpus))
+        return DeviceState(self.profile, self.seed, self.clock, list(self.gpus))  # the binding is frozen
 
     def gpu_for_change(self, index: int) -> GpuState:
         """GPU ``index``, copied first if this state still shares it with the one it was copied from."""
@@ -428,7 +426,7 @@ class StateEncoder:
         """The state file's bytes."""
         header = self._header
         if header is None or (header[0], header[1], header[2]) != (state.profile, state.seed, state.clock):
-            header = (state.profile, state.seed, replace(state.clock), _encode_header(state))
+            header = (state.profile, state.seed, state.clock, _encode_header(state))
             self._header = header
         old = self._gpus
         parts = [
