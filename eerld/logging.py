@@ -69,7 +69,10 @@ class _StderrText:
 
 
 def configure_logging(log_format: str | None = None, *, debug: bool = False) -> None:
-    """Configure structlog for the daemon; ``log_format`` None picks by whether stderr is a TTY."""
+    """Configure structlog for the daemon; ``log_format`` None picks by whether stderr is a TTY.
+
+    Call it before the first log line: a logger is bound to the configuration of its first use.
+    """
     fmt = log_format or ("console" if sys.stderr.isatty() else "json")
     renderer: structlog.typing.Processor
     logger_factory: Callable[..., structlog.typing.WrappedLogger]
