@@ -38,6 +38,9 @@ from eerld.logging import configure_logging  # noqa: E402
 from eerld.server import create_server, serve  # noqa: E402
 from eerld.testing import FakeGpuBackend  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from soak_common import percentile  # noqa: E402 - the bench scripts' one nearest-rank quantile
+
 VARIANTS = ("sim", "fake", "nolog", "noop")
 
 
@@ -56,9 +59,7 @@ def record_handler_times(daemon: Daemon, path: str) -> None:
     def write() -> None:
         with open(path, "w") as out:
             for name, values in sorted(durations.items()):
-                values.sort()
-                p99 = values[min(len(values) - 1, int(len(values) * 0.99))]
-                out.write(f"{name} {len(values)} {statistics.median(values)} {p99}\n")
+                out.write(f"{name} {len(values)} {statistics.median(values)} {percentile(values, 0.99)}\n")
 
     atexit.register(write)
 

@@ -627,27 +627,26 @@ class Daemon:
                 with peer.lock:
                     if not peer.closed:
                         self._observe(peer, observation, now_s)
-        if not self.phase_observers:  # metrics off: nobody to tell
-            return EndedPhase(energy.duration_s, energy.energy_mj, energy.mean_power_w, state)
-        record = PhaseRecord(
-            session_id=session_id,
-            job_id=session.spec.job_id,
-            rank=session.spec.rank,
-            kind=kind,
-            iteration=iteration,
-            duration_s=energy.duration_s,
-            energy_mj=energy.energy_mj,
-            tokens=workload.tokens,
-            valid_tokens=workload.valid_tokens,
-            sm_clock_mhz=active.sm_clock_mhz,
-            gpu_indices=session.gpu_indices,
-            state=state,
-        )
-        for observer in list(self.phase_observers):
-            try:
-                observer(record)
-            except Exception:
-                log.exception("phase_observer_error")
+        if self.phase_observers:  # metrics on: tell them (nothing to build otherwise)
+            record = PhaseRecord(
+                session_id=session_id,
+                job_id=session.spec.job_id,
+                rank=session.spec.rank,
+                kind=kind,
+                iteration=iteration,
+                duration_s=energy.duration_s,
+                energy_mj=energy.energy_mj,
+                tokens=workload.tokens,
+                valid_tokens=workload.valid_tokens,
+                sm_clock_mhz=active.sm_clock_mhz,
+                gpu_indices=session.gpu_indices,
+                state=state,
+            )
+            for observer in list(self.phase_observers):
+                try:
+                    observer(record)
+                except Exception:
+                    log.exception("phase_observer_error")
         return EndedPhase(energy.duration_s, energy.energy_mj, energy.mean_power_w, state)
 
     def _observe(self, session: Session, observation: PhaseObservation, now_s: float) -> None:

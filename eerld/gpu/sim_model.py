@@ -330,11 +330,7 @@ class GpuModel:
         for key, at_s in marks:
             if key in gpu.marks and gpu.marks[key] is None:
                 gpu.marks[key] = [at_s, energy_at(at_s)]
-        history = np.vstack([old, new_history]) if old.shape[0] else new_history
-        if history[0, H_END] <= lo_s:
-            history = history[history[:, H_END] > lo_s]
-        gpu.history = history
-        gpu.time_s = time_s
+        _settle(gpu, np.vstack([old, new_history]) if old.shape[0] else new_history, time_s, lo_s)
 
     def _advance_one_interval(
         self, gpu: GpuState, row: Row, old: FloatArray, begin_energy_j: float, *, lo_s: float
@@ -353,10 +349,7 @@ class GpuModel:
         else:
             fresh = np.array((row,), dtype=np.float64)
             history = np.vstack([old, fresh]) if old.shape[0] else fresh
-        if history[0, H_END] <= lo_s:
-            history = history[history[:, H_END] > lo_s]
-        gpu.history = history
-        gpu.time_s = time_s
+        _settle(gpu, history, time_s, lo_s)
 
     def _run_queue(
         self,
@@ -539,6 +532,14 @@ def _window(gpu: GpuState) -> _Window:
         busy_s=float(np.sum(weights[hist[:, H_CLOCK] > 0])),
         memory_s=float(np.sum(weights * hist[:, H_MEMORY])),
     )
+
+
+def _settle(gpu: GpuState, history: FloatArray, time_s: float, lo_s: float) -> None:
+    """End an advance: keep the history rows that reach into the power window, move the clock on."""
+    if history[0, H_END] <= lo_s:
+        history = history[history[:, H_END] > lo_s]
+    gpu.history = history
+    gpu.time_s = time_s
 
 
 def _continues(last: list[float], row: Row) -> bool:
