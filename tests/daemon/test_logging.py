@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import re
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 import structlog
@@ -62,6 +65,85 @@ class TestJsonLines:
         configure_logging("json", debug=True)
         structlog.get_logger("loud").debug("rpc_rejected")
         assert [line["event"] for line in json_lines(capsys)] == ["rpc_rejected"]
+
+
+class Unserialisable:
+    def __repr__(self) -> str:
+        return "<unserialisable>"
+
+
+class StructlogAware:
+    def __structlog__(self) -> str:
+        return "as-structlog-says"
+
+
+class TestPlainLinesSkipTheChain:
+    """A plain line is built without walking the processor chain: the bytes must be the chain's."""
+
+    @staticmethod
+    def through_chain_and_plain(
+        monkeypatch: pytest.MonkeyPatch, emit: Callable[[Any], None], *, bind: dict[str, object] | None = None
+    ) -> tuple[bytes, bytes]:
+        monkeypatch.setattr(eerld_logging.time, "time", lambda: 1764470400.25)
+        out: list[bytes] = []
+        for plain in (False, True):
+            stream = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+            monkeypatch.setattr(sys, "stderr", stream)
+            configure_logging("json")
+            if not plain:  # the same chain, but every line through it
+                structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+            log = structlog.get_logger("same").bind(**(bind or {}))
+            emit(log)
+            out.append(stream.buffer.getvalue())  # type: ignore[attr-defined]
+        return out[0], out[1]
+
+    @pytest.mark.parametrize("level", ["info", "warning", "error", "critical"])
+    def test_every_level_renders_the_bytes_of_the_chain(
+        self, level: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        def emit(log: Any) -> None:
+            getattr(log, level)(
+                "clock_lock", gpu_index=0, gpu_uuid="GPU-1", sm_clock_mhz=1200, pinned=False, share=0.5
+            )
+
+        chain, plain = self.through_chain_and_plain(monkeypatch, emit)
+        assert plain == chain
+        assert json.loads(plain)["level"] == level
+
+    def test_bound_context_and_odd_values_render_as_the_chain_renders_them(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        def emit(log: Any) -> None:
+            log.info("session_open", odd=Unserialisable(), aware=StructlogAware(), nested={"a": [1, 2]})
+
+        chain, plain = self.through_chain_and_plain(monkeypatch, emit, bind={"session_id": "abc", "rank": 3})
+        assert plain == chain
+        line = json.loads(plain)
+        assert (line["session_id"], line["odd"], line["aware"]) == (
+            "abc",
+            "<unserialisable>",
+            "as-structlog-says",
+        )
+        assert list(line)[:2] == ["session_id", "rank"]  # bound context first, as structlog orders it
+
+    def test_percent_arguments_and_exceptions_still_go_through_the_chain(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        configure_logging("json")
+        log = structlog.get_logger("chain")
+        log.info("gpu %s lost", 3)
+        try:
+            raise ValueError("bad")
+        except ValueError:
+            log.error("controller_error", exc_info=True)
+        first, second = json_lines(capsys)
+        assert first["event"] == "gpu 3 lost"
+        assert "ValueError: bad" in str(second["exception"])
+
+    def test_below_the_level_nothing_is_written(self, capsys: pytest.CaptureFixture[str]) -> None:
+        configure_logging("json")
+        structlog.get_logger("quiet").debug("rate_limited", gpu_index=1)
+        assert capsys.readouterr().err == ""
 
 
 class TestStderrFollowing:
