@@ -283,13 +283,19 @@ class SimDevice:
     def _transaction(self) -> Iterator[DeviceState]:
         try:
             with self._order, self.store.transaction() as txn:
-                if txn.state is None:
-                    raise BackendFailure(f"sim state {self.store.description} vanished")
-                yield txn.state
-        except CorruptState as exc:
-            raise BackendFailure(f"sim state {self.store.description} is corrupt: {exc}") from exc
-        except OSError as exc:
-            raise BackendFailure(f"sim state {self.store.description}: {exc}") from exc
+                yield self._present(txn.state)
+        except (CorruptState, OSError) as exc:
+            raise self._store_failure(exc) from exc
+
+    def _present(self, state: DeviceState | None) -> DeviceState:
+        if state is None:
+            raise BackendFailure(f"sim state {self.store.description} vanished")
+        return state
+
+    def _store_failure(self, exc: CorruptState | OSError) -> BackendFailure:
+        if isinstance(exc, CorruptState):
+            return BackendFailure(f"sim state {self.store.description} is corrupt: {exc}")
+        return BackendFailure(f"sim state {self.store.description}: {exc}")
 
     def _now(self, gpu: GpuState) -> float:
         return max(self.clock.now_s(), gpu.time_s)
@@ -343,13 +349,16 @@ class SimDevice:
         self.check_index(index)
         error: GpuError | None = None
         result: T
-        with self._transaction() as state:
-            gpu = state.gpu_for_change(index)
-            error = _take_fault(gpu, index, method) if method is not None else None
-            if error is None:
-                now = self._now(gpu)
-                self.model.advance(gpu, now)
-                result = body(gpu, now)
+        try:  # _transaction() written out: every simulated lock comes here, and the generator costs
+            with self._order, self.store.transaction() as txn:
+                gpu = self._present(txn.state).gpu_for_change(index)
+                error = _take_fault(gpu, index, method) if method is not None else None
+                if error is None:
+                    now = self._now(gpu)
+                    self.model.advance(gpu, now)
+                    result = body(gpu, now)
+        except (CorruptState, OSError) as exc:
+            raise self._store_failure(exc) from exc
         if error is not None:
             raise error
         return result

@@ -110,6 +110,11 @@ class GpuState:
     head_seq: int = 0
     head: Head | None = None
     history: FloatArray = field(default_factory=lambda: empty_rows(len(HISTORY_COLUMNS)))
+    """The power history but its last row (see :meth:`full_history`), oldest first."""
+    history_tail: Row | None = None
+    """The history's last row, as plain floats: most advances only move its end (an idle GPU, a read
+    while a segment runs), and doing that without numpy saves ~20 µs per advance on cold CPU caches —
+    three advances per BeginPhase + EndPhase on the sim backend. ``None`` only when there is no history."""
     marks: dict[str, list[float] | None] = field(default_factory=dict)
     lost: bool = False
     faults: dict[str, Fault] = field(default_factory=dict)
@@ -135,6 +140,7 @@ class GpuState:
             head_seq=self.head_seq,
             head=self.head,
             history=self.history,
+            history_tail=self.history_tail,
             marks=dict(self.marks),
             lost=self.lost,
             faults=self.faults,
@@ -167,6 +173,12 @@ class GpuState:
         copy.marks = {k: None if v is None else list(v) for k, v in self.marks.items()}
         copy.faults = {k: Fault(f.error, f.once) for k, f in self.faults.items()}
         return copy
+
+    def full_history(self) -> FloatArray:
+        """Every history row (``HISTORY_COLUMNS``), oldest first, the tail included (a new array)."""
+        if self.history_tail is None:
+            return self.history
+        return np.vstack([self.history, np.array((self.history_tail,), dtype=np.float64)])
 
     @property
     def queued_segments(self) -> int:
@@ -307,14 +319,14 @@ class GpuModel:
         # constant power: integrate those with plain floats; numpy only for runs of queued segments.
         energy_at: Callable[[float], float]
         lo_s = time_s - POWER_WINDOW_S
-        old = gpu.history if begin_s > lo_s else gpu.history[:0]  # else all of it ended before lo_s
         if len(blocks) == 1 and not marks and isinstance(blocks[0], tuple):
-            self._advance_one_interval(gpu, blocks[0], old, begin_energy_j, lo_s=lo_s)
+            self._advance_one_interval(gpu, blocks[0], begin_energy_j, lo_s=lo_s)
             return
+        old = gpu.full_history() if begin_s > lo_s else gpu.history[:0]  # else all of it ended before lo_s
         if all(isinstance(block, tuple) for block in blocks):
             scalar_rows = [block for block in blocks if isinstance(block, tuple)]
             energy_at = partial(_scalar_energy_until, scalar_rows, begin_energy_j)
-            if old.shape[0] and _continues(old[-1].tolist(), scalar_rows[0]):
+            if old.shape[0] and _continues(as_row(old[-1]), scalar_rows[0]):
                 # The same power since the last advance (a read while one segment runs, or idle):
                 # extend that row rather than add one per read.
                 scalar_rows = [(float(old[-1, H_START]), *scalar_rows[0][1:]), *scalar_rows[1:]]
@@ -332,24 +344,27 @@ class GpuModel:
                 gpu.marks[key] = [at_s, energy_at(at_s)]
         _settle(gpu, np.vstack([old, new_history]) if old.shape[0] else new_history, time_s, lo_s)
 
-    def _advance_one_interval(
-        self, gpu: GpuState, row: Row, old: FloatArray, begin_energy_j: float, *, lo_s: float
-    ) -> None:
+    def _advance_one_interval(self, gpu: GpuState, row: Row, begin_energy_j: float, *, lo_s: float) -> None:
         """:meth:`advance` over one interval of constant power (an idle GPU, or a read while a segment
-        runs): the same figures as the general path, with one small array copy instead of three."""
+        runs): the same figures as the general path; when the power goes on as before (the common
+        case) only the history's tail moves, and no numpy call is made."""
         start_s, time_s, power_w = row[H_START], row[H_END], row[H_POWER]
         # _scalar_energy_until over this one row, written out (the same floating-point operations).
         gpu.energy_j = begin_energy_j + power_w * max(0.0, time_s - start_s)
         step_s = math.floor(time_s / self.counter_period_s) * self.counter_period_s
         if step_s > start_s:
             gpu.step_energy_j = begin_energy_j + power_w * max(0.0, min(time_s, step_s) - start_s)
-        if old.shape[0] and _continues(old[-1].tolist(), row):
-            history = old.copy()
-            history[-1, H_END] = time_s  # a fresh array: stored states never see it change
+        closed, tail = (gpu.history, gpu.history_tail) if start_s > lo_s else (gpu.history[:0], None)
+        if tail is not None and _continues(tail, row):
+            _, end_s, power, clock, compute, memory, capped = row
+            tail = (tail[H_START], end_s, power, clock, compute, memory, capped)
         else:
-            fresh = np.array((row,), dtype=np.float64)
-            history = np.vstack([old, fresh]) if old.shape[0] else fresh
-        _settle(gpu, history, time_s, lo_s)
+            if tail is not None:
+                closed = np.vstack([closed, np.array((tail,), dtype=np.float64)])
+            tail = row
+        if closed.shape[0] and closed[0, H_END] <= lo_s:
+            closed = closed[closed[:, H_END] > lo_s]
+        gpu.history, gpu.history_tail, gpu.time_s = closed, tail, time_s
 
     def _run_queue(
         self,
@@ -516,15 +531,17 @@ SMALL_HISTORY_ROWS = 32
 def _window(gpu: GpuState) -> _Window:
     lo = gpu.time_s - POWER_WINDOW_S
     hist = gpu.history
-    if hist.shape[0] <= SMALL_HISTORY_ROWS:
+    if hist.shape[0] < SMALL_HISTORY_ROWS:
         covered = energy = busy = memory = 0.0
-        for row in hist.tolist():
+        rows = hist.tolist() if hist.shape[0] else []
+        for row in rows if gpu.history_tail is None else [*rows, gpu.history_tail]:
             weight = max(0.0, min(row[H_END], gpu.time_s) - max(row[H_START], lo))
             covered += weight
             energy += row[H_POWER] * weight
             busy += weight if row[H_CLOCK] > 0 else 0.0
             memory += weight * row[H_MEMORY]
         return _Window(covered, energy, busy, memory)
+    hist = gpu.full_history()
     weights = np.clip(np.minimum(hist[:, H_END], gpu.time_s) - np.maximum(hist[:, H_START], lo), 0, None)
     return _Window(
         covered_s=float(np.sum(weights)),
@@ -538,13 +555,20 @@ def _settle(gpu: GpuState, history: FloatArray, time_s: float, lo_s: float) -> N
     """End an advance: keep the history rows that reach into the power window, move the clock on."""
     if history[0, H_END] <= lo_s:
         history = history[history[:, H_END] > lo_s]
-    gpu.history = history
+    gpu.history = history[:-1]
+    gpu.history_tail = as_row(history[-1])
     gpu.time_s = time_s
 
 
-def _continues(last: list[float], row: Row) -> bool:
+def as_row(values: FloatArray) -> Row:
+    """One history row of an array, as plain floats."""
+    start, end, power, clock, compute, memory, capped = values.tolist()
+    return (start, end, power, clock, compute, memory, capped)
+
+
+def _continues(last: Row, row: Row) -> bool:
     """Whether ``row`` goes on from history row ``last`` at the same power, clock and activities."""
-    return last[H_END] == row[H_START] and last[H_POWER:] == list(row[H_POWER:])
+    return last[H_END] == row[H_START] and last[H_POWER:] == row[H_POWER:]
 
 
 def _energy_until(rows: FloatArray, begin_energy_j: float, time_s: float) -> float:

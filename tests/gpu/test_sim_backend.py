@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import replace
@@ -19,7 +20,9 @@ from eerld.errors import (
     NotSupported,
 )
 from eerld.gpu.base import ClockEventReasons, GpuBackend
+from eerld.gpu import sim_model
 from eerld.gpu.sim import FAULTABLE_METHODS, SimBackend, VirtualClock, create_sim_backend
+from eerld.gpu.sim_store import decode_state, encode_state
 from eerld.sim import physics
 from eerld.sim.profiles import builtin_profile
 from tests.gpu.sim_fixtures import (
@@ -372,6 +375,54 @@ class TestMeasurement:
         rarely, often = run(1), run(499)
         assert often == pytest.approx(rarely, rel=1e-9)
 
+    @staticmethod
+    def many_rows_then_idle() -> tuple[SimBackend, VirtualClock]:
+        """40 short segments at alternating clocks inside the power window, then idle reads: closed
+        rows, and a tail that only moves."""
+        backend, clock = virtual_backend(H100)
+        backend.device.submit_segments(
+            0, np.full(40, 1.0), np.full(40, 0.001), 1.0, *backend.device.draw_noise(0, 40)
+        )
+        for step in range(40):
+            backend.lock_sm_clock(0, 1410 if step % 2 else 1200)
+            clock.advance(0.0015)
+            backend.total_energy_mj(0)
+        for _ in range(5):
+            clock.advance(0.001)
+            backend.total_energy_mj(0)
+        return backend, clock
+
+    def test_the_history_tail_counts_in_both_ways_of_summing_the_power_window(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Up to SMALL_HISTORY_ROWS rows the window is summed in plain floats, above in numpy."""
+        backend, _clock = self.many_rows_then_idle()
+        gpu = backend.device.observe(0)
+        assert gpu.history_tail is not None and gpu.history.shape[0] >= 8
+        figures = []
+        for small in (0, 10_000):
+            monkeypatch.setattr(sim_model, "SMALL_HISTORY_ROWS", small)
+            figures.append((backend.power_w(0), backend.utilization(0).gpu_percent))
+        assert figures[0] == pytest.approx(figures[1], rel=1e-12)
+        rows = gpu.full_history()
+        weights = np.clip(
+            np.minimum(rows[:, 1], gpu.time_s) - np.maximum(rows[:, 0], gpu.time_s - 0.1), 0, None
+        )
+        assert figures[0][0] == pytest.approx(
+            float(np.sum(rows[:, 2] * weights) / np.sum(weights)), rel=1e-12
+        )
+
+    def test_a_state_file_keeps_the_whole_history_tail_included(self) -> None:
+        backend, _clock = self.many_rows_then_idle()
+        state = backend.device.store.load()
+        assert state is not None
+        reread = decode_state(encode_state(state))
+        for before, after in zip(state.gpus, reread.gpus, strict=True):
+            assert np.array_equal(before.full_history(), after.full_history())
+            assert after.history_tail == before.history_tail
+        document = json.loads(encode_state(state))  # the format of docs/sim-backend.md: every row listed
+        assert document["gpus"][0]["history"]["rows"] == state.gpus[0].full_history().shape[0]
+
     def test_a_change_leaves_the_stored_state_it_started_from_untouched(self) -> None:
         """Transactions share the arrays of the state they copy; the copy must never write through."""
         backend, clock = virtual_backend(H100)
@@ -392,7 +443,7 @@ class TestMeasurement:
         assert before.sm_lock_mhz is None
         assert before.faults == {}
         assert before.time_s == snapshot.time_s
-        assert np.array_equal(before.history, snapshot.history)
+        assert np.array_equal(before.full_history(), snapshot.full_history())
         assert np.array_equal(before.queue, snapshot.queue)
         assert before.energy_j == snapshot.energy_j
         assert before.marks == snapshot.marks
