@@ -3,9 +3,12 @@
 For 1 and 32 concurrent client *processes*, each on its own simulated GPU, the script measures the
 round trip of BeginPhase + EndPhase (alternating generation and training, so every BeginPhase changes the
 lock) against eerld on the sim backend, and two no-op unary RPCs against bench/echo_server.py over the
-same kind of socket at the same concurrency, in the same run. It reports p50/p99 of each and the ratio
-(target: eerld ≤ 1.5× the floor). It then measures the time from a client's SIGKILL to its GPU's reset,
-for a stream-bound and a lease-bound session (lease TTL 1 s), watching the sim state file from outside.
+same kind of socket at the same concurrency, in the same run: both servers run side by side and every
+client alternates between them in blocks of 50 round trips (ABBA order, all clients switching
+together), so both are measured over the same span of time on this shared machine. It reports p50/p99
+of each and the ratio (target: eerld ≤ 1.5× the floor). It then measures the time from a client's
+SIGKILL to its GPU's reset, for a stream-bound and a lease-bound session (lease TTL 1 s), watching the
+sim state file from outside.
 
 ``--backends`` adds variants of the daemon with part of its work taken out (bench/daemon_variant.py: no
 simulator, no log lines, no daemon work at all) to see where the time goes; ``--handler-times`` adds each
@@ -46,57 +49,100 @@ ECHO = Path(__file__).with_name("echo_server.py")
 VARIANT = Path(__file__).with_name("daemon_variant.py")
 GEN, TRAIN = pb.PHASE_KIND_GENERATION, pb.PHASE_KIND_TRAINING
 WARMUP_ROUNDS = 20
+BLOCK_ROUNDS = 50
+"""Round trips per client in one block of one server (see :func:`interleaved_client`)."""
 
 
 # -- clients (run in their own processes) ------------------------------------------------------------
 
 
-def eerld_client(socket_path: str, gpu: int, rounds: int, start_at: float, out: mp.Queue) -> None:
-    channel = grpc.insecure_channel(f"unix:{socket_path}")
-    stub = pb_grpc.PhaseServiceStub(channel)
-    session = stub.OpenSession(pb.OpenSessionRequest(job_id="bench", rank=gpu, gpus=[pb.GpuRef(index=gpu)]))
-    sid = session.session_id
-    workload = pb.Workload(tokens=4096, valid_tokens=2048, sequences=16)
-    samples: list[float] = []
-    iteration = 0
-    while time.time() < start_at:
-        time.sleep(0.001)
-    for i in range(WARMUP_ROUNDS + rounds):
-        kind = GEN if i % 2 == 0 else TRAIN
+class EerldTarget:
+    """One session on GPU ``gpu``; a round trip is BeginPhase + EndPhase, alternating the phase kind."""
+
+    name = "eerld"
+
+    def __init__(self, socket_path: str, gpu: int) -> None:
+        self._channel = grpc.insecure_channel(f"unix:{socket_path}")
+        self._stub = pb_grpc.PhaseServiceStub(self._channel)
+        request = pb.OpenSessionRequest(job_id="bench", rank=gpu, gpus=[pb.GpuRef(index=gpu)])
+        self._sid = self._stub.OpenSession(request).session_id
+        self._workload = pb.Workload(tokens=4096, valid_tokens=2048, sequences=16)
+        self._iteration = 0
+        self._kind = TRAIN
+
+    def round_trip(self) -> float:
+        self._kind = GEN if self._kind == TRAIN else TRAIN
+        sid, kind, iteration = self._sid, self._kind, self._iteration
         t0 = time.perf_counter()
-        stub.BeginPhase(pb.BeginPhaseRequest(session_id=sid, kind=kind, iteration=iteration))
-        stub.EndPhase(pb.EndPhaseRequest(session_id=sid, kind=kind, iteration=iteration, workload=workload))
+        self._stub.BeginPhase(pb.BeginPhaseRequest(session_id=sid, kind=kind, iteration=iteration))
+        self._stub.EndPhase(
+            pb.EndPhaseRequest(session_id=sid, kind=kind, iteration=iteration, workload=self._workload)
+        )
         elapsed = time.perf_counter() - t0
         if kind == TRAIN:
-            iteration += 1
-        if i >= WARMUP_ROUNDS:
-            samples.append(elapsed)
-    stub.CloseSession(pb.CloseSessionRequest(session_id=sid))
-    channel.close()
-    out.put(samples)
+            self._iteration += 1
+        return elapsed
+
+    def close(self) -> None:
+        self._stub.CloseSession(pb.CloseSessionRequest(session_id=self._sid))
+        self._channel.close()
+
+
+class EchoTarget:
+    """The floor: a round trip is two no-op unary RPCs carrying the bytes of a BeginPhase and an EndPhase."""
+
+    name = "floor"
+
+    def __init__(self, socket_path: str) -> None:
+        self._channel = grpc.insecure_channel(f"unix:{socket_path}")
+        self._ping = self._channel.unary_unary("/bench.Echo/Ping")
+        self._begin = pb.BeginPhaseRequest(session_id="x" * 32, kind=GEN, iteration=1).SerializeToString()
+        self._end = pb.EndPhaseRequest(
+            session_id="x" * 32,
+            kind=GEN,
+            iteration=1,
+            workload=pb.Workload(tokens=4096, valid_tokens=2048, sequences=16),
+        ).SerializeToString()
+
+    def round_trip(self) -> float:
+        t0 = time.perf_counter()
+        self._ping(self._begin)
+        self._ping(self._end)
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self._channel.close()
 
 
 def echo_client(socket_path: str, gpu: int, rounds: int, start_at: float, out: mp.Queue) -> None:
-    channel = grpc.insecure_channel(f"unix:{socket_path}")
-    ping = channel.unary_unary("/bench.Echo/Ping")
-    begin = pb.BeginPhaseRequest(session_id="x" * 32, kind=GEN, iteration=1).SerializeToString()
-    end = pb.EndPhaseRequest(
-        session_id="x" * 32,
-        kind=GEN,
-        iteration=1,
-        workload=pb.Workload(tokens=4096, valid_tokens=2048, sequences=16),
-    ).SerializeToString()
-    samples: list[float] = []
+    """The floor alone (bench/soak_load.py): ``rounds`` round trips from ``start_at`` on."""
+    echo = EchoTarget(socket_path)
     while time.time() < start_at:
         time.sleep(0.001)
-    for i in range(WARMUP_ROUNDS + rounds):
-        t0 = time.perf_counter()
-        ping(begin)
-        ping(end)
-        elapsed = time.perf_counter() - t0
-        if i >= WARMUP_ROUNDS:
-            samples.append(elapsed)
-    channel.close()
+    samples = [echo.round_trip() for _ in range(WARMUP_ROUNDS + rounds)][WARMUP_ROUNDS:]
+    echo.close()
+    out.put(samples)
+
+
+def interleaved_client(
+    echo_socket: str, eerld_socket: str, gpu: int, blocks: int, block_rounds: int, barrier, out: mp.Queue
+) -> None:
+    """Blocks of round trips on the floor and on eerld in ABBA order, every client switching together.
+
+    Both servers are measured over the same span of time, so a change in the shared machine's load
+    (other tenants, CPU frequency) weighs on both alike instead of on whichever ran at that moment.
+    """
+    floor, eerld = EchoTarget(echo_socket), EerldTarget(eerld_socket, gpu)
+    for target in (floor, eerld):
+        for _ in range(WARMUP_ROUNDS):
+            target.round_trip()
+    samples: dict[str, list[float]] = {"floor": [], "eerld": []}
+    for block in range(blocks):
+        for target in (floor, eerld) if block % 2 == 0 else (eerld, floor):
+            barrier.wait(timeout=600)  # the same concurrency on each server throughout its block
+            samples[target.name].extend(target.round_trip() for _ in range(block_rounds))
+    eerld.close()
+    floor.close()
     out.put(samples)
 
 
@@ -187,27 +233,61 @@ def read_handler_times(path: Path) -> dict[str, float]:
     return times
 
 
+def run_interleaved(
+    echo_socket: Path, eerld_socket: Path, clients: int, blocks: int, block_rounds: int
+) -> tuple[list[float], list[float]]:
+    """``clients`` processes of :func:`interleaved_client`: the floor's samples and eerld's."""
+    ctx = mp.get_context("spawn")
+    out: mp.Queue = ctx.Queue()
+    barrier = ctx.Barrier(clients)
+    procs = [
+        ctx.Process(
+            target=interleaved_client,
+            args=(str(echo_socket), str(eerld_socket), gpu, blocks, block_rounds, barrier, out),
+        )
+        for gpu in range(clients)
+    ]
+    for p in procs:
+        p.start()
+    floor: list[float] = []
+    measured: list[float] = []
+    for _ in procs:
+        samples = out.get(timeout=1800)
+        floor.extend(samples["floor"])
+        measured.extend(samples["eerld"])
+    for p in procs:
+        p.join(timeout=60)
+    return floor, measured
+
+
 def latency(
     clients: int, rounds: int, backend: str, repeats: int, *, handler_times: bool = False
 ) -> dict[str, object]:
-    """Floor and eerld measured alternately ``repeats`` times; the figures are medians over the repeats."""
+    """Floor and eerld interleaved in blocks, ``repeats`` times; the figures are medians over the repeats.
+
+    Each client makes ``rounds`` round trips on each server, in blocks of about BLOCK_ROUNDS (an even
+    number of blocks, at least two) in ABBA order.
+    """
+    blocks = max(2, 2 * round(rounds / BLOCK_ROUNDS / 2))
+    block_rounds = max(1, round(rounds / blocks))
     runs: list[dict[str, float]] = []
     for _ in range(repeats):
         with tempfile.TemporaryDirectory(prefix="eerl-bench-", dir="/tmp") as d:
             tmp = Path(d)
             echo_sock = tmp / "echo.sock"
+            times_file = tmp / "handler-times.txt" if handler_times else None
             echo = subprocess.Popen([sys.executable, str(ECHO), str(echo_sock)], stdout=subprocess.DEVNULL)
-            wait_ready(echo, echo_sock)
             try:
-                floor = run_clients(echo_client, echo_sock, clients, rounds)
+                wait_ready(echo, echo_sock)
+                daemon = start_eerld(tmp, max(clients, 1), backend=backend, handler_times=times_file)
+                try:
+                    floor, measured = run_interleaved(
+                        echo_sock, tmp / "w.sock", clients, blocks, block_rounds
+                    )
+                finally:
+                    stop(daemon)
             finally:
                 stop(echo)
-            times_file = tmp / "handler-times.txt" if handler_times else None
-            daemon = start_eerld(tmp, max(clients, 1), backend=backend, handler_times=times_file)
-            try:
-                measured = run_clients(eerld_client, tmp / "w.sock", clients, rounds)
-            finally:
-                stop(daemon)
             server_side = read_handler_times(times_file) if times_file is not None else {}
         run = {
             "eerld_p50_ms": percentile(measured, 0.5) * 1e3,
@@ -222,7 +302,8 @@ def latency(
     result: dict[str, object] = {
         "backend": backend,
         "clients": clients,
-        "round_trips_per_run": rounds * clients,
+        "round_trips_per_run": blocks * block_rounds * clients,
+        "blocks": blocks,
         "repeats": repeats,
     }
     for key in runs[0]:
@@ -298,7 +379,7 @@ def main() -> None:
         action="store_true",
         help="also report each RPC's duration inside the server (median over runs of the runs' p50 and p99)",
     )
-    parser.add_argument("--repeats", type=int, default=3, help="alternating floor/eerld runs per setting")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per setting (each interleaves both)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     results: dict[str, object] = {"latency": [], "kill_to_reset_s": {}}
@@ -313,7 +394,8 @@ def main() -> None:
                     f"eerld p50 {r['eerld_p50_ms']:.2f} ms p99 {r['eerld_p99_ms']:.2f} ms"
                     f" | floor p50 {r['floor_p50_ms']:.2f} ms p99 {r['floor_p99_ms']:.2f} ms"
                     f" | ratio p50 {r['ratio_p50']:.2f}x p99 {r['ratio_p99']:.2f}x"
-                    f" (median of {r['repeats']} runs of {r['round_trips_per_run']} round trips;"
+                    f" (median of {r['repeats']} runs of {r['round_trips_per_run']} round trips each,"
+                    f" in {r['blocks']} blocks per server;"
                     f" p50 ratios {r['ratio_p50_runs']})",
                     flush=True,
                 )

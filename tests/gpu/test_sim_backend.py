@@ -19,8 +19,8 @@ from eerld.errors import (
     NoPermission,
     NotSupported,
 )
-from eerld.gpu.base import ClockEventReasons, GpuBackend
 from eerld.gpu import sim_model
+from eerld.gpu.base import ClockEventReasons, GpuBackend
 from eerld.gpu.sim import FAULTABLE_METHODS, SimBackend, VirtualClock, create_sim_backend
 from eerld.gpu.sim_store import decode_state, encode_state
 from eerld.sim import physics
@@ -398,7 +398,8 @@ class TestMeasurement:
         """Up to SMALL_HISTORY_ROWS rows the window is summed in plain floats, above in numpy."""
         backend, _clock = self.many_rows_then_idle()
         gpu = backend.device.observe(0)
-        assert gpu.history_tail is not None and gpu.history.shape[0] >= 8
+        assert gpu.history_tail is not None
+        assert gpu.history.shape[0] >= 8
         figures = []
         for small in (0, 10_000):
             monkeypatch.setattr(sim_model, "SMALL_HISTORY_ROWS", small)
