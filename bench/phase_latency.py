@@ -4,11 +4,11 @@ For 1 and 32 concurrent client *processes*, each on its own simulated GPU, the s
 round trip of BeginPhase + EndPhase (alternating generation and training, so every BeginPhase changes the
 lock) against eerld on the sim backend, and two no-op unary RPCs against bench/echo_server.py over the
 same kind of socket at the same concurrency, in the same run: both servers run side by side and every
-client alternates between them in blocks of 50 round trips (ABBA order, all clients switching
-together), so both are measured over the same span of time on this shared machine. It reports p50/p99
-of each and the ratio (target: eerld ≤ 1.5× the floor). It then measures the time from a client's
-SIGKILL to its GPU's reset, for a stream-bound and a lease-bound session (lease TTL 1 s), watching the
-sim state file from outside.
+client alternates between them in blocks (50 round trips over all clients, at least 10 per client;
+ABBA order; all clients switching together), so both are measured over the same span of time on this
+shared machine. It reports p50/p99 of each and the ratio (target: eerld ≤ 1.5× the floor). It then
+measures the time from a client's SIGKILL to its GPU's reset, for a stream-bound and a lease-bound
+session (lease TTL 1 s), watching the sim state file from outside.
 
 ``--backends`` adds variants of the daemon with part of its work taken out (bench/daemon_variant.py: no
 simulator, no log lines, no daemon work at all) to see where the time goes; ``--handler-times`` adds each
@@ -50,7 +50,9 @@ VARIANT = Path(__file__).with_name("daemon_variant.py")
 GEN, TRAIN = pb.PHASE_KIND_GENERATION, pb.PHASE_KIND_TRAINING
 WARMUP_ROUNDS = 20
 BLOCK_ROUNDS = 50
-"""Round trips per client in one block of one server (see :func:`interleaved_client`)."""
+"""Round trips in one block of one server, over all clients (see :func:`interleaved_client`)..."""
+MIN_BLOCK_ROUNDS = 10
+"""...but at least this many per client, so that a block is more than the burst at its start."""
 
 
 # -- clients (run in their own processes) ------------------------------------------------------------
@@ -265,10 +267,11 @@ def latency(
 ) -> dict[str, object]:
     """Floor and eerld interleaved in blocks, ``repeats`` times; the figures are medians over the repeats.
 
-    Each client makes ``rounds`` round trips on each server, in blocks of about BLOCK_ROUNDS (an even
-    number of blocks, at least two) in ABBA order.
+    Each client makes ``rounds`` round trips on each server, in blocks of about BLOCK_ROUNDS over all
+    clients (an even number of blocks, at least two) in ABBA order.
     """
-    blocks = max(2, 2 * round(rounds / BLOCK_ROUNDS / 2))
+    per_block = max(MIN_BLOCK_ROUNDS, BLOCK_ROUNDS // clients)
+    blocks = max(2, 2 * round(rounds / per_block / 2))
     block_rounds = max(1, round(rounds / blocks))
     runs: list[dict[str, float]] = []
     for _ in range(repeats):
