@@ -293,6 +293,18 @@ class GpuModel:
             return
         begin_s = gpu.time_s
         begin_energy_j = gpu.energy_j
+        head = gpu.head
+        if (head is None and not gpu.queue.shape[0]) or (head is not None and head.end_s > time_s):
+            # One interval of constant power (idle, or a read while one segment runs): what the loop
+            # below does in one turn, without building its lists (every lock and counter read is here).
+            self._apply_due_switch(gpu, time_s)
+            row = (
+                _idle(begin_s, time_s, self.profile.idle_power_w)
+                if head is None
+                else _interval(begin_s, time_s, head)
+            )
+            self._advance_one_interval(gpu, row, begin_energy_j, lo_s=time_s - POWER_WINDOW_S)
+            return
         blocks: list[FloatArray | Row] = []
         marks: list[tuple[str, float]] = []
         cur = begin_s
