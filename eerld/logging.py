@@ -2,8 +2,8 @@
 
 Every clock lock is logged on the path of a BeginPhase RPC, so the JSON path is kept cheap: loggers are
 bound once (``cache_logger_on_first_use``), the timestamp is formatted once per second, and a plain line
-(no exception, no %-arguments) is built, rendered by orjson and written by one function,
-:class:`JsonLineLogger`, that produces the bytes structlog's chain would (add_log_level, the stamper,
+(no exception, no %-arguments) is built, rendered by orjson and written in one step by the methods of
+:func:`json_line_logger`, with the bytes structlog's chain would render (add_log_level, the stamper,
 format_exc_info, JSONRenderer) without walking it. What matters on a daemon is a line's cost on cold CPU
 caches, as between two RPCs: a lock's line to /dev/null after a 1 ms pause, 61 → 39 µs on the 2-core
 development VM (in a tight loop, where the write dominates, 9 → 8 µs). Each line is still written and

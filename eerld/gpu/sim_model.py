@@ -545,7 +545,7 @@ def _window(gpu: GpuState) -> _Window:
     hist = gpu.history
     if hist.shape[0] < SMALL_HISTORY_ROWS:
         covered = energy = busy = memory = 0.0
-        rows = hist.tolist() if hist.shape[0] else []
+        rows = hist.tolist()
         for row in rows if gpu.history_tail is None else [*rows, gpu.history_tail]:
             weight = max(0.0, min(row[H_END], gpu.time_s) - max(row[H_START], lo))
             covered += weight
