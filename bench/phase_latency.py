@@ -48,6 +48,7 @@ from soak_common import percentile  # noqa: E402 - the bench scripts' one neares
 ECHO = Path(__file__).with_name("echo_server.py")
 VARIANT = Path(__file__).with_name("daemon_variant.py")
 GEN, TRAIN = pb.PHASE_KIND_GENERATION, pb.PHASE_KIND_TRAINING
+WORKLOAD = pb.Workload(tokens=4096, valid_tokens=2048, sequences=16)
 WARMUP_ROUNDS = 20
 BLOCK_ROUNDS = 50
 """Round trips in one block of one server, over all clients (see :func:`interleaved_client`)..."""
@@ -68,7 +69,6 @@ class EerldTarget:
         self._stub = pb_grpc.PhaseServiceStub(self._channel)
         request = pb.OpenSessionRequest(job_id="bench", rank=gpu, gpus=[pb.GpuRef(index=gpu)])
         self._sid = self._stub.OpenSession(request).session_id
-        self._workload = pb.Workload(tokens=4096, valid_tokens=2048, sequences=16)
         self._iteration = 0
         self._kind = TRAIN
 
@@ -78,7 +78,7 @@ class EerldTarget:
         t0 = time.perf_counter()
         self._stub.BeginPhase(pb.BeginPhaseRequest(session_id=sid, kind=kind, iteration=iteration))
         self._stub.EndPhase(
-            pb.EndPhaseRequest(session_id=sid, kind=kind, iteration=iteration, workload=self._workload)
+            pb.EndPhaseRequest(session_id=sid, kind=kind, iteration=iteration, workload=WORKLOAD)
         )
         elapsed = time.perf_counter() - t0
         if kind == TRAIN:
@@ -100,10 +100,7 @@ class EchoTarget:
         self._ping = self._channel.unary_unary("/bench.Echo/Ping")
         self._begin = pb.BeginPhaseRequest(session_id="x" * 32, kind=GEN, iteration=1).SerializeToString()
         self._end = pb.EndPhaseRequest(
-            session_id="x" * 32,
-            kind=GEN,
-            iteration=1,
-            workload=pb.Workload(tokens=4096, valid_tokens=2048, sequences=16),
+            session_id="x" * 32, kind=GEN, iteration=1, workload=WORKLOAD
         ).SerializeToString()
 
     def round_trip(self) -> float:
@@ -148,25 +145,27 @@ def interleaved_client(
     out.put(samples)
 
 
+def spawn_clients(ctx, target, clients: int, args_of) -> list:
+    """``clients`` processes of ``target(*args_of(gpu), out)``, started together; what each put on ``out``."""
+    out: mp.Queue = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*args_of(gpu), out)) for gpu in range(clients)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=1800) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    return results
+
+
 def run_clients(
     target, socket_path: Path, clients: int, rounds: int, *, ctx=None, start_delay_s: float | None = None
 ) -> list[float]:
     """``clients`` processes of ``target`` (spawned unless ``ctx`` says otherwise), started together."""
-    ctx = ctx or mp.get_context("spawn")
-    out: mp.Queue = ctx.Queue()
     start_at = time.time() + (1.0 + 0.15 * clients if start_delay_s is None else start_delay_s)
-    procs = [
-        ctx.Process(target=target, args=(str(socket_path), gpu, rounds, start_at, out))
-        for gpu in range(clients)
-    ]
-    for p in procs:
-        p.start()
-    samples: list[float] = []
-    for _ in procs:
-        samples.extend(out.get(timeout=600))
-    for p in procs:
-        p.join(timeout=60)
-    return samples
+    results = spawn_clients(
+        ctx or mp.get_context("spawn"), target, clients, lambda gpu: (str(socket_path), gpu, rounds, start_at)
+    )
+    return [sample for samples in results for sample in samples]
 
 
 # -- servers -----------------------------------------------------------------------------------------
@@ -240,26 +239,17 @@ def run_interleaved(
 ) -> tuple[list[float], list[float]]:
     """``clients`` processes of :func:`interleaved_client`: the floor's samples and eerld's."""
     ctx = mp.get_context("spawn")
-    out: mp.Queue = ctx.Queue()
     barrier = ctx.Barrier(clients)
-    procs = [
-        ctx.Process(
-            target=interleaved_client,
-            args=(str(echo_socket), str(eerld_socket), gpu, blocks, block_rounds, barrier, out),
-        )
-        for gpu in range(clients)
-    ]
-    for p in procs:
-        p.start()
-    floor: list[float] = []
-    measured: list[float] = []
-    for _ in procs:
-        samples = out.get(timeout=1800)
-        floor.extend(samples["floor"])
-        measured.extend(samples["eerld"])
-    for p in procs:
-        p.join(timeout=60)
-    return floor, measured
+    results = spawn_clients(
+        ctx,
+        interleaved_client,
+        clients,
+        lambda gpu: (str(echo_socket), str(eerld_socket), gpu, blocks, block_rounds, barrier),
+    )
+    return (
+        [sample for samples in results for sample in samples["floor"]],
+        [sample for samples in results for sample in samples["eerld"]],
+    )
 
 
 def latency(

@@ -374,9 +374,7 @@ class GpuModel:
             if tail is not None:
                 closed = np.vstack([closed, np.array((tail,), dtype=np.float64)])
             tail = row
-        if closed.shape[0] and closed[0, H_END] <= lo_s:
-            closed = closed[closed[:, H_END] > lo_s]
-        gpu.history, gpu.history_tail, gpu.time_s = closed, tail, time_s
+        gpu.history, gpu.history_tail, gpu.time_s = _in_window(closed, lo_s), tail, time_s
 
     def _run_queue(
         self,
@@ -565,11 +563,17 @@ def _window(gpu: GpuState) -> _Window:
 
 def _settle(gpu: GpuState, history: FloatArray, time_s: float, lo_s: float) -> None:
     """End an advance: keep the history rows that reach into the power window, move the clock on."""
-    if history[0, H_END] <= lo_s:
-        history = history[history[:, H_END] > lo_s]
+    history = _in_window(history, lo_s)
     gpu.history = history[:-1]
     gpu.history_tail = as_row(history[-1])
     gpu.time_s = time_s
+
+
+def _in_window(rows: FloatArray, lo_s: float) -> FloatArray:
+    """The history rows (in time order) that end after ``lo_s``, the start of the power window."""
+    if rows.shape[0] and rows[0, H_END] <= lo_s:
+        return rows[rows[:, H_END] > lo_s]
+    return rows
 
 
 def as_row(values: FloatArray) -> Row:
