@@ -28,7 +28,7 @@ BENCHMARKS: dict[str, list[str]] = {
         "--clients",
         "1,32",
         "--rounds",
-        "3200",
+        "5000",
         "--kills",
         "5",
     ],

@@ -9,11 +9,24 @@ import pytest
 
 @pytest.mark.parametrize("backend", ["sim", "noop"])
 def test_the_harness_measures_eerld_beside_the_floor_with_server_side_times(backend: str) -> None:
-    result = phase_latency.latency(1, 30, backend, 1, handler_times=True)
+    result = phase_latency.latency(1, 30, backend, 2, handler_times=True)
     assert result["round_trips_per_run"] == 30
+    assert len(result["ratio_p50_runs"]) == len(result["ratio_p99_runs"]) == 2
     for key in ("eerld_p50_ms", "floor_p50_ms", "BeginPhase_handler_p50_ms", "EndPhase_handler_p50_ms"):
         assert isinstance(result[key], float)
         assert result[key] > 0
     assert result["BeginPhase_handler_p50_ms"] <= result["eerld_p50_ms"]
     # every RPC the server served is recorded, the session's set-up included
     assert result["OpenSession_handler_p50_ms"] > 0
+
+
+def test_percentiles_are_taken_over_the_pooled_round_trips() -> None:
+    # two runs of 100, a burst of slow round trips in the second: pooled, p99 is the burst's, p50 not
+    measured = [0.001] * 100 + [0.001] * 50 + [0.003] * 50
+    floor = [0.001] * 200
+    figures = phase_latency.percentiles_and_ratios(measured, floor)
+    assert figures["eerld_p99_ms"] == pytest.approx(3.0)
+    assert figures["eerld_p50_ms"] == pytest.approx(1.0)
+    assert figures["floor_p99_ms"] == pytest.approx(1.0)
+    assert figures["ratio_p99"] == pytest.approx(3.0)
+    assert figures["ratio_p50"] == pytest.approx(1.0)
