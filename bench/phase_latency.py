@@ -167,10 +167,13 @@ def spawn_clients(ctx, target, clients: int, args_of) -> list:
             results.append(out.get(timeout=1.0))
         except queue.Empty:
             failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            if failed or time.monotonic() > deadline:  # the others would wait at the barrier for ever
-                for p in procs:
-                    p.kill()
-                raise RuntimeError(f"client processes failed (exit codes {failed}) or timed out") from None
+            if not failed and time.monotonic() < deadline:
+                continue
+            for p in procs:  # the others would wait at the barrier for ever
+                p.kill()
+            if failed:
+                raise RuntimeError(f"{len(failed)} client process(es) failed, exit codes {failed}") from None
+            raise RuntimeError("client processes still running after 30 minutes") from None
     for p in procs:
         p.join(timeout=60)
     return results
@@ -283,6 +286,7 @@ def latency(
     blocks = max(2, 2 * round(rounds / per_block / 2))
     block_rounds = max(1, round(rounds / blocks))
     runs: list[dict[str, float]] = []
+    server_side_runs: list[dict[str, float]] = []
     pooled: dict[str, list[float]] = {"eerld": [], "floor": []}
     for _ in range(repeats):
         with tempfile.TemporaryDirectory(prefix="eerl-bench-", dir="/tmp") as d:
@@ -304,9 +308,8 @@ def latency(
             server_side = read_handler_times(times_file) if times_file is not None else {}
         pooled["eerld"].extend(measured)
         pooled["floor"].extend(floor)
-        run = percentiles_and_ratios(measured, floor)
-        run.update(server_side)
-        runs.append(run)
+        runs.append(percentiles_and_ratios(measured, floor))
+        server_side_runs.append(server_side)
     result: dict[str, object] = {
         "backend": backend,
         "clients": clients,
@@ -314,9 +317,9 @@ def latency(
         "blocks": blocks,
         "repeats": repeats,
     }
-    for key in runs[0]:  # server-side times: the median over runs
-        result[key] = statistics.median(r[key] for r in runs)
     result.update(percentiles_and_ratios(pooled["eerld"], pooled["floor"]))
+    for key in server_side_runs[0]:
+        result[key] = statistics.median(r[key] for r in server_side_runs)
     result["ratio_p50_runs"] = [round(r["ratio_p50"], 2) for r in runs]
     result["ratio_p99_runs"] = [round(r["ratio_p99"], 2) for r in runs]
     return result

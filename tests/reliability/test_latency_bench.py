@@ -3,6 +3,8 @@ eerld as shipped and for a daemon variant, with the server-side handler times it
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import phase_latency
 import pytest
 
@@ -30,3 +32,11 @@ def test_percentiles_are_taken_over_the_pooled_round_trips() -> None:
     assert figures["floor_p99_ms"] == pytest.approx(1.0)
     assert figures["ratio_p99"] == pytest.approx(3.0)
     assert figures["ratio_p50"] == pytest.approx(1.0)
+
+
+def test_a_client_process_that_dies_stops_the_run_instead_of_leaving_the_others_at_the_barrier(
+    tmp_path: Path,
+) -> None:
+    # no server listens: each client fails opening its session and exits 1
+    with pytest.raises(RuntimeError, match=r"2 client process\(es\) failed, exit codes \[1, 1\]"):
+        phase_latency.run_interleaved(tmp_path / "echo.sock", tmp_path / "w.sock", 2, 2, 1)
