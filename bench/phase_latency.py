@@ -171,6 +171,7 @@ def spawn_clients(ctx, target, clients: int, args_of) -> list:
                 continue
             for p in procs:  # the others would wait at the barrier for ever
                 p.kill()
+                p.join(timeout=60)
             if failed:
                 raise RuntimeError(f"{len(failed)} client process(es) failed, exit codes {failed}") from None
             raise RuntimeError("client processes still running after 30 minutes") from None
@@ -285,9 +286,8 @@ def latency(
     per_block = max(MIN_BLOCK_ROUNDS, BLOCK_ROUNDS // clients)
     blocks = max(2, 2 * round(rounds / per_block / 2))
     block_rounds = max(1, round(rounds / blocks))
-    runs: list[dict[str, float]] = []
+    samples_per_run: list[tuple[list[float], list[float]]] = []
     server_side_runs: list[dict[str, float]] = []
-    pooled: dict[str, list[float]] = {"eerld": [], "floor": []}
     for _ in range(repeats):
         with tempfile.TemporaryDirectory(prefix="eerl-bench-", dir="/tmp") as d:
             tmp = Path(d)
@@ -306,9 +306,7 @@ def latency(
             finally:
                 stop(echo)
             server_side = read_handler_times(times_file) if times_file is not None else {}
-        pooled["eerld"].extend(measured)
-        pooled["floor"].extend(floor)
-        runs.append(percentiles_and_ratios(measured, floor))
+        samples_per_run.append((measured, floor))
         server_side_runs.append(server_side)
     result: dict[str, object] = {
         "backend": backend,
@@ -317,12 +315,27 @@ def latency(
         "blocks": blocks,
         "repeats": repeats,
     }
-    result.update(percentiles_and_ratios(pooled["eerld"], pooled["floor"]))
+    result.update(pooled_figures(samples_per_run))
     for key in server_side_runs[0]:
         result[key] = statistics.median(r[key] for r in server_side_runs)
-    result["ratio_p50_runs"] = [round(r["ratio_p50"], 2) for r in runs]
-    result["ratio_p99_runs"] = [round(r["ratio_p99"], 2) for r in runs]
     return result
+
+
+def pooled_figures(samples_per_run: list[tuple[list[float], list[float]]]) -> dict[str, object]:
+    """Percentiles and ratios over the round trips of all runs pooled, and each run's own ratios.
+
+    ``samples_per_run`` holds (eerld's round trips, the floor's) of each run, in seconds.
+    """
+    runs = [percentiles_and_ratios(measured, floor) for measured, floor in samples_per_run]
+    figures: dict[str, object] = dict(
+        percentiles_and_ratios(
+            [t for measured, _ in samples_per_run for t in measured],
+            [t for _, floor in samples_per_run for t in floor],
+        )
+    )
+    figures["ratio_p50_runs"] = [round(r["ratio_p50"], 2) for r in runs]
+    figures["ratio_p99_runs"] = [round(r["ratio_p99"], 2) for r in runs]
+    return figures
 
 
 def percentiles_and_ratios(measured: list[float], floor: list[float]) -> dict[str, float]:

@@ -22,16 +22,19 @@ def test_the_harness_measures_eerld_beside_the_floor_with_server_side_times(back
     assert result["OpenSession_handler_p50_ms"] > 0
 
 
-def test_percentiles_are_taken_over_the_pooled_round_trips() -> None:
-    # two runs of 100, a burst of slow round trips in the second: pooled, p99 is the burst's, p50 not
-    measured = [0.001] * 100 + [0.001] * 50 + [0.003] * 50
-    floor = [0.001] * 200
-    figures = phase_latency.percentiles_and_ratios(measured, floor)
+def test_percentiles_are_taken_over_the_round_trips_of_all_runs_pooled() -> None:
+    # two runs of 100 round trips; the second has a burst of slow ones on eerld: pooled, p99 is the
+    # burst's and p50 is not, while each run's own ratios stay listed
+    steady = ([0.001] * 100, [0.001] * 100)
+    burst = ([0.001] * 50 + [0.003] * 50, [0.001] * 100)
+    figures = phase_latency.pooled_figures([steady, burst])
     assert figures["eerld_p99_ms"] == pytest.approx(3.0)
     assert figures["eerld_p50_ms"] == pytest.approx(1.0)
     assert figures["floor_p99_ms"] == pytest.approx(1.0)
     assert figures["ratio_p99"] == pytest.approx(3.0)
     assert figures["ratio_p50"] == pytest.approx(1.0)
+    assert figures["ratio_p50_runs"] == [1.0, 3.0]
+    assert figures["ratio_p99_runs"] == [1.0, 3.0]
 
 
 def test_a_client_process_that_dies_stops_the_run_instead_of_leaving_the_others_at_the_barrier(
