@@ -194,7 +194,9 @@ class SimBackend:
 
     def total_energy_mj(self, index: int) -> int:
         """The energy counter (mJ) at its last step; monotone except across ``reset_energy_counter``."""
-        return self._read(index, "total_energy_mj", self.device.model.counter_mj)
+        if self._closed:
+            raise BackendFailure("sim backend is closed", gpu_index=index)
+        return self.device.read_counter_mj(index, "total_energy_mj")
 
     def power_w(self, index: int) -> float:
         """True power averaged over the last 100 ms of simulated time."""

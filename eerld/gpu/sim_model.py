@@ -348,7 +348,7 @@ class GpuModel:
             new_history = np.vstack([np.array([b]) if isinstance(b, tuple) else b for b in blocks])
             energy_at = partial(_energy_until, new_history, begin_energy_j)
         gpu.energy_j = energy_at(time_s)
-        step_s = math.floor(time_s / self.counter_period_s) * self.counter_period_s
+        step_s = self.counter_step_s(time_s)
         if step_s > begin_s:
             gpu.step_energy_j = energy_at(step_s)
         for key, at_s in marks:
@@ -363,7 +363,7 @@ class GpuModel:
         start_s, time_s, power_w = row[H_START], row[H_END], row[H_POWER]
         # _scalar_energy_until over this one row, written out (the same floating-point operations).
         gpu.energy_j = begin_energy_j + power_w * max(0.0, time_s - start_s)
-        step_s = math.floor(time_s / self.counter_period_s) * self.counter_period_s
+        step_s = self.counter_step_s(time_s)
         if step_s > start_s:
             gpu.step_energy_j = begin_energy_j + power_w * max(0.0, min(time_s, step_s) - start_s)
         closed, tail = (gpu.history, gpu.history_tail) if start_s > lo_s else (gpu.history[:0], None)
@@ -449,6 +449,14 @@ class GpuModel:
         return total
 
     # ---- measurement (on a GPU advanced to the time of the read) -----------------------------------
+
+    def counter_step_s(self, time_s: float) -> float:
+        """The last step of the energy counter at or before ``time_s``.
+
+        Advancing a GPU from ``t0`` to ``t1`` moves its counter only when ``counter_step_s(t1) > t0``: a
+        read in the same step as the stored state needs no advance (:meth:`SimDevice.read_counter_mj`).
+        """
+        return math.floor(time_s / self.counter_period_s) * self.counter_period_s
 
     @staticmethod
     def counter_mj(gpu: GpuState) -> int:

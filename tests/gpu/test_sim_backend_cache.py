@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from eerld.errors import GpuLost
 from eerld.gpu.sim import create_sim_backend
 from eerld.sim import physics
 from tests.gpu.sim_fixtures import QUIET_H100, virtual_backend
@@ -174,3 +175,26 @@ class TestReadViews:
         for out in readings:
             assert out == sorted(out)
             assert out[-1] > out[0]
+
+    def test_the_counter_read_without_advancing_equals_the_full_read_at_every_time(self) -> None:
+        backend, clock = virtual_backend()
+        device = backend.device
+        device.submit_segments(0, np.linspace(10, 900, 200), np.full(200, 0.002))
+        shortcut_hits = 0
+        for step in range(400):
+            # Steps of 13 ms against the counter's 100 ms: reads on both sides of every step, some at it.
+            clock.advance(0.013 if step % 9 else 0.1 - clock.now_s() % 0.1)
+            if step % 5 == 0:
+                backend.lock_sm_clock(0, 1200 if step % 10 else 1500)
+            stored_time_s = device.store.load().gpus[0].time_s  # type: ignore[union-attr]
+            shortcut_hits += device.model.counter_step_s(clock.now_s()) <= stored_time_s
+            assert backend.total_energy_mj(0) == device.read(0, None, device.model.counter_mj)
+        assert 50 < shortcut_hits < 350  # both paths were taken
+
+    def test_a_fault_on_the_counter_still_fires_when_the_read_needs_no_advance(self) -> None:
+        backend, _clock = virtual_backend()
+        backend.lock_sm_clock(0, 1200)
+        backend.inject_fault(0, "total_energy_mj", GpuLost, once=True)
+        with pytest.raises(GpuLost):
+            backend.total_energy_mj(0)
+        assert backend.total_energy_mj(0) >= 0
