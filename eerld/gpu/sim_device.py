@@ -316,6 +316,12 @@ class SimDevice:
         the last read rather than since the last write; no copy is made until the state changes.
         """
         stored, now_s = self._checked_at_now(index, method)
+        return self._measure_view(index, stored, now_s, measure)
+
+    def _measure_view(
+        self, index: int, stored: GpuState, now_s: float, measure: Callable[[GpuState], T]
+    ) -> T:
+        """``measure`` on this process's view of ``stored`` advanced to ``now_s`` (see :meth:`read`)."""
         with self._views_lock:
             view = self._views.get(index)
             if view is None or view[0] is not stored:
@@ -335,7 +341,7 @@ class SimDevice:
         stored, now_s = self._checked_at_now(index, method)
         if self.model.counter_step_s(now_s) <= stored.time_s:
             return self.model.counter_mj(stored)
-        return self.read(index, None, self.model.counter_mj)
+        return self._measure_view(index, stored, now_s, self.model.counter_mj)
 
     def _checked_at_now(self, index: int, method: str | None) -> tuple[GpuState, float]:
         """GPU ``index`` as stored and the time now (:meth:`_load_at_now`), after ``method``'s faults fire."""
