@@ -10,9 +10,8 @@ shared machine. It reports p50/p99 of each over the round trips of all runs pool
 ratio to the floor's (target: ≤ 1.5×), with each run's own ratios beside them. Pooled, because this
 machine stalls in bursts (every client slowed within the same 100 ms): one run's p99 rests on one or two
 such bursts and on which server happened to be running then, so it scatters by ±0.2×; over several runs
-the bursts fall on both. It then
-measures the time from a client's SIGKILL to its GPU's reset, for a stream-bound and a lease-bound
-session (lease TTL 1 s), watching the sim state file from outside.
+the bursts fall on both. It then measures the time from a client's SIGKILL to its GPU's reset, for a
+stream-bound and a lease-bound session (lease TTL 1 s), watching the sim state file from outside.
 
 ``--backends`` adds variants of the daemon with part of its work taken out (bench/daemon_variant.py: no
 simulator, no log lines, no daemon work at all) to see where the time goes; ``--handler-times`` adds each

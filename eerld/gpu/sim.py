@@ -57,15 +57,18 @@ class SimBackend:
 
     # ---- helpers -----------------------------------------------------------------------------------
 
-    def _enter(self, index: int, method: str) -> None:
+    def _check_open(self, index: int | None = None) -> None:
+        """BackendFailure once :meth:`close` was called (every call but ``close`` starts here)."""
         if self._closed:
             raise BackendFailure("sim backend is closed", gpu_index=index)
+
+    def _enter(self, index: int, method: str) -> None:
+        self._check_open(index)
         self.device.check_index(index)
         self.device.check_faults(index, method)
 
     def _read(self, index: int, method: str, measure: Callable[[GpuState], T]) -> T:
-        if self._closed:
-            raise BackendFailure("sim backend is closed", gpu_index=index)
+        self._check_open(index)
         return self.device.read(index, method, measure)
 
     def _check_sm_clock(self, index: int, sm_clock_mhz: int) -> None:
@@ -94,8 +97,7 @@ class SimBackend:
 
     def inventory(self) -> Sequence[GpuIdentity]:
         """Every GPU, with UUIDs derived from the seed (a lost GPU is still listed, as NVML counts it)."""
-        if self._closed:
-            raise BackendFailure("sim backend is closed")
+        self._check_open()
         for index in range(self.device.gpus):
             self.device.check_faults(index, "inventory", lost_raises=False)
         return self.device.identities
@@ -126,8 +128,7 @@ class SimBackend:
         That is ``min(lock, power-limited clock)`` of the segment running now, or the lock when idle.
         NotSupported where the profile has ``locked_clocks = false``; InvalidArgument off the grid.
         """
-        if self._closed:
-            raise BackendFailure("sim backend is closed", gpu_index=index)
+        self._check_open(index)
         model = self.device.model
 
         def body(gpu: GpuState, now: float) -> int:
@@ -181,8 +182,7 @@ class SimBackend:
         self._update(index, "reset_application_clocks", apply)
 
     def _update(self, index: int, method: str, apply: object) -> None:
-        if self._closed:
-            raise BackendFailure("sim backend is closed", gpu_index=index)
+        self._check_open(index)
         model = self.device.model
         assert callable(apply)
 
@@ -194,8 +194,7 @@ class SimBackend:
 
     def total_energy_mj(self, index: int) -> int:
         """The energy counter (mJ) at its last step; monotone except across ``reset_energy_counter``."""
-        if self._closed:
-            raise BackendFailure("sim backend is closed", gpu_index=index)
+        self._check_open(index)
         return self.device.read_counter_mj(index, "total_energy_mj")
 
     def power_w(self, index: int) -> float:
