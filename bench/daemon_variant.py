@@ -1,17 +1,21 @@
 """eerld with parts of its work taken out, to see where a phase event's time goes.
 
-bench/phase_latency.py runs these beside the real daemon (``--backends sim,fake,nolog,noop``):
+bench/phase_latency.py runs these beside the real daemon (``--backends sim,fake,nolog,noop,spin``):
 
 - ``sim``: eerld as shipped, on the sim backend (what ``python -m eerld.main --backend=sim`` runs);
 - ``fake``: the in-memory fake backend instead of the simulator (the daemon's cost without the physics);
 - ``nolog``: the sim backend with log lines below WARNING dropped (the cost of the lock's log line);
 - ``noop``: the same gRPC servers, interceptor, health and reflection, but BeginPhase and EndPhase answer
-  at once (the cost of eerld's gRPC surface alone).
+  at once (the cost of eerld's gRPC surface alone);
+- ``spin``: ``noop`` whose BeginPhase and EndPhase run an empty loop instead, by default as long as
+  eerld's take in the server on this VM (``EERL_SPIN_US=BEGIN,END`` in µs, default 185,60): a control
+  with the same CPU time in the handler and none of eerld's code, data or threads. If it costs what
+  ``sim`` costs, the round trip is set by the handler's CPU time, not by what the daemon does with it.
 
 With ``EERL_HANDLER_TIMES=FILE`` the process writes, when it stops, the median and p99 of each RPC's
 duration as the server saw it (the span the ``eerl_rpc_duration_seconds`` histogram observes).
 
-Usage: python bench/daemon_variant.py sim|fake|nolog|noop GPUS [eerld flags...]  (--backend is ignored)
+Usage: python bench/daemon_variant.py sim|fake|nolog|noop|spin GPUS [eerld flags...]  (--backend is ignored)
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import logging
 import os
 import statistics
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -41,7 +47,8 @@ from eerld.testing import FakeGpuBackend  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from soak_common import percentile  # noqa: E402 - the bench scripts' one nearest-rank quantile
 
-VARIANTS = ("sim", "fake", "nolog", "noop")
+VARIANTS = ("sim", "fake", "nolog", "noop", "spin")
+DEFAULT_SPIN_US = "185,60"
 
 
 def answer_at_once() -> None:
@@ -50,6 +57,42 @@ def answer_at_once() -> None:
     ended = EndedPhase(1.0, 1000.0, 1.0, ControllerState.FIXED)
     Daemon.begin_phase = lambda self, *args: began  # type: ignore[method-assign]
     Daemon.end_phase = lambda self, *args: ended  # type: ignore[method-assign]
+
+
+def busy_wait_instead(begin_us: float, end_us: float) -> None:
+    """BeginPhase/EndPhase hold the CPU (and the GIL) for about the given time, then return constants.
+
+    A fixed amount of work (loop turns calibrated at start, the median of 21 tries), not a deadline: when
+    the machine slows down, it stretches as the daemon's own work would.
+    """
+    began = BeganPhase((), ControllerState.FIXED, 1200)
+    ended = EndedPhase(1.0, 1000.0, 1.0, ControllerState.FIXED)
+
+    def work(turns: int) -> None:
+        for _ in range(turns):
+            pass
+
+    calibration_turns = 100_000
+    typical_s = statistics.median(_timed(lambda: work(calibration_turns)) for _ in range(21))
+    begin_turns = round(calibration_turns * begin_us * 1e-6 / typical_s)
+    end_turns = round(calibration_turns * end_us * 1e-6 / typical_s)
+
+    def begin(self: Daemon, *args: object) -> BeganPhase:
+        work(begin_turns)
+        return began
+
+    def end(self: Daemon, *args: object) -> EndedPhase:
+        work(end_turns)
+        return ended
+
+    Daemon.begin_phase = begin  # type: ignore[method-assign,assignment]
+    Daemon.end_phase = end  # type: ignore[method-assign,assignment]
+
+
+def _timed(action: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    action()
+    return time.perf_counter() - start
 
 
 def record_handler_times(daemon: Daemon, path: str) -> None:
@@ -74,6 +117,9 @@ def main() -> int:
         structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     if variant == "noop":
         answer_at_once()
+    if variant == "spin":
+        begin_us, end_us = (float(us) for us in os.environ.get("EERL_SPIN_US", DEFAULT_SPIN_US).split(","))
+        busy_wait_instead(begin_us, end_us)
     backend: GpuBackend | None = FakeGpuBackend(gpus) if variant == "fake" else None
     server = create_server(config, backend=backend)
     if os.environ.get("EERL_HANDLER_TIMES"):

@@ -14,11 +14,11 @@ the bursts fall on both. It then measures the time from a client's SIGKILL to it
 stream-bound and a lease-bound session (lease TTL 1 s), watching the sim state file from outside.
 
 ``--backends`` adds variants of the daemon with part of its work taken out (bench/daemon_variant.py: no
-simulator, no log lines, no daemon work at all) to see where the time goes; ``--handler-times`` adds each
-RPC's duration as the server saw it.
+simulator, no log lines, no daemon work at all, a busy-wait as long as the daemon's work) to see where
+the time goes; ``--handler-times`` adds each RPC's duration as the server saw it.
 
 Usage: python bench/phase_latency.py [--clients 1,32] [--rounds 5000] [--kills 5] [--repeats 3]
-       [--backends sim,fake,nolog,noop] [--handler-times] [--json]
+       [--backends sim,fake,nolog,noop,spin] [--handler-times] [--json]
 """
 
 from __future__ import annotations
@@ -412,7 +412,8 @@ def main() -> None:
         "--backends",
         default="sim,fake",
         help="what to measure: sim (eerld as shipped) and the variants of bench/daemon_variant.py "
-        "(fake: no simulator, nolog: no INFO log lines, noop: eerld's gRPC surface alone)",
+        "(fake: no simulator, nolog: no INFO log lines, noop: eerld's gRPC surface alone, "
+        "spin: noop busy-waiting as long as eerld's handlers take)",
     )
     parser.add_argument(
         "--handler-times",

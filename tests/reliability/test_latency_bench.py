@@ -9,7 +9,7 @@ import phase_latency
 import pytest
 
 
-@pytest.mark.parametrize("backend", ["sim", "noop"])
+@pytest.mark.parametrize("backend", ["sim", "noop", "spin"])
 def test_the_harness_measures_eerld_beside_the_floor_with_server_side_times(backend: str) -> None:
     result = phase_latency.latency(1, 30, backend, 2, handler_times=True)
     assert result["round_trips_per_run"] == 30
