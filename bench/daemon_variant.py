@@ -49,14 +49,15 @@ from soak_common import percentile  # noqa: E402 - the bench scripts' one neares
 
 VARIANTS = ("sim", "fake", "nolog", "noop", "spin")
 DEFAULT_SPIN_US = "185,60"
+BEGAN = BeganPhase((), ControllerState.FIXED, 1200)
+ENDED = EndedPhase(1.0, 1000.0, 1.0, ControllerState.FIXED)
+"""What the noop and spin variants answer."""
 
 
 def answer_at_once() -> None:
     """BeginPhase/EndPhase return constants: what is left is eerld's gRPC surface."""
-    began = BeganPhase((), ControllerState.FIXED, 1200)
-    ended = EndedPhase(1.0, 1000.0, 1.0, ControllerState.FIXED)
-    Daemon.begin_phase = lambda self, *args: began  # type: ignore[method-assign]
-    Daemon.end_phase = lambda self, *args: ended  # type: ignore[method-assign]
+    Daemon.begin_phase = lambda self, *args: BEGAN  # type: ignore[method-assign]
+    Daemon.end_phase = lambda self, *args: ENDED  # type: ignore[method-assign]
 
 
 def busy_wait_instead(begin_us: float, end_us: float) -> None:
@@ -65,8 +66,6 @@ def busy_wait_instead(begin_us: float, end_us: float) -> None:
     A fixed amount of work (loop turns calibrated at start, the median of 21 tries), not a deadline: when
     the machine slows down, it stretches as the daemon's own work would.
     """
-    began = BeganPhase((), ControllerState.FIXED, 1200)
-    ended = EndedPhase(1.0, 1000.0, 1.0, ControllerState.FIXED)
 
     def work(turns: int) -> None:
         for _ in range(turns):
@@ -79,11 +78,11 @@ def busy_wait_instead(begin_us: float, end_us: float) -> None:
 
     def begin(self: Daemon, *args: object) -> BeganPhase:
         work(begin_turns)
-        return began
+        return BEGAN
 
     def end(self: Daemon, *args: object) -> EndedPhase:
         work(end_turns)
-        return ended
+        return ENDED
 
     Daemon.begin_phase = begin  # type: ignore[method-assign,assignment]
     Daemon.end_phase = end  # type: ignore[method-assign,assignment]
