@@ -26,8 +26,7 @@ import logging
 import os
 import statistics
 import sys
-import time
-from collections.abc import Callable
+import timeit
 from pathlib import Path
 
 import structlog
@@ -60,7 +59,7 @@ def answer_at_once() -> None:
     Daemon.end_phase = lambda self, *args: ENDED  # type: ignore[method-assign]
 
 
-def busy_wait_instead(begin_us: float, end_us: float) -> None:
+def spin_instead(begin_us: float, end_us: float) -> None:
     """BeginPhase/EndPhase hold the CPU (and the GIL) for about the given time, then return constants.
 
     A fixed amount of work (loop turns calibrated at start, the median of 21 tries), not a deadline: when
@@ -72,7 +71,7 @@ def busy_wait_instead(begin_us: float, end_us: float) -> None:
             pass
 
     calibration_turns = 100_000
-    typical_s = statistics.median(_timed(lambda: work(calibration_turns)) for _ in range(21))
+    typical_s = statistics.median(timeit.repeat(lambda: work(calibration_turns), number=1, repeat=21))
     begin_turns = round(calibration_turns * begin_us * 1e-6 / typical_s)
     end_turns = round(calibration_turns * end_us * 1e-6 / typical_s)
 
@@ -86,12 +85,6 @@ def busy_wait_instead(begin_us: float, end_us: float) -> None:
 
     Daemon.begin_phase = begin  # type: ignore[method-assign,assignment]
     Daemon.end_phase = end  # type: ignore[method-assign,assignment]
-
-
-def _timed(action: Callable[[], None]) -> float:
-    start = time.perf_counter()
-    action()
-    return time.perf_counter() - start
 
 
 def record_handler_times(daemon: Daemon, path: str) -> None:
@@ -118,7 +111,7 @@ def main() -> int:
         answer_at_once()
     if variant == "spin":
         begin_us, end_us = (float(us) for us in os.environ.get("EERL_SPIN_US", DEFAULT_SPIN_US).split(","))
-        busy_wait_instead(begin_us, end_us)
+        spin_instead(begin_us, end_us)
     backend: GpuBackend | None = FakeGpuBackend(gpus) if variant == "fake" else None
     server = create_server(config, backend=backend)
     if os.environ.get("EERL_HANDLER_TIMES"):

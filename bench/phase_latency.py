@@ -202,6 +202,17 @@ def wait_ready(proc: subprocess.Popen, socket_path: Path) -> None:
     time.sleep(0.2)
 
 
+def start_echo(socket_path: Path) -> subprocess.Popen:
+    """bench/echo_server.py, the floor, listening on ``socket_path``."""
+    proc = subprocess.Popen([sys.executable, str(ECHO), str(socket_path)], stdout=subprocess.DEVNULL)
+    try:
+        wait_ready(proc, socket_path)
+    except BaseException:
+        stop(proc)
+        raise
+    return proc
+
+
 def start_eerld(
     tmp: Path,
     gpus: int,
@@ -292,9 +303,8 @@ def latency(
             tmp = Path(d)
             echo_sock = tmp / "echo.sock"
             times_file = tmp / "handler-times.txt" if handler_times else None
-            echo = subprocess.Popen([sys.executable, str(ECHO), str(echo_sock)], stdout=subprocess.DEVNULL)
+            echo = start_echo(echo_sock)
             try:
-                wait_ready(echo, echo_sock)
                 daemon = start_eerld(tmp, max(clients, 1), backend=backend, handler_times=times_file)
                 try:
                     floor, measured = run_interleaved(

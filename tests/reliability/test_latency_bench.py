@@ -40,11 +40,15 @@ def test_percentiles_are_taken_over_the_round_trips_of_all_runs_pooled() -> None
 def test_a_client_process_that_dies_stops_the_run_instead_of_leaving_the_others_at_the_barrier(
     tmp_path: Path,
 ) -> None:
-    # no server listens: each client fails opening its session and exits 1; the run stops at the first
-    # failure it sees, so on a slow machine the other client may not have got that far yet (killed then)
-    with pytest.raises(
-        RuntimeError,
-        match=r"^(1 client process\(es\) failed, exit codes \[1\]|"
-        r"2 client process\(es\) failed, exit codes \[1, 1\])$",
-    ):
-        phase_latency.run_interleaved(tmp_path / "echo.sock", tmp_path / "w.sock", 2, 2, 1)
+    # eerld has one GPU: the client for GPU 1 fails to open its session and exits 1, the client for GPU 0
+    # opens its own and waits at the barrier for it; the run must stop, name the one failure, kill the other
+    echo = phase_latency.start_echo(tmp_path / "echo.sock")
+    try:
+        daemon = phase_latency.start_eerld(tmp_path, 1)
+        try:
+            with pytest.raises(RuntimeError, match=r"^1 client process\(es\) failed, exit codes \[1\]$"):
+                phase_latency.run_interleaved(tmp_path / "echo.sock", tmp_path / "w.sock", 2, 2, 1)
+        finally:
+            phase_latency.stop(daemon)
+    finally:
+        phase_latency.stop(echo)
