@@ -148,16 +148,18 @@ class Server:
             ("grpc.max_send_message_length", 16 * 1024 * 1024),
             ("grpc.so_reuseport", 0),
         ]
-        interceptors: list[grpc.ServerInterceptor[Any, Any]] = [ErrorMappingInterceptor(daemon.rpc_observers)]
+        health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+        worker_services = (PHASE_SERVICE, health_name, reflection.SERVICE_NAME)
+        admin_services = (ADMIN_SERVICE, health_name, reflection.SERVICE_NAME)
         self.worker = grpc.server(
             ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="eerld-rpc"),
-            interceptors=interceptors,
+            interceptors=[ErrorMappingInterceptor(daemon.rpc_observers, worker_services)],
             options=options,
             maximum_concurrent_rpcs=config.max_workers * 4,
         )
         self.admin = grpc.server(
             ThreadPoolExecutor(max_workers=8, thread_name_prefix="eerld-admin"),
-            interceptors=interceptors,
+            interceptors=[ErrorMappingInterceptor(daemon.rpc_observers, admin_services)],
             options=options,
         )
         pb_grpc.add_PhaseServiceServicer_to_server(PhaseServicer(daemon), self.worker)
@@ -166,11 +168,8 @@ class Server:
         self.admin_health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.worker_health, self.worker)
         health_pb2_grpc.add_HealthServicer_to_server(self.admin_health, self.admin)
-        health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
-        reflection.enable_server_reflection(
-            (PHASE_SERVICE, health_name, reflection.SERVICE_NAME), self.worker
-        )
-        reflection.enable_server_reflection((ADMIN_SERVICE, health_name, reflection.SERVICE_NAME), self.admin)
+        reflection.enable_server_reflection(worker_services, self.worker)
+        reflection.enable_server_reflection(admin_services, self.admin)
         self._bind()
 
     def _bind(self) -> None:

@@ -8,7 +8,7 @@ a bug: the client gets INTERNAL with a generic message, the log gets the traceba
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -84,10 +84,17 @@ else:
 
 
 class ErrorMappingInterceptor(_InterceptorBase):
-    """Wraps eerl.v1 handlers: maps errors to status codes and reports each RPC to the observers."""
+    """Wraps eerl.v1 handlers: maps errors to status codes and reports each RPC to the observers.
 
-    def __init__(self, observers: Sequence[RpcObserver]) -> None:
+    One instance per server, built with the services that server serves: a method of any other service is
+    answered UNIMPLEMENTED before any handler is looked up, and the cache of wrapped handlers belongs to
+    this server alone. (A cache shared by the worker and admin servers once served admin methods on the
+    worker socket after their first call on the admin socket.)
+    """
+
+    def __init__(self, observers: Sequence[RpcObserver], services: Iterable[str]) -> None:
         self._observers = observers
+        self._prefixes = tuple(f"/{name}/" for name in services)
         self._wrapped: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
 
     def intercept_service(
@@ -96,6 +103,8 @@ class ErrorMappingInterceptor(_InterceptorBase):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         method: str = handler_call_details.method
+        if not method.startswith(self._prefixes):
+            return None
         cached = self._wrapped.get(method)
         if cached is not None:
             return cached
