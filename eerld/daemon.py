@@ -180,6 +180,8 @@ class BeganPhase:
     clocks: tuple[AppliedClock, ...]
     state: ControllerState
     target_sm_clock_mhz: int | None
+    resynced: bool = False
+    """A phase that never ended was abandoned unmetered to begin this one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -550,6 +552,15 @@ class Daemon:
             if session.closed:
                 raise NotFound("session_id: no open session with this id")
             session.check_begin(kind, iteration)
+            abandoned = session.active
+            if abandoned is not None:
+                log.warning(
+                    "phase_abandoned",
+                    session_id=_short(session.session_id),
+                    kind=abandoned.kind.value,
+                    iteration=abandoned.iteration,
+                    reason="a new phase began before it ended (its EndPhase was lost or refused)",
+                )
             now_s = self._clock()
             decision = self._decide(session, kind, iteration, hints, self._phase_clock())
             clocks = self._arbiter.set_session(session.gpu_indices, session.session_id, decision.sm_clock_mhz)
@@ -559,7 +570,7 @@ class Daemon:
             session.last_iteration = iteration
             session.last_decision[kind] = decision
             session.renew(now_s)
-        return BeganPhase(tuple(clocks), decision.state, decision.sm_clock_mhz)
+        return BeganPhase(tuple(clocks), decision.state, decision.sm_clock_mhz, abandoned is not None)
 
     def _decide(
         self, session: Session, kind: PhaseKind, iteration: int, hints: Workload | None, now_s: float

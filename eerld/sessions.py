@@ -149,14 +149,13 @@ class Session:
         return max(0.0, self.lease_expires_s - now_s)
 
     def check_begin(self, kind: PhaseKind, iteration: int) -> None:
-        """Raise unless ``kind`` may begin at ``iteration`` now; changes nothing."""
+        """Raise unless ``kind`` may begin at ``iteration`` now; changes nothing.
+
+        A phase still running does not stop a new one: its EndPhase was lost or refused, and refusing
+        every later event for it would wedge the session for good (the caller abandons it unmetered).
+        """
         if kind not in self.kinds:
             raise ValidationError("kind", f"this session runs {', '.join(k.value for k in self.kinds)} only")
-        if self.active is not None:
-            raise Conflict(
-                f"phase {self.active.kind.value} of iteration {self.active.iteration} is still running; "
-                "end it before beginning another"
-            )
         if self.last_iteration is not None and iteration < self.last_iteration:
             raise Conflict(f"iteration {iteration} goes backwards (last was {self.last_iteration})")
         ended = self.last_ended.get(kind)

@@ -58,6 +58,7 @@ class PhaseServicer(pb_grpc.PhaseServiceServicer):
             clocks=[codec.clock_out(c) for c in began.clocks],
             state=codec.state_out(began.state),
             target_sm_clock_mhz=began.target_sm_clock_mhz or 0,
+            resynced=began.resynced,
         )
 
     def EndPhase(self, request: pb.EndPhaseRequest, context: grpc.ServicerContext) -> pb.EndPhaseResponse:

@@ -82,4 +82,7 @@ class TestContractRules:
             "ListSessions",
             "GetDecisions",
             "ResetAll",
+            "Grant",
+            "Revoke",
+            "ListGrants",
         }

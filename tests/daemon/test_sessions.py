@@ -117,14 +117,20 @@ class TestPhaseOrder:
         assert e.value.code() is grpc.StatusCode.FAILED_PRECONDITION
         assert "already metered" in e.value.details()
 
-    def test_a_begin_while_a_phase_runs_fails_and_keeps_the_running_phase(self, phase, fake):
+    def test_a_begin_while_a_phase_runs_abandons_it_unmetered_and_begins_afresh(self, phase, daemon, fake):
         session = open_session(phase, 0)
-        begin(phase, session.session_id, GEN, 0)
-        with pytest.raises(grpc.RpcError) as e:
-            begin(phase, session.session_id, TRAIN, 0)
-        assert e.value.code() is grpc.StatusCode.FAILED_PRECONDITION
-        assert fake.locked() == {0: 1200}
-        end(phase, session.session_id, GEN, 0)
+        begin(phase, session.session_id, GEN, 0)  # its EndPhase is lost
+        began = begin(phase, session.session_id, TRAIN, 0)
+        locked = fake.locked()
+        with pytest.raises(grpc.RpcError) as late_end:
+            end(phase, session.session_id, GEN, 0)
+        end(phase, session.session_id, TRAIN, 0)
+        totals = {p.kind.value: p.phases for p in daemon.daemon.sessions()[0].phases}
+        assert began.resynced
+        assert locked == {0: 1500}
+        assert late_end.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert totals == {"generation": 0, "training": 1}
+        assert not begin(phase, session.session_id, GEN, 1).resynced
 
     def test_an_iteration_that_goes_backwards_fails(self, phase):
         session = open_session(phase, 0)

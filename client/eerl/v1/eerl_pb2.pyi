@@ -358,6 +358,7 @@ class OpenSessionRequest(_message.Message):
     POLICY_FIELD_NUMBER: _builtins.int
     LEASE_TTL_S_FIELD_NUMBER: _builtins.int
     CLIENT_NAME_FIELD_NUMBER: _builtins.int
+    CLAIM_TICKETS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The RL job's id (e.g. the Slurm job id or the Kubernetes job name)."""
     rank: _builtins.int
@@ -374,11 +375,19 @@ class OpenSessionRequest(_message.Message):
     """Free-form client description for logs (e.g. "verl 0.5 / eerl-client 0.1")."""
     @_builtins.property
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuRef]:
-        """GPUs to claim; each by index or UUID. At least one."""
+        """GPUs to claim; each by index or UUID. At least one on the shared worker socket; on a scoped
+        socket (a grant, a per-GPU socket) none means every GPU the socket and the tickets cover.
+        """
 
     @_builtins.property
     def policy(self) -> Global___Policy:
         """The session's controller policy."""
+
+    @_builtins.property
+    def claim_tickets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Tickets from IssueClaimTicket on other worker sockets: each adds that socket's GPUs to those this
+        session may claim (and to its authority: async peers must share some of it). Each is used once.
+        """
 
     def __init__(
         self,
@@ -392,10 +401,11 @@ class OpenSessionRequest(_message.Message):
         policy: Global___Policy | None = ...,
         lease_ttl_s: _builtins.float = ...,
         client_name: _builtins.str = ...,
+        claim_tickets: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_name", b"client_name", "gpus", b"gpus", "job_id", b"job_id", "lease_ttl_s", b"lease_ttl_s", "mode", b"mode", "policy", b"policy", "rank", b"rank", "role", b"role", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim_tickets", b"claim_tickets", "client_name", b"client_name", "gpus", b"gpus", "job_id", b"job_id", "lease_ttl_s", b"lease_ttl_s", "mode", b"mode", "policy", b"policy", "rank", b"rank", "role", b"role", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -520,10 +530,15 @@ class BeginPhaseResponse(_message.Message):
     CLOCKS_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     TARGET_SM_CLOCK_MHZ_FIELD_NUMBER: _builtins.int
+    RESYNCED_FIELD_NUMBER: _builtins.int
     state: Global___ControllerState.ValueType
     """The controller's state for this phase kind."""
     target_sm_clock_mhz: _builtins.int
     """The SM clock the controller chose for this phase; 0 means the default governor."""
+    resynced: _builtins.bool
+    """True when another phase of this session was still running (its EndPhase was lost or refused):
+    that phase was abandoned unmetered, and this one begins afresh.
+    """
     @_builtins.property
     def clocks(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuClock]:
         """Per GPU of the session: the clock read back after applying the decision."""
@@ -534,10 +549,11 @@ class BeginPhaseResponse(_message.Message):
         clocks: _abc.Iterable[Global___GpuClock] | None = ...,
         state: Global___ControllerState.ValueType = ...,
         target_sm_clock_mhz: _builtins.int = ...,
+        resynced: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["clocks", b"clocks", "state", b"state", "target_sm_clock_mhz", b"target_sm_clock_mhz"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clocks", b"clocks", "resynced", b"resynced", "state", b"state", "target_sm_clock_mhz", b"target_sm_clock_mhz"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -692,6 +708,51 @@ class CloseSessionResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CloseSessionResponse: _TypeAlias = CloseSessionResponse  # noqa: Y015
+
+@_typing.final
+class IssueClaimTicketRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IssueClaimTicketRequest: _TypeAlias = IssueClaimTicketRequest  # noqa: Y015
+
+@_typing.final
+class IssueClaimTicketResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TICKET_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    EXPIRES_IN_S_FIELD_NUMBER: _builtins.int
+    ticket: _builtins.str
+    """The ticket, for OpenSessionRequest.claim_tickets on another worker socket of this daemon."""
+    expires_in_s: _builtins.float
+    """Seconds until it expires unused."""
+    @_builtins.property
+    def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuInfo]:
+        """The GPUs it covers: this socket's."""
+
+    def __init__(
+        self,
+        *,
+        ticket: _builtins.str = ...,
+        gpus: _abc.Iterable[Global___GpuInfo] | None = ...,
+        expires_in_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_in_s", b"expires_in_s", "gpus", b"gpus", "ticket", b"ticket"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IssueClaimTicketResponse: _TypeAlias = IssueClaimTicketResponse  # noqa: Y015
 
 @_typing.final
 class DaemonInfo(_message.Message):
@@ -978,6 +1039,7 @@ class SessionInfo(_message.Message):
     ATTACHED_FIELD_NUMBER: _builtins.int
     LEASE_REMAINING_S_FIELD_NUMBER: _builtins.int
     THROUGHPUT_THRESHOLD_FIELD_NUMBER: _builtins.int
+    GRANT_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Session id (the admin socket may see it)."""
     job_id: _builtins.str
@@ -1002,6 +1064,8 @@ class SessionInfo(_message.Message):
     """Seconds until the lease expires (lease-bound sessions)."""
     throughput_threshold: _builtins.float
     """Throughput threshold in force."""
+    grant: _builtins.str
+    """The worker socket the session was opened through: "shared", a grant's name, or "gpu-<UUID>"."""
     @_builtins.property
     def gpu_indices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Indices of the claimed GPUs."""
@@ -1027,10 +1091,11 @@ class SessionInfo(_message.Message):
         attached: _builtins.bool = ...,
         lease_remaining_s: _builtins.float = ...,
         throughput_threshold: _builtins.float = ...,
+        grant: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attached", b"attached", "current_phase", b"current_phase", "gpu_indices", b"gpu_indices", "iteration", b"iteration", "job_id", b"job_id", "lease_remaining_s", b"lease_remaining_s", "mode", b"mode", "opened_at_unix_s", b"opened_at_unix_s", "phases", b"phases", "rank", b"rank", "role", b"role", "session_id", b"session_id", "throughput_threshold", b"throughput_threshold", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attached", b"attached", "current_phase", b"current_phase", "gpu_indices", b"gpu_indices", "grant", b"grant", "iteration", b"iteration", "job_id", b"job_id", "lease_remaining_s", b"lease_remaining_s", "mode", b"mode", "opened_at_unix_s", b"opened_at_unix_s", "phases", b"phases", "rank", b"rank", "role", b"role", "session_id", b"session_id", "throughput_threshold", b"throughput_threshold", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1058,6 +1123,7 @@ class StatusResponse(_message.Message):
     DAEMON_FIELD_NUMBER: _builtins.int
     GPUS_FIELD_NUMBER: _builtins.int
     SESSIONS_FIELD_NUMBER: _builtins.int
+    GRANTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def daemon(self) -> Global___DaemonInfo:
         """The daemon."""
@@ -1070,16 +1136,21 @@ class StatusResponse(_message.Message):
     def sessions(self) -> _containers.RepeatedCompositeFieldContainer[Global___SessionInfo]:
         """Open sessions."""
 
+    @_builtins.property
+    def grants(self) -> _containers.RepeatedCompositeFieldContainer[Global___GrantInfo]:
+        """Worker sockets and what each may claim."""
+
     def __init__(
         self,
         *,
         daemon: Global___DaemonInfo | None = ...,
         gpus: _abc.Iterable[Global___GpuStatus] | None = ...,
         sessions: _abc.Iterable[Global___SessionInfo] | None = ...,
+        grants: _abc.Iterable[Global___GrantInfo] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["daemon", b"daemon"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["daemon", b"daemon", "gpus", b"gpus", "sessions", b"sessions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["daemon", b"daemon", "gpus", b"gpus", "grants", b"grants", "sessions", b"sessions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1395,3 +1466,262 @@ class ResetAllResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ResetAllResponse: _TypeAlias = ResetAllResponse  # noqa: Y015
+
+@_typing.final
+class GrantInfo(_message.Message):
+    """A worker socket and the GPUs that sessions opened through it may claim."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    SOCKET_PATH_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    UID_FIELD_NUMBER: _builtins.int
+    GID_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    CREATED_AT_UNIX_S_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_UNIX_S_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    SESSIONS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Name; a grant's socket is <grant directory>/<name>.sock."""
+    kind: _builtins.str
+    """Kind: "shared" (the single-tenant worker socket), "grant" (eerlctl grant, a Slurm prolog) or
+    "gpu" (a per-GPU socket).
+    """
+    socket_path: _builtins.str
+    """Path of the socket."""
+    uid: _builtins.int
+    """The socket's owner (mode 0600, or 0660 with gid), when granted to a user."""
+    gid: _builtins.int
+    """The socket's group (mode 0660), when granted to a group."""
+    job_id: _builtins.str
+    """The only job id its sessions may use; empty means any."""
+    created_at_unix_s: _builtins.float
+    """When it was created, seconds since the Unix epoch."""
+    expires_at_unix_s: _builtins.float
+    """When it ends, seconds since the Unix epoch; 0 means until revoked."""
+    reason: _builtins.str
+    """Why (shown in status and logs)."""
+    sessions: _builtins.int
+    """Sessions open through it now."""
+    @_builtins.property
+    def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuInfo]:
+        """The GPUs its sessions may claim."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        socket_path: _builtins.str = ...,
+        gpus: _abc.Iterable[Global___GpuInfo] | None = ...,
+        uid: _builtins.int | None = ...,
+        gid: _builtins.int | None = ...,
+        job_id: _builtins.str = ...,
+        created_at_unix_s: _builtins.float = ...,
+        expires_at_unix_s: _builtins.float = ...,
+        reason: _builtins.str = ...,
+        sessions: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_gid", b"_gid", "_uid", b"_uid", "gid", b"gid", "uid", b"uid"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gid", b"_gid", "_uid", b"_uid", "created_at_unix_s", b"created_at_unix_s", "expires_at_unix_s", b"expires_at_unix_s", "gid", b"gid", "gpus", b"gpus", "job_id", b"job_id", "kind", b"kind", "name", b"name", "reason", b"reason", "sessions", b"sessions", "socket_path", b"socket_path", "uid", b"uid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__gid: _TypeAlias = _typing.Literal["gid"]  # noqa: Y015
+    _WhichOneofArgType__gid: _TypeAlias = _typing.Literal["_gid", b"_gid"]  # noqa: Y015
+    _WhichOneofReturnType__uid: _TypeAlias = _typing.Literal["uid"]  # noqa: Y015
+    _WhichOneofArgType__uid: _TypeAlias = _typing.Literal["_uid", b"_uid"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gid) -> _WhichOneofReturnType__gid | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__uid) -> _WhichOneofReturnType__uid | None: ...
+
+Global___GrantInfo: _TypeAlias = GrantInfo  # noqa: Y015
+
+@_typing.final
+class GrantRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    UID_FIELD_NUMBER: _builtins.int
+    GID_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    DURATION_S_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    REPLACE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Name of the grant ([A-Za-z0-9._-], at most 64); empty means "job-<job_id>" when job_id is set."""
+    uid: _builtins.int
+    """Owner of the socket; at least one of uid and gid."""
+    gid: _builtins.int
+    """Group of the socket."""
+    job_id: _builtins.str
+    """The only job id its sessions may use; empty means any."""
+    duration_s: _builtins.float
+    """Seconds until it ends; 0 means until revoked."""
+    reason: _builtins.str
+    """Why (shown in status and logs)."""
+    replace: _builtins.bool
+    """Revoke first every grant of the same name or on any of these GPUs (a Slurm prolog: the scheduler
+    gave these GPUs to a new job); otherwise such a grant is a conflict.
+    """
+    @_builtins.property
+    def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuRef]:
+        """GPUs its sessions may claim; at least one."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        gpus: _abc.Iterable[Global___GpuRef] | None = ...,
+        uid: _builtins.int | None = ...,
+        gid: _builtins.int | None = ...,
+        job_id: _builtins.str = ...,
+        duration_s: _builtins.float = ...,
+        reason: _builtins.str = ...,
+        replace: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_gid", b"_gid", "_uid", b"_uid", "gid", b"gid", "uid", b"uid"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gid", b"_gid", "_uid", b"_uid", "duration_s", b"duration_s", "gid", b"gid", "gpus", b"gpus", "job_id", b"job_id", "name", b"name", "reason", b"reason", "replace", b"replace", "uid", b"uid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__gid: _TypeAlias = _typing.Literal["gid"]  # noqa: Y015
+    _WhichOneofArgType__gid: _TypeAlias = _typing.Literal["_gid", b"_gid"]  # noqa: Y015
+    _WhichOneofReturnType__uid: _TypeAlias = _typing.Literal["uid"]  # noqa: Y015
+    _WhichOneofArgType__uid: _TypeAlias = _typing.Literal["_uid", b"_uid"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gid) -> _WhichOneofReturnType__gid | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__uid) -> _WhichOneofReturnType__uid | None: ...
+
+Global___GrantRequest: _TypeAlias = GrantRequest  # noqa: Y015
+
+@_typing.final
+class GrantResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GRANT_FIELD_NUMBER: _builtins.int
+    REVOKED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def grant(self) -> Global___GrantInfo:
+        """The grant created."""
+
+    @_builtins.property
+    def revoked(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Grants revoked to make room (with replace)."""
+
+    def __init__(
+        self,
+        *,
+        grant: Global___GrantInfo | None = ...,
+        revoked: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["grant", b"grant"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["grant", b"grant", "revoked", b"revoked"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GrantResponse: _TypeAlias = GrantResponse  # noqa: Y015
+
+@_typing.final
+class RevokeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The grant to revoke; or"""
+    job_id: _builtins.str
+    """every grant of this job."""
+    reason: _builtins.str
+    """Why (logged)."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "name", b"name", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeRequest: _TypeAlias = RevokeRequest  # noqa: Y015
+
+@_typing.final
+class RevokeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVOKED_FIELD_NUMBER: _builtins.int
+    CLOCKS_FIELD_NUMBER: _builtins.int
+    CLOSED_SESSION_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def revoked(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Names of the grants revoked."""
+
+    @_builtins.property
+    def clocks(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuClock]:
+        """Per GPU of those grants, the clock read back after its sessions were closed."""
+
+    @_builtins.property
+    def closed_session_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Sessions closed."""
+
+    def __init__(
+        self,
+        *,
+        revoked: _abc.Iterable[_builtins.str] | None = ...,
+        clocks: _abc.Iterable[Global___GpuClock] | None = ...,
+        closed_session_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clocks", b"clocks", "closed_session_ids", b"closed_session_ids", "revoked", b"revoked"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeResponse: _TypeAlias = RevokeResponse  # noqa: Y015
+
+@_typing.final
+class ListGrantsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListGrantsRequest: _TypeAlias = ListGrantsRequest  # noqa: Y015
+
+@_typing.final
+class ListGrantsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GRANTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def grants(self) -> _containers.RepeatedCompositeFieldContainer[Global___GrantInfo]:
+        """Every worker socket."""
+
+    def __init__(
+        self,
+        *,
+        grants: _abc.Iterable[Global___GrantInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["grants", b"grants"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListGrantsResponse: _TypeAlias = ListGrantsResponse  # noqa: Y015

@@ -69,6 +69,11 @@ class PhaseServiceStub:
                 request_serializer=eerl_dot_v1_dot_eerl__pb2.CloseSessionRequest.SerializeToString,
                 response_deserializer=eerl_dot_v1_dot_eerl__pb2.CloseSessionResponse.FromString,
                 _registered_method=True)
+        self.IssueClaimTicket = channel.unary_unary(
+                '/eerl.v1.PhaseService/IssueClaimTicket',
+                request_serializer=eerl_dot_v1_dot_eerl__pb2.IssueClaimTicketRequest.SerializeToString,
+                response_deserializer=eerl_dot_v1_dot_eerl__pb2.IssueClaimTicketResponse.FromString,
+                _registered_method=True)
 
 
 class PhaseServiceServicer:
@@ -122,6 +127,14 @@ class PhaseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def IssueClaimTicket(self, request, context):
+        """A one-time ticket that lets a session opened through another worker socket claim this socket's
+        GPUs as well: for jobs whose GPUs each come with their own socket (per-GPU sockets, Kubernetes).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PhaseServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -154,6 +167,11 @@ def add_PhaseServiceServicer_to_server(servicer, server):
                     servicer.CloseSession,
                     request_deserializer=eerl_dot_v1_dot_eerl__pb2.CloseSessionRequest.FromString,
                     response_serializer=eerl_dot_v1_dot_eerl__pb2.CloseSessionResponse.SerializeToString,
+            ),
+            'IssueClaimTicket': grpc.unary_unary_rpc_method_handler(
+                    servicer.IssueClaimTicket,
+                    request_deserializer=eerl_dot_v1_dot_eerl__pb2.IssueClaimTicketRequest.FromString,
+                    response_serializer=eerl_dot_v1_dot_eerl__pb2.IssueClaimTicketResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -333,6 +351,33 @@ class PhaseService:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def IssueClaimTicket(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eerl.v1.PhaseService/IssueClaimTicket',
+            eerl_dot_v1_dot_eerl__pb2.IssueClaimTicketRequest.SerializeToString,
+            eerl_dot_v1_dot_eerl__pb2.IssueClaimTicketResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class AdminServiceStub:
     """---------------------------------------------------------------------------
@@ -377,6 +422,21 @@ class AdminServiceStub:
                 '/eerl.v1.AdminService/ResetAll',
                 request_serializer=eerl_dot_v1_dot_eerl__pb2.ResetAllRequest.SerializeToString,
                 response_deserializer=eerl_dot_v1_dot_eerl__pb2.ResetAllResponse.FromString,
+                _registered_method=True)
+        self.Grant = channel.unary_unary(
+                '/eerl.v1.AdminService/Grant',
+                request_serializer=eerl_dot_v1_dot_eerl__pb2.GrantRequest.SerializeToString,
+                response_deserializer=eerl_dot_v1_dot_eerl__pb2.GrantResponse.FromString,
+                _registered_method=True)
+        self.Revoke = channel.unary_unary(
+                '/eerl.v1.AdminService/Revoke',
+                request_serializer=eerl_dot_v1_dot_eerl__pb2.RevokeRequest.SerializeToString,
+                response_deserializer=eerl_dot_v1_dot_eerl__pb2.RevokeResponse.FromString,
+                _registered_method=True)
+        self.ListGrants = channel.unary_unary(
+                '/eerl.v1.AdminService/ListGrants',
+                request_serializer=eerl_dot_v1_dot_eerl__pb2.ListGrantsRequest.SerializeToString,
+                response_deserializer=eerl_dot_v1_dot_eerl__pb2.ListGrantsResponse.FromString,
                 _registered_method=True)
 
 
@@ -430,6 +490,28 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Grant(self, request, context):
+        """Creates a scoped worker socket: its file ownership and mode decide who may connect, and sessions
+        opened through it may claim only its GPUs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Revoke(self, request, context):
+        """Removes grants: closes their sessions (the GPUs return to default clocks) and their sockets.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListGrants(self, request, context):
+        """The grants in force, the shared and per-GPU sockets included.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -462,6 +544,21 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ResetAll,
                     request_deserializer=eerl_dot_v1_dot_eerl__pb2.ResetAllRequest.FromString,
                     response_serializer=eerl_dot_v1_dot_eerl__pb2.ResetAllResponse.SerializeToString,
+            ),
+            'Grant': grpc.unary_unary_rpc_method_handler(
+                    servicer.Grant,
+                    request_deserializer=eerl_dot_v1_dot_eerl__pb2.GrantRequest.FromString,
+                    response_serializer=eerl_dot_v1_dot_eerl__pb2.GrantResponse.SerializeToString,
+            ),
+            'Revoke': grpc.unary_unary_rpc_method_handler(
+                    servicer.Revoke,
+                    request_deserializer=eerl_dot_v1_dot_eerl__pb2.RevokeRequest.FromString,
+                    response_serializer=eerl_dot_v1_dot_eerl__pb2.RevokeResponse.SerializeToString,
+            ),
+            'ListGrants': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGrants,
+                    request_deserializer=eerl_dot_v1_dot_eerl__pb2.ListGrantsRequest.FromString,
+                    response_serializer=eerl_dot_v1_dot_eerl__pb2.ListGrantsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -631,6 +728,87 @@ class AdminService:
             '/eerl.v1.AdminService/ResetAll',
             eerl_dot_v1_dot_eerl__pb2.ResetAllRequest.SerializeToString,
             eerl_dot_v1_dot_eerl__pb2.ResetAllResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Grant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eerl.v1.AdminService/Grant',
+            eerl_dot_v1_dot_eerl__pb2.GrantRequest.SerializeToString,
+            eerl_dot_v1_dot_eerl__pb2.GrantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Revoke(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eerl.v1.AdminService/Revoke',
+            eerl_dot_v1_dot_eerl__pb2.RevokeRequest.SerializeToString,
+            eerl_dot_v1_dot_eerl__pb2.RevokeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGrants(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eerl.v1.AdminService/ListGrants',
+            eerl_dot_v1_dot_eerl__pb2.ListGrantsRequest.SerializeToString,
+            eerl_dot_v1_dot_eerl__pb2.ListGrantsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -57,6 +57,10 @@ class PhaseServiceStub:
     """Renews the session's lease (for clients that do not hold an Attach stream)."""
     CloseSession: _grpc.UnaryUnaryMultiCallable[_eerl_pb2.CloseSessionRequest, _eerl_pb2.CloseSessionResponse]
     """Ends the session and returns its GPUs to default clocks."""
+    IssueClaimTicket: _grpc.UnaryUnaryMultiCallable[_eerl_pb2.IssueClaimTicketRequest, _eerl_pb2.IssueClaimTicketResponse]
+    """A one-time ticket that lets a session opened through another worker socket claim this socket's
+    GPUs as well: for jobs whose GPUs each come with their own socket (per-GPU sockets, Kubernetes).
+    """
 
 @_typing.type_check_only
 class PhaseServiceAsyncStub(PhaseServiceStub):
@@ -82,6 +86,10 @@ class PhaseServiceAsyncStub(PhaseServiceStub):
     """Renews the session's lease (for clients that do not hold an Attach stream)."""
     CloseSession: _aio.UnaryUnaryMultiCallable[_eerl_pb2.CloseSessionRequest, _eerl_pb2.CloseSessionResponse]  # type: ignore[assignment]
     """Ends the session and returns its GPUs to default clocks."""
+    IssueClaimTicket: _aio.UnaryUnaryMultiCallable[_eerl_pb2.IssueClaimTicketRequest, _eerl_pb2.IssueClaimTicketResponse]  # type: ignore[assignment]
+    """A one-time ticket that lets a session opened through another worker socket claim this socket's
+    GPUs as well: for jobs whose GPUs each come with their own socket (per-GPU sockets, Kubernetes).
+    """
 
 class PhaseServiceServicer(metaclass=_abc_1.ABCMeta):
     """---------------------------------------------------------------------------
@@ -141,6 +149,16 @@ class PhaseServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_eerl_pb2.CloseSessionResponse, _abc.Awaitable[_eerl_pb2.CloseSessionResponse]]:
         """Ends the session and returns its GPUs to default clocks."""
 
+    @_abc_1.abstractmethod
+    def IssueClaimTicket(
+        self,
+        request: _eerl_pb2.IssueClaimTicketRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_eerl_pb2.IssueClaimTicketResponse, _abc.Awaitable[_eerl_pb2.IssueClaimTicketResponse]]:
+        """A one-time ticket that lets a session opened through another worker socket claim this socket's
+        GPUs as well: for jobs whose GPUs each come with their own socket (per-GPU sockets, Kubernetes).
+        """
+
 def add_PhaseServiceServicer_to_server(servicer: PhaseServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
 class AdminServiceStub:
@@ -167,6 +185,14 @@ class AdminServiceStub:
     """The controller's decision history per session and phase."""
     ResetAll: _grpc.UnaryUnaryMultiCallable[_eerl_pb2.ResetAllRequest, _eerl_pb2.ResetAllResponse]
     """Returns GPUs to default clocks: removes their pins and closes the sessions holding them."""
+    Grant: _grpc.UnaryUnaryMultiCallable[_eerl_pb2.GrantRequest, _eerl_pb2.GrantResponse]
+    """Creates a scoped worker socket: its file ownership and mode decide who may connect, and sessions
+    opened through it may claim only its GPUs.
+    """
+    Revoke: _grpc.UnaryUnaryMultiCallable[_eerl_pb2.RevokeRequest, _eerl_pb2.RevokeResponse]
+    """Removes grants: closes their sessions (the GPUs return to default clocks) and their sockets."""
+    ListGrants: _grpc.UnaryUnaryMultiCallable[_eerl_pb2.ListGrantsRequest, _eerl_pb2.ListGrantsResponse]
+    """The grants in force, the shared and per-GPU sockets included."""
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -190,6 +216,14 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """The controller's decision history per session and phase."""
     ResetAll: _aio.UnaryUnaryMultiCallable[_eerl_pb2.ResetAllRequest, _eerl_pb2.ResetAllResponse]  # type: ignore[assignment]
     """Returns GPUs to default clocks: removes their pins and closes the sessions holding them."""
+    Grant: _aio.UnaryUnaryMultiCallable[_eerl_pb2.GrantRequest, _eerl_pb2.GrantResponse]  # type: ignore[assignment]
+    """Creates a scoped worker socket: its file ownership and mode decide who may connect, and sessions
+    opened through it may claim only its GPUs.
+    """
+    Revoke: _aio.UnaryUnaryMultiCallable[_eerl_pb2.RevokeRequest, _eerl_pb2.RevokeResponse]  # type: ignore[assignment]
+    """Removes grants: closes their sessions (the GPUs return to default clocks) and their sockets."""
+    ListGrants: _aio.UnaryUnaryMultiCallable[_eerl_pb2.ListGrantsRequest, _eerl_pb2.ListGrantsResponse]  # type: ignore[assignment]
+    """The grants in force, the shared and per-GPU sockets included."""
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """---------------------------------------------------------------------------
@@ -246,5 +280,31 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_eerl_pb2.ResetAllResponse, _abc.Awaitable[_eerl_pb2.ResetAllResponse]]:
         """Returns GPUs to default clocks: removes their pins and closes the sessions holding them."""
+
+    @_abc_1.abstractmethod
+    def Grant(
+        self,
+        request: _eerl_pb2.GrantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_eerl_pb2.GrantResponse, _abc.Awaitable[_eerl_pb2.GrantResponse]]:
+        """Creates a scoped worker socket: its file ownership and mode decide who may connect, and sessions
+        opened through it may claim only its GPUs.
+        """
+
+    @_abc_1.abstractmethod
+    def Revoke(
+        self,
+        request: _eerl_pb2.RevokeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_eerl_pb2.RevokeResponse, _abc.Awaitable[_eerl_pb2.RevokeResponse]]:
+        """Removes grants: closes their sessions (the GPUs return to default clocks) and their sockets."""
+
+    @_abc_1.abstractmethod
+    def ListGrants(
+        self,
+        request: _eerl_pb2.ListGrantsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_eerl_pb2.ListGrantsResponse, _abc.Awaitable[_eerl_pb2.ListGrantsResponse]]:
+        """The grants in force, the shared and per-GPU sockets included."""
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
