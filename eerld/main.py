@@ -1,7 +1,10 @@
 """``eerld``: parse and validate the configuration, then serve (or ``--reset-clocks`` and exit).
 
-Exit codes: 0 after a clean stop; 2 for a bad configuration (one ``Error: ...`` line); 1 when the GPUs
-or the sockets cannot be set up.
+Exit codes: 0 after a clean stop; 2 for a bad configuration (one ``Error: ...`` line), a state directory,
+socket directory or config file another user controls included; 1 when the GPUs or the sockets cannot
+be set up. ``--reset-clocks`` resets every GPU of the node whatever the ledger says (a corrupt ledger is
+set aside): 0 when every GPU was reset, 1 with one ``Error: GPU …`` line per GPU that was not, 2 when the
+GPUs were reset but the state directory is not root's own (its ledger left untouched).
 """
 
 from __future__ import annotations
@@ -11,10 +14,28 @@ from collections.abc import Sequence
 
 import structlog
 
-from eerld.config import load_config
+from eerld import files
+from eerld.clocks.recovery import reset_node
+from eerld.config import Config, load_config
 from eerld.errors import ConfigError, EerlError
 from eerld.logging import configure_logging
-from eerld.server import create_server, reset_all_clocks, serve
+from eerld.server import create_backend, create_server, serve
+
+
+def reset_clocks(config: Config) -> int:
+    """``eerld --reset-clocks``: every GPU back to its default clocks; the exit code."""
+    backend = create_backend(config)
+    try:
+        outcome = reset_node(backend, config.state_dir)
+    finally:
+        backend.close()
+    for r in outcome.failed:
+        print(f"Error: GPU {r.index} ({r.uuid}): {r.degraded_reason}", file=sys.stderr)
+    if outcome.state_dir_error:
+        print(f"Error: {outcome.state_dir_error}", file=sys.stderr)
+    if outcome.failed:
+        return 1
+    return 2 if outcome.state_dir_error else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -28,11 +49,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(config.log_format, debug=config.debug)
     try:
         if config.reset_clocks:
-            results = reset_all_clocks(config)
-            failed = [r for r in results if r.degraded_reason]
-            for r in failed:
-                print(f"Error: GPU {r.index} ({r.uuid}): {r.degraded_reason}", file=sys.stderr)
-            return 1 if failed else 0
+            return reset_clocks(config)
+        # before anything reads or writes there: the ledger, the pins and the grants live in it
+        files.ensure_private_dir(config.state_dir, "--state-dir")
         return serve(create_server(config))
     except ConfigError as e:
         print(f"Error: {e}", file=sys.stderr)

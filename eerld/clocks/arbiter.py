@@ -2,14 +2,21 @@
 
 The arbiter is the only code that actuates clocks. Every change goes through :meth:`ClockArbiter._apply`,
 which (1) computes the GPU's target from pin > session > default, (2) skips the call when the target holds
-already, (3) lists the GPU in the ledger before any lock, (4) locks or resets, (5) unlists it after a reset.
-A backend error marks only that GPU degraded (with the reason) and schedules a retry with back-off; one
-decision is applied to many GPUs in parallel so that a slow or failing GPU never holds up the others.
+already, (3) lists the GPU in the ledger before any lock — durably: a lock whose record cannot be written
+(a full disk) is not taken —, (4) locks or resets, (5) unlists it after a reset (a failed removal keeps the
+GPU listed, the safe direction, and is retried by :meth:`ClockArbiter.retry_degraded`). A backend or ledger
+error marks only that GPU degraded (with the reason) and schedules a retry with back-off; one decision is
+applied to many GPUs in parallel so that a slow or failing GPU never holds up the others.
+
+Skipping a target that holds already is for the hot path (a session's phase changes) only. The fail-safe
+paths — a session releasing its GPUs, an admin pin removed or reset, shutdown, a degraded GPU retried,
+recovery at start, ``--reset-clocks`` — never trust the arbiter's own view: a lock set behind its back
+(another tool, a reset that failed silently) is invisible to it, so they call the backend's resets
+(:func:`reset_gpu_clocks`: SM lock, application clocks, memory lock) whatever it believes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import threading
 import time
@@ -23,7 +30,7 @@ import structlog
 from eerld.clocks.ledger import Ledger, LedgerEntry
 from eerld.clocks.pins import Pin
 from eerld.clocks.ratelimit import ClockChangeLimiter
-from eerld.errors import GpuError, NotSupported
+from eerld.errors import ConfigError, GpuError, NotSupported
 from eerld.gpu.base import GpuBackend, GpuIdentity
 
 log = structlog.get_logger("eerld.clocks")
@@ -31,6 +38,46 @@ log = structlog.get_logger("eerld.clocks")
 RETRY_INITIAL_S = 0.5
 RETRY_MAX_S = 30.0
 APPLY_TIMEOUT_S = 10.0
+
+
+def reset_gpu_clocks(backend: GpuBackend, index: int, *, locks_work: bool) -> None:
+    """Give every clock setting of GPU ``index`` back to the driver, whoever set it.
+
+    The SM clock lock, the application clocks and the memory clock lock, each tried even when another
+    failed; the first error is raised. The GPU's own actuator (the lock, or application clocks where
+    ``locks_work`` is False) must reset, ``NotSupported`` included; for the others ``NotSupported`` means
+    nothing of that kind can be set, so it is skipped.
+    """
+    sm_resets = (backend.reset_sm_clock, backend.reset_application_clocks)
+    primary, secondary = sm_resets if locks_work else sm_resets[::-1]
+    first: GpuError | None = None
+    for reset, required in ((primary, True), (secondary, False), (backend.reset_mem_clock, False)):
+        try:
+            reset(index)
+        except NotSupported as e:
+            if required:
+                first = first or e
+        except GpuError as e:
+            first = first or e
+    if first is not None:
+        raise first
+
+
+def locks_work_on(backend: GpuBackend, index: int) -> bool:
+    """Whether GPU ``index`` takes SM clock locks (True when the query itself fails: the default actuator)."""
+    try:
+        return backend.supports_locked_clocks(index)
+    except GpuError:
+        return True
+
+
+def error_reason(error: BaseException) -> str:
+    """A degraded reason: ``Kind: message`` for a backend error, the ledger's words for a failed write."""
+    if isinstance(error, OSError):
+        return f"ledger write failed: {error.strerror or error}"
+    if isinstance(error, ConfigError):
+        return f"ledger unusable: {error}"
+    return f"{type(error).__name__}: {error}"
 
 
 class ClockSource(enum.StrEnum):
@@ -125,10 +172,7 @@ class ClockArbiter:
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="eerld-clocks")
 
     def _make_slot(self, identity: GpuIdentity) -> _Slot:
-        try:
-            locks_work = self._backend.supports_locked_clocks(identity.index)
-        except GpuError:
-            locks_work = True
+        locks_work = locks_work_on(self._backend, identity.index)
         try:
             mems = self._backend.supported_mem_clocks_mhz(identity.index)
             max_mem = max(mems) if mems else 0
@@ -148,13 +192,23 @@ class ClockArbiter:
     # -- recovery -----------------------------------------------------------------------------------
 
     def recover_from_ledger(self) -> list[int]:
-        """Reset every GPU the ledger names (locks left by a dead daemon); return the indices reset."""
+        """Reset every GPU the ledger names (locks left by a dead daemon); return the indices reset.
+
+        A corrupt ledger names nothing that can be trusted: every GPU of the node is reset, then the file
+        is set aside (``ledger.json.corrupt-<unix time>``); a GPU whose reset failed is listed in the fresh
+        ledger so that its retry (and the next start) resets it.
+        """
         reset: list[int] = []
         if self._dry_run:
             # A dry-run daemon never touches a clock: leave the locks and the ledger to a real daemon.
+            if self._ledger.corrupt:
+                log.warning("ledger_corrupt_left_in_dry_run", reason=self._ledger.corrupt)
+                return reset
             for index, entry in sorted(self._ledger.entries().items()):
                 log.warning("ledger_lock_left_in_dry_run", gpu_index=index, gpu_uuid=entry.uuid)
             return reset
+        if self._ledger.corrupt:
+            return [r.index for r in self._recover_from_corrupt_ledger() if not r.degraded_reason]
         for index, entry in sorted(self._ledger.entries().items()):
             slot = self._slots.get(index)
             if slot is None:
@@ -163,26 +217,47 @@ class ClockArbiter:
                 continue
             with slot.lock:
                 if self._reset_hardware(slot, reason="ledger recovery at start"):
-                    self._ledger.remove(index)
+                    self._unlist(slot)
                     reset.append(index)
                     log.info("ledger_reset", gpu_index=index, gpu_uuid=entry.uuid, owner=entry.owner)
         return reset
 
-    def reset_everything(self) -> list[AppliedClock]:
-        """Reset every GPU of the node regardless of state, clear the ledger (``--reset-clocks``)."""
-        for slot in self._slots.values():
-            slot.pin = None
-            slot.session_id = None
-            slot.session_clock_mhz = None
-        results = self._map(list(self._slots), self._force_reset)
-        if not any(r.degraded_reason for r in results):
-            self._ledger.clear()
+    def _recover_from_corrupt_ledger(self) -> list[AppliedClock]:
+        """Reset every GPU, then set the corrupt ledger aside and list the GPUs whose reset failed."""
+        results = self._map(list(self._slots), self._force_reset_unlisted)
+        try:
+            self._ledger.set_aside()
+        except OSError as e:
+            log.error("ledger_set_aside_failed", path=str(self._ledger.path), reason=e.strerror or str(e))
+            return results
+        for result in results:
+            if result.degraded_reason:
+                try:
+                    self._ledger.add(LedgerEntry(result.index, result.uuid, "recovery"))
+                except OSError as e:
+                    log.warning("ledger_write_failed", gpu_index=result.index, reason=error_reason(e))
         return results
+
+    def _force_reset_unlisted(self, slot: _Slot) -> AppliedClock:
+        with slot.lock:
+            self._reset_hardware(slot, reason="the ledger is corrupt: every GPU is reset")
+            return self._result(slot, None, ClockSource.DEFAULT, None)
+
+    def reset_everything(self) -> list[AppliedClock]:
+        """Reset every GPU of the node regardless of state; the ledger lists only those whose reset failed."""
+        for slot in self._slots.values():
+            with slot.lock:
+                slot.pin = None
+                slot.session_id = None
+                slot.session_clock_mhz = None
+        if self._ledger.corrupt and not self._dry_run:
+            return self._recover_from_corrupt_ledger()
+        return self._map(list(self._slots), self._force_reset)
 
     def _force_reset(self, slot: _Slot) -> AppliedClock:
         with slot.lock:
             if self._reset_hardware(slot, reason="reset requested"):
-                self._ledger.remove(slot.identity.index)
+                self._unlist(slot)
             return self._result(slot, None, ClockSource.DEFAULT, None)
 
     # -- requests -----------------------------------------------------------------------------------
@@ -190,14 +265,18 @@ class ClockArbiter:
     def set_session(
         self, indices: Sequence[int], session_id: str | None, sm_clock_mhz: int | None
     ) -> list[AppliedClock]:
-        """Record the session's wish for its GPUs (None session: released) and apply it."""
+        """Record the session's wish for its GPUs (None session: released) and apply it.
+
+        A session's own changes skip a target that holds already (the hot path); a release resets the
+        hardware whatever the arbiter believes (fail-safe).
+        """
 
         def update(slot: _Slot) -> None:
             slot.log_session_id = (session_id or slot.session_id or "")[:8]
             slot.session_id = session_id
             slot.session_clock_mhz = sm_clock_mhz if session_id is not None else None
 
-        return self._update_and_apply(indices, update)
+        return self._update_and_apply(indices, update, force=session_id is None)
 
     def set_pins(self, pins: Sequence[Pin], indices: Sequence[int]) -> list[AppliedClock]:
         """Install pins (one per index, same order) and apply them."""
@@ -209,33 +288,36 @@ class ClockArbiter:
         return self._update_and_apply(indices, update)
 
     def clear_pins(self, indices: Sequence[int]) -> list[AppliedClock]:
-        """Remove pins; the holding session or the default governor decides again."""
+        """Remove pins; the holding session or the default governor decides again.
+
+        The admin's unpin, reset and a pin's expiry: applied to the hardware whatever the arbiter believes.
+        """
 
         def update(slot: _Slot) -> None:
             slot.pin = None
 
-        return self._update_and_apply(indices, update)
+        return self._update_and_apply(indices, update, force=True)
 
     def retry_degraded(self) -> list[AppliedClock]:
-        """Re-apply degraded GPUs whose back-off has passed (called by the daemon's reaper)."""
+        """Re-apply degraded GPUs whose back-off has passed, and write ledger removals a full disk left
+        pending (called by the daemon's reaper)."""
+        if not self._dry_run:
+            self._ledger.retry_removals()
         now = self._clock()
         due = [i for i, s in self._slots.items() if s.degraded_reason and now >= s.retry_at_s]
         return self._update_and_apply(due, lambda _slot: None) if due else []
 
     def release_all(self) -> list[AppliedClock]:
-        """Forget every pin and session wish and reset every GPU eerld locked (shutdown path)."""
+        """Forget every pin and session wish and reset every GPU of the node (shutdown path).
+
+        Every GPU, not only those eerld believes it locked: a lock it cannot see must not outlive it.
+        """
         for slot in self._slots.values():
             with slot.lock:
                 slot.pin = None
                 slot.session_id = None
                 slot.session_clock_mhz = None
-        listed = set(self._ledger.entries())
-        indices = [
-            i
-            for i, s in self._slots.items()
-            if i in listed or s.applied_sm_mhz is not None or s.applied_mem_mhz
-        ]
-        return self._update_and_apply(indices, lambda _slot: None, force=True)
+        return self._update_and_apply(list(self._slots), lambda _slot: None, force=True)
 
     def _update_and_apply(
         self, indices: Sequence[int], update: Callable[[_Slot], None], *, force: bool = False
@@ -250,11 +332,11 @@ class ClockArbiter:
     def _map(self, indices: Iterable[int], fn: Callable[[_Slot], AppliedClock]) -> list[AppliedClock]:
         slots = [self._slots[i] for i in indices]
         if len(slots) == 1:
-            return [fn(slots[0])]
+            return [self._call(fn, slots[0])]
         try:
             futures = [self._pool.submit(fn, s) for s in slots]
         except RuntimeError:  # the pool is shut down (daemon stopping): one GPU after the other
-            return [fn(s) for s in slots]
+            return [self._call(fn, s) for s in slots]
         wait_futures(futures, timeout=self._apply_timeout_s)
         results: list[AppliedClock] = []
         for slot, future in zip(slots, futures, strict=True):
@@ -262,18 +344,21 @@ class ClockArbiter:
                 results.append(future.result())
             else:
                 reason = "backend call timed out" if not future.done() else f"{future.exception()!r}"
-                results.append(
-                    AppliedClock(
-                        slot.identity.index,
-                        slot.identity.uuid,
-                        0,
-                        None,
-                        ClockSource.DEFAULT,
-                        self._dry_run,
-                        reason,
-                    )
-                )
+                results.append(self._failed(slot, reason))
         return results
+
+    def _call(self, fn: Callable[[_Slot], AppliedClock], slot: _Slot) -> AppliedClock:
+        """``fn(slot)`` in this thread; as in the pool, a failure is a result naming it, never a raise."""
+        try:
+            return fn(slot)
+        except Exception as e:
+            log.exception("clock_apply_error", gpu_index=slot.identity.index)
+            return self._failed(slot, f"{e!r}")
+
+    def _failed(self, slot: _Slot, reason: str) -> AppliedClock:
+        return AppliedClock(
+            slot.identity.index, slot.identity.uuid, 0, None, ClockSource.DEFAULT, self._dry_run, reason
+        )
 
     # -- actuation (slot lock held) -------------------------------------------------------------------
 
@@ -289,18 +374,23 @@ class ClockArbiter:
         if self._rate_limited(slot, target_sm, source, force=force):
             return self._result(slot, target_sm, source, None)
         read_back: int | None = None
+        to_default = target_sm is None and target_mem is None
         try:
-            if target_sm is not None or target_mem is not None:
+            if not to_default:
+                # durably listed before any lock: a record that cannot be written means no lock
                 self._ledger.add(LedgerEntry(index, uuid, source.value))
-            if target_mem != slot.applied_mem_mhz or force:
-                self._actuate_mem(slot, target_mem)
-            if target_sm != slot.applied_sm_mhz or slot.degraded_reason or force:
-                read_back = self._actuate_sm(slot, target_sm)
-            if target_sm is None and target_mem is None:
-                self._ledger.remove(index)
-        except GpuError as e:
-            self._degrade(slot, e)
+            if to_default and (force or slot.degraded_reason):
+                self._reset_everything_on(slot)  # fail-safe: whatever the arbiter believes
+            else:
+                if target_mem != slot.applied_mem_mhz or force:
+                    self._actuate_mem(slot, target_mem)
+                if target_sm != slot.applied_sm_mhz or slot.degraded_reason or force:
+                    read_back = self._actuate_sm(slot, target_sm)
+        except (GpuError, OSError, ConfigError) as e:
+            self._degrade(slot, error_reason(e))
             return self._result(slot, target_sm, source, None)
+        if to_default:
+            self._unlist(slot)
         if slot.degraded_reason:
             log.info("gpu_recovered", gpu_index=index, gpu_uuid=uuid)
         slot.degraded_reason = ""
@@ -364,15 +454,37 @@ class ClockArbiter:
             self._backend.lock_mem_clock(index, target_mem)
         slot.applied_mem_mhz = target_mem
 
-    def _reset_hardware(self, slot: _Slot, *, reason: str) -> bool:
-        """Reset SM (and memory) clocks whatever eerld believes; degrade on failure."""
+    def _reset_everything_on(self, slot: _Slot) -> None:
+        """:func:`reset_gpu_clocks` on the slot's GPU (GpuError on failure); the arbiter's view follows."""
         index = slot.identity.index
         try:
-            self._reset_sm(slot)
-            with contextlib.suppress(NotSupported):
-                self._backend.reset_mem_clock(index)
+            reset_gpu_clocks(self._backend, index, locks_work=slot.locks_work)
+        finally:
+            # whatever failed, nothing eerld asked for holds any more; a retry resets everything again
+            slot.applied_sm_mhz = None
+            slot.applied_mem_mhz = None
+        log.info("clock_reset", gpu_index=index, gpu_uuid=slot.identity.uuid, session_id=slot.log_session_id)
+
+    def _unlist(self, slot: _Slot) -> None:
+        """Remove a reset GPU from the ledger; a failed write keeps it listed (safe) and is retried later."""
+        try:
+            self._ledger.remove(slot.identity.index)
+        except (OSError, ConfigError) as e:
+            log.warning(
+                "ledger_write_failed",
+                gpu_index=slot.identity.index,
+                gpu_uuid=slot.identity.uuid,
+                reason=error_reason(e),
+                action="the GPU stays listed; its removal is retried",
+            )
+
+    def _reset_hardware(self, slot: _Slot, *, reason: str) -> bool:
+        """Reset every clock setting whatever eerld believes; degrade on failure."""
+        index = slot.identity.index
+        try:
+            reset_gpu_clocks(self._backend, index, locks_work=slot.locks_work)
         except GpuError as e:
-            self._degrade(slot, e)
+            self._degrade(slot, error_reason(e))
             return False
         slot.applied_sm_mhz = None
         slot.applied_mem_mhz = None
@@ -380,8 +492,7 @@ class ClockArbiter:
         log.info("clock_reset", gpu_index=index, gpu_uuid=slot.identity.uuid, reason=reason)
         return True
 
-    def _degrade(self, slot: _Slot, error: GpuError) -> None:
-        reason = f"{type(error).__name__}: {error}"
+    def _degrade(self, slot: _Slot, reason: str) -> None:
         first = not slot.degraded_reason
         slot.degraded_reason = reason
         slot.retry_at_s = self._clock() + slot.backoff_s
@@ -403,7 +514,7 @@ class ClockArbiter:
             try:
                 read_back = self._backend.clocks(slot.identity.index).sm_clock_mhz
             except GpuError as e:
-                self._degrade(slot, e)
+                self._degrade(slot, error_reason(e))
         return AppliedClock(
             index=slot.identity.index,
             uuid=slot.identity.uuid,

@@ -2,56 +2,41 @@
 
 A GPU is written to the ledger *before* its clock is locked and removed only *after* it was reset, so
 whatever way the daemon dies (SIGKILL, OOM, power cut of the host process), the next start knows which
-GPUs to reset. Writes are atomic: a temp file in the same directory, fsync, rename, fsync of the directory;
-the file is mode 0600 because it lives in a root-owned state directory.
+GPUs to reset. Writes are atomic (:func:`eerld.files.atomic_write_bytes`: temp file, fsync, rename, fsync of
+the directory; mode 0600, in a state directory only root may change, checked when the ledger is opened).
+
+The record on disk is the truth, and memory follows it: :meth:`Ledger.add` writes first and lists the GPU
+only once the write is durable (a failed write, such as a full disk, raises OSError and lists nothing, so a
+retry writes again instead of finding the GPU "already listed"); :meth:`Ledger.remove` that cannot write
+keeps the GPU listed (the safe direction) and retries the removal with the next write or
+:meth:`Ledger.retry_removals`.
+
+A ledger that cannot be read (not JSON, wrong types, unreadable) says nothing about which GPUs are locked.
+It is opened anyway (so the daemon can start), marked :attr:`Ledger.corrupt`; :meth:`Ledger.entries` and
+every change refuse it with ConfigError until the caller has reset every GPU and called
+:meth:`Ledger.set_aside`, which renames the file to ``ledger.json.corrupt-<unix time>`` (one log line).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import structlog
+
+from eerld import files
 from eerld.errors import ConfigError
+from eerld.files import atomic_write_json, read_json_object
+
+log = structlog.get_logger("eerld.clocks")
 
 LEDGER_FILE = "ledger.json"
-
-
-def atomic_write_json(path: Path, data: Any) -> None:
-    """Replace ``path`` with ``data`` as JSON so that a reader sees the old or the new file, never a mix."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    payload = json.dumps(data, indent=2, sort_keys=True).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, payload)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def read_json_object(path: Path) -> dict[str, Any]:
-    """A JSON object from ``path``; ``{}`` when the file is missing; ConfigError when it is not an object."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return {}
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not valid JSON ({e})") from e
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a JSON object")
-    return data
+LEDGER_VERSION = 1
+MAX_GPU_INDEX = 1 << 20
+MAX_TEXT_CHARS = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,64 +49,171 @@ class LedgerEntry:
     """``"session"``, ``"pin"``: why it was locked (for the start-up log)."""
 
 
+def parse_ledger(path: Path, data: Mapping[str, Any]) -> dict[int, LedgerEntry]:
+    """The entries of a ledger document; ConfigError naming the file and the field for anything else."""
+    version = data.get("version", LEDGER_VERSION)
+    if version != LEDGER_VERSION or isinstance(version, bool):
+        raise ConfigError(f"{path}: version: expected {LEDGER_VERSION}, got {version!r}")
+    items = data.get("locked", [])
+    if not isinstance(items, list):
+        raise ConfigError(f"{path}: locked: expected a list, got {_kind(items)}")
+    entries: dict[int, LedgerEntry] = {}
+    for n, item in enumerate(items):
+        where = f"{path}: locked[{n}]"
+        if not isinstance(item, dict):
+            raise ConfigError(f"{where}: expected an object, got {_kind(item)}")
+        index = item.get("index")
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index <= MAX_GPU_INDEX:
+            raise ConfigError(f"{where}.index: expected a GPU index (0-{MAX_GPU_INDEX}), got {index!r:.80}")
+        texts: list[str] = []
+        for name in ("uuid", "owner"):
+            value = item.get(name, "")
+            if not isinstance(value, str) or len(value) > MAX_TEXT_CHARS:
+                raise ConfigError(f"{where}.{name}: expected a string, got {_kind(value)}")
+            texts.append(value)
+        entries[index] = LedgerEntry(index, texts[0], texts[1])
+    return entries
+
+
+def _kind(value: object) -> str:
+    return "null" if value is None else type(value).__name__
+
+
 class Ledger:
     """The set of GPUs that may be locked, persisted on every change of membership.
 
     Only membership is persisted (a new clock on an already-listed GPU needs no write), which keeps the
     fsync off the hot path of a phase change while keeping the one property that matters: a locked GPU is
-    always listed.
+    always listed on disk.
     """
 
     def __init__(self, state_dir: Path) -> None:
+        files.check_private_dir(state_dir, "--state-dir")
         self._path = state_dir / LEDGER_FILE
         self._lock = threading.Lock()
-        self._entries: dict[int, LedgerEntry] = self._load()
+        self._entries: dict[int, LedgerEntry] = {}
+        """As on disk; replaced whole (never changed in place), so the hot path reads it without the lock."""
+        self._unwanted: set[int] = set()
+        """Listed on disk, but reset: to drop with the next write that succeeds."""
+        self._corrupt = ""
+        self._retry_warned = False
+        try:
+            self._entries = parse_ledger(self._path, read_json_object(self._path))
+        except ConfigError as e:
+            self._corrupt = str(e)
 
     @property
     def path(self) -> Path:
         """Where the ledger lives."""
         return self._path
 
-    def _load(self) -> dict[int, LedgerEntry]:
-        data = read_json_object(self._path)
-        entries: dict[int, LedgerEntry] = {}
-        for item in data.get("locked", []):
-            if not isinstance(item, dict) or not isinstance(item.get("index"), int):
-                raise ConfigError(f"{self._path}: malformed entry {item!r}")
-            index = item["index"]
-            entries[index] = LedgerEntry(index, str(item.get("uuid", "")), str(item.get("owner", "")))
-        return entries
+    @property
+    def corrupt(self) -> str:
+        """Why the file on disk could not be read ("" when it could): until set aside, no entry is known."""
+        return self._corrupt
+
+    def set_aside(self) -> Path | None:
+        """Move a corrupt ledger out of the way (after every GPU was reset); the new path, None if sound.
+
+        OSError when the rename fails (the ledger stays corrupt, so the next start resets every GPU again).
+        """
+        with self._lock:
+            if not self._corrupt:
+                return None
+            moved = files.set_aside(self._path)
+            log.warning("ledger_set_aside", path=str(self._path), moved_to=str(moved), reason=self._corrupt)
+            self._corrupt = ""
+            self._entries = {}
+            self._unwanted.clear()
+            return moved
+
+    def _check_sound(self) -> None:
+        if self._corrupt:
+            raise ConfigError(f"{self._corrupt} (reset every GPU, then set the ledger aside)")
 
     def entries(self) -> Mapping[int, LedgerEntry]:
-        """A copy of the GPUs listed now."""
+        """A copy of the GPUs listed on disk; ConfigError while a corrupt file is not set aside."""
         with self._lock:
+            self._check_sound()
             return dict(self._entries)
 
     def add(self, entry: LedgerEntry) -> None:
-        """List a GPU (durably) before it is locked; a no-op when it is already listed."""
+        """List a GPU durably before it is locked; a no-op when it is listed on disk already.
+
+        OSError (a full disk) when the record cannot be written: nothing is listed, the GPU must not be
+        locked, and a retry writes again.
+        """
         if entry.index in self._entries:  # hot path of every phase change: no lock, no write
+            if entry.index in self._unwanted:
+                with self._lock:
+                    self._unwanted.discard(entry.index)  # locked again: keep it listed
             return
         with self._lock:
+            self._check_sound()
             if entry.index in self._entries:
+                self._unwanted.discard(entry.index)
                 return
-            self._entries[entry.index] = entry
-            self._write()
+            wanted = {i: e for i, e in self._entries.items() if i not in self._unwanted}
+            wanted[entry.index] = entry
+            self._write(wanted)
 
     def remove(self, index: int) -> None:
-        """Unlist a GPU after it was reset; a no-op when it is not listed."""
+        """Unlist a GPU after it was reset; a no-op when it is not listed.
+
+        OSError when the file cannot be written: the GPU stays listed on disk (a restart resets it again,
+        which is harmless) and its removal is retried with the next write.
+        """
         with self._lock:
-            if self._entries.pop(index, None) is not None:
-                self._write()
+            if index not in self._entries:
+                return
+            self._check_sound()
+            self._unwanted.add(index)
+            self._write({i: e for i, e in self._entries.items() if i not in self._unwanted})
+
+    def retry_removals(self) -> bool:
+        """Write the removals a failed write left pending; True when none is pending any more."""
+        with self._lock:
+            if not self._unwanted or self._corrupt:
+                return not self._unwanted
+            try:
+                self._write({i: e for i, e in self._entries.items() if i not in self._unwanted})
+            except OSError as e:
+                if not self._retry_warned:  # once per outage, not at every reaper tick
+                    log.warning("ledger_write_failed", path=str(self._path), reason=e.strerror or str(e))
+                    self._retry_warned = True
+                return False
+            self._retry_warned = False
+            return True
+
+    def replace(self, entries: Iterable[LedgerEntry]) -> None:
+        """List exactly ``entries`` (durably; OSError leaves the ledger as it was). A corrupt one is allowed:
+        the caller (``--reset-clocks``) has reset every GPU and lists those it could not reset."""
+        with self._lock:
+            self._write({e.index: e for e in entries})
+            self._corrupt = ""
 
     def clear(self) -> None:
         """Unlist every GPU (after all were reset)."""
         with self._lock:
-            self._entries.clear()
-            self._write()
+            self._check_sound()
+            self._write({})
 
-    def _write(self) -> None:
+    def _write(self, entries: dict[int, LedgerEntry]) -> None:
+        """Write ``entries``; memory follows only once they are on disk (lock held)."""
         items = [
             {"index": e.index, "uuid": e.uuid, "owner": e.owner}
-            for e in sorted(self._entries.values(), key=lambda e: e.index)
+            for e in sorted(entries.values(), key=lambda e: e.index)
         ]
-        atomic_write_json(self._path, {"version": 1, "locked": items})
+        atomic_write_json(self._path, {"version": LEDGER_VERSION, "locked": items})
+        self._entries = entries
+        self._unwanted &= set(entries)
+
+
+__all__ = [
+    "LEDGER_FILE",
+    "Ledger",
+    "LedgerEntry",
+    "atomic_write_json",
+    "parse_ledger",
+    "read_json_object",
+]

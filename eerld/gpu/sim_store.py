@@ -6,6 +6,12 @@ directory, optionally ``fsync``, ``rename``), so a process killed mid-write leav
 whole; reads need no lock, and re-use the parsed state while the file is unchanged. Because the
 state — clock locks included — lives in the file, it outlives a killed daemon as a real GPU's
 settings do.
+
+The file is read as untrusted input: a field of the wrong type or an absurd value (a string for a
+number, a non-finite number, an unknown fault) is :class:`CorruptState` naming the field, which the device
+turns into one ``ConfigError`` naming the file, never a ``TypeError`` later. A corrupt file is not set
+aside: it is the simulated hardware, and a device that silently forgot its locks would let a crash test
+pass that should fail (docs/sim-backend.md); remove it to start fresh.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import base64
 import contextlib
 import fcntl
 import json
+import math
 import os
 import secrets
 import threading
@@ -39,6 +46,9 @@ from eerld.sim.profiles import GpuProfile
 
 STATE_FORMAT = "eerl-sim-device"
 STATE_VERSION = 1
+FAULT_ERRORS = frozenset({"NoPermission", "NotSupported", "GpuLost", "InvalidArgument", "BackendFailure"})
+"""The error kinds a fault may name (``eerld.gpu.sim_device.INJECTABLE_ERRORS``)."""
+CLOCK_KINDS = frozenset({"real", "virtual"})
 
 
 class CorruptState(ValueError):
@@ -266,7 +276,7 @@ class FileStore:
             mode = self.path.stat().st_mode & 0o777
         except FileNotFoundError:
             mode = 0o600
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
         try:
             view = memoryview(raw)
             while view:
@@ -371,9 +381,83 @@ def _opt_int(value: Any, what: str) -> int | None:
 
 
 def _num(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise CorruptState(f"{what}: expected a number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise CorruptState(f"{what}: expected a finite number, got {value!r:.80}")
     return float(value)
+
+
+def _opt_num(value: Any, what: str) -> float | None:
+    return None if value is None else _num(value, what)
+
+
+def _int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CorruptState(f"{what}: expected an integer, got {value!r:.80}")
+    return value
+
+
+def _bool(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise CorruptState(f"{what}: expected true or false, got {value!r:.80}")
+    return value
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise CorruptState(
+            f"{what}: expected an object, got {'null' if value is None else type(value).__name__}"
+        )
+    return value
+
+
+def _decode_head(obj: Any, where: str) -> Head:
+    head = _object(obj, where)
+    values: dict[str, Any] = {}
+    for f in fields(Head):
+        if f.name not in head:
+            raise CorruptState(f"{where}.{f.name}: missing")
+        value = head[f.name]
+        what = f"{where}.{f.name}"
+        values[f.name] = _bool(value, what) if f.name == "power_capped" else _num(value, what)
+    return Head(**values)
+
+
+def _decode_fault(obj: Any, where: str) -> Fault:
+    fault = _object(obj, where)
+    error = fault.get("error")
+    if error not in FAULT_ERRORS:
+        raise CorruptState(
+            f"{where}.error: expected one of {', '.join(sorted(FAULT_ERRORS))}, got {error!r:.80}"
+        )
+    return Fault(str(error), _bool(fault.get("once"), f"{where}.once"))
+
+
+def _decode_mark(value: Any, where: str) -> list[float] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise CorruptState(f"{where}: expected a list of numbers or null, got {type(value).__name__}")
+    return [_num(x, f"{where}[{i}]") for i, x in enumerate(value)]
+
+
+def decode_clock(obj: Any) -> ClockBinding:
+    """The state's clock binding; CorruptState naming the field for a wrong type."""
+    clock = _object(obj, "clock")
+    unknown = set(clock) - {f.name for f in fields(ClockBinding)}
+    if unknown:
+        raise CorruptState(f"clock: unknown fields {sorted(unknown)}")
+    kind = clock.get("kind")
+    if kind not in CLOCK_KINDS:
+        raise CorruptState(f"clock.kind: expected 'real' or 'virtual', got {kind!r:.80}")
+    speedup = _opt_num(clock.get("speedup"), "clock.speedup")
+    if speedup is not None and speedup <= 0:
+        raise CorruptState(f"clock.speedup: expected a positive number, got {speedup!r}")
+    boot_id = clock.get("boot_id")
+    if boot_id is not None and not isinstance(boot_id, str):
+        raise CorruptState(f"clock.boot_id: expected a string or null, got {type(boot_id).__name__}")
+    return ClockBinding(
+        str(kind), speedup, _opt_num(clock.get("epoch_monotonic_s"), "clock.epoch_monotonic_s"), boot_id
+    )
 
 
 def _decode_gpu(obj: Any, index: int) -> GpuState:
@@ -383,11 +467,11 @@ def _decode_gpu(obj: Any, index: int) -> GpuState:
     try:
         pending = obj["pending"]
         head = obj["head"]
-        marks = obj["marks"]
-        faults = obj["faults"]
+        marks = _object(obj["marks"], f"{where}.marks")
+        faults = _object(obj["faults"], f"{where}.faults")
         history = _decode_rows(obj["history"], len(HISTORY_COLUMNS), f"{where}.history")
-        if not isinstance(marks, dict) or not isinstance(faults, dict):
-            raise CorruptState(f"{where}: marks and faults must be objects")
+        if pending is not None:
+            pending = _object(pending, f"{where}.pending")
         return GpuState(
             time_s=_num(obj["time_s"], f"{where}.time_s"),
             energy_j=_num(obj["energy_j"], f"{where}.energy_j"),
@@ -405,13 +489,13 @@ def _decode_gpu(obj: Any, index: int) -> GpuState:
                 _num(pending["at_s"], f"{where}.pending.at_s"),
             ),
             queue=_decode_rows(obj["queue"], len(QUEUE_COLUMNS), f"{where}.queue"),
-            head_seq=int(obj["head_seq"]),
-            head=None if head is None else Head(**{f.name: head[f.name] for f in fields(Head)}),
+            head_seq=_int(obj["head_seq"], f"{where}.head_seq"),
+            head=None if head is None else _decode_head(head, f"{where}.head"),
             history=history[:-1],
             history_tail=as_row(history[-1]) if history.shape[0] else None,
-            marks={str(k): None if v is None else [float(x) for x in v] for k, v in marks.items()},
-            lost=bool(obj["lost"]),
-            faults={str(k): Fault(str(v["error"]), bool(v["once"])) for k, v in faults.items()},
+            marks={str(k): _decode_mark(v, f"{where}.marks.{k}") for k, v in marks.items()},
+            lost=_bool(obj["lost"], f"{where}.lost"),
+            faults={str(k): _decode_fault(v, f"{where}.faults.{k}") for k, v in faults.items()},
         )
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, CorruptState):
@@ -476,10 +560,10 @@ def decode_state(raw: bytes) -> DeviceState:
         raise CorruptState(f"not an eerl sim device state (missing 'format': {STATE_FORMAT!r})")
     if doc.get("version") != STATE_VERSION:
         raise CorruptState(f"unsupported version {doc.get('version')!r} (this eerld reads {STATE_VERSION})")
+    clock = decode_clock(doc.get("clock"))
     try:
         profile = GpuProfile(**doc["profile"])
         profile.validate("state file")
-        clock = ClockBinding(**doc["clock"])
         seed = doc["seed"]
         gpus = doc["gpus"]
     except Exception as exc:

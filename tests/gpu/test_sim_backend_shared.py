@@ -87,6 +87,48 @@ class TestStateFile:
             virtual_backend(state_file=path)
         assert path.read_bytes() == content
 
+    @pytest.mark.parametrize(
+        ("where", "value", "field"),
+        [
+            (("clock", "kind"), 5, "clock.kind"),
+            (("clock", "speedup"), "fast", "clock.speedup"),
+            (("clock", "epoch_monotonic_s"), "x", "clock.epoch_monotonic_s"),
+            (("clock", "boot_id"), 7, "clock.boot_id"),
+            (("clock",), None, "clock"),
+            (("gpus", 0, "time_s"), "x", "gpus[0].time_s"),
+            (("gpus", 0, "energy_j"), float("inf"), "gpus[0].energy_j"),
+            (("gpus", 0, "head_seq"), 2.5, "gpus[0].head_seq"),
+            (("gpus", 0, "lost"), "no", "gpus[0].lost"),
+            (("gpus", 0, "head"), dict.fromkeys(("start_s", "duration_s", "power_w"), "x"), "gpus[0].head"),
+            (("gpus", 0, "marks"), {"m": "xyz"}, "gpus[0].marks.m"),
+            (
+                ("gpus", 0, "faults"),
+                {"clocks": {"error": "Nope", "once": True}},
+                "gpus[0].faults.clocks.error",
+            ),
+            (
+                ("gpus", 0, "faults"),
+                {"clocks": {"error": "GpuLost", "once": "yes"}},
+                "gpus[0].faults.clocks.once",
+            ),
+            (("gpus", 0, "pending"), [1, 2], "gpus[0].pending"),
+        ],
+    )
+    def test_a_state_file_field_of_the_wrong_type_is_one_config_error_naming_the_file_and_the_field(
+        self, tmp_path: Path, where: tuple[str | int, ...], value: object, field: str
+    ) -> None:
+        path = tmp_path / "gpus.json"
+        virtual_backend(state_file=path)[0].close()
+        doc = json.loads(path.read_text())
+        node = doc
+        for key in where[:-1]:
+            node = node[key]
+        node[where[-1]] = value
+        path.write_text(json.dumps(doc))
+        with pytest.raises(ConfigError, match=str(path)) as raised:
+            virtual_backend(state_file=path)
+        assert field in str(raised.value)
+
     def test_a_state_file_damaged_while_in_use_makes_calls_fail_as_backend_failures(
         self, tmp_path: Path
     ) -> None:
