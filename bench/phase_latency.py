@@ -231,6 +231,7 @@ def start_eerld(
         f"--socket={tmp / 'w.sock'}",
         f"--admin-socket={tmp / 'a.sock'}",
         f"--state-dir={tmp / 'state'}",
+        "--tenancy=single",
         "--controller=fixed",
         "--fixed-clocks=generation=1200,training=1500",
         "--metrics-address=off",

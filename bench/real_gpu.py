@@ -162,7 +162,7 @@ def start_daemon(tmp: Path, *extra: str) -> subprocess.Popen[bytes]:
         [
             sys.executable, "-m", "eerld.main", "--backend=nvml", "--dry-run",
             f"--socket={tmp / 'w.sock'}", f"--admin-socket={tmp / 'a.sock'}", f"--state-dir={tmp / 'state'}",
-            "--log-format=json", *extra,
+            "--tenancy=single", "--log-format=json", *extra,
         ],
         cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env,
     )  # fmt: skip

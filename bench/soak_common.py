@@ -109,6 +109,7 @@ class DaemonProcess:
             f"--socket={self.socket_path}",
             f"--admin-socket={self.admin_socket_path}",
             f"--state-dir={self.state_dir}",
+            "--tenancy=single",
             "--controller=fixed",
             f"--fixed-clocks={self.fixed_clocks}",
             "--metrics-address=off",

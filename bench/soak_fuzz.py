@@ -155,7 +155,8 @@ class Fuzzer:
 
     def __init__(self, directory: Path) -> None:
         backend = create_sim_backend(builtin_profile("h100-sxm"), GPUS, clock=VirtualClock())
-        self._ctx = running_daemon(directory, backend=backend, clock=ManualClock(), reaper=False)
+        self.clock = ManualClock()
+        self._ctx = running_daemon(directory, backend=backend, clock=self.clock, reaper=False)
         self.handle = self._ctx.__enter__()
         self.worker = grpc.insecure_channel(f"unix:{self.handle.socket_path}")
         self.admin = grpc.insecure_channel(f"unix:{self.handle.admin_socket_path}")
@@ -204,6 +205,7 @@ class Fuzzer:
         while daemon.sessions() and time.monotonic() < deadline:
             time.sleep(0.01)
         daemon.unpin(None)
+        self.clock.advance(60.0)  # a fresh start: the socket's session-open budget refills
         phase = pb.OpenSessionRequest(job_id="fuzz", gpus=[pb.GpuRef(index=0)])
         code, sid = self._open(phase)
         assert code is grpc.StatusCode.OK, code

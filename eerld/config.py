@@ -1,8 +1,9 @@
 """Daemon configuration: a TOML file, overridden by flags, every value validated before anything starts.
 
 A bad value raises :class:`~eerld.errors.ConfigError` with one line naming it; ``main`` prints it as
-``Error: ...`` and exits 2. A config file writable by others is refused: the daemon runs as root and the
-file decides which sockets and groups it exposes.
+``Error: ...`` and exits 2. A config file another user owns or may write (or one in a directory another
+user may write) is refused (:func:`eerld.files.check_config_file`): the daemon runs as root and the file
+decides which sockets and groups it exposes.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ import grp
 import ipaddress
 import math
 import os
-import stat
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
+from eerld import files
 from eerld.clocks.ratelimit import DEFAULT_MAX_CHANGES_PER_S
 from eerld.control.base import PhaseKind
 from eerld.control.registry import CONTROLLER_NAMES, DEFAULT_CONTROLLER
@@ -27,6 +28,8 @@ from eerld.sim.profiles import builtin_profile
 
 DEFAULT_SOCKET = Path("/run/eerld/eerld.sock")
 DEFAULT_ADMIN_SOCKET = Path("/run/eerld/admin.sock")
+DEFAULT_GRANT_DIR = Path("/run/eerld/grants")
+TENANCIES = ("single", "multi")
 DEFAULT_STATE_DIR = Path("/var/lib/eerld")
 DEFAULT_METRICS_ADDRESS = "127.0.0.1:9478"
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
@@ -48,6 +51,15 @@ class Config:
     socket_group: str | None = None
     admin_socket_path: Path = DEFAULT_ADMIN_SOCKET
     admin_group: str | None = None
+    tenancy: str = "multi"
+    """``multi``: claims only through grants and per-GPU sockets; ``single``: the shared socket claims all."""
+    grant_dir: Path | None = DEFAULT_GRANT_DIR
+    """Where grant sockets live (None: grants off)."""
+    gpu_socket_dir: Path | None = None
+    """Where per-GPU sockets live (None: off); a root-only directory that CDI mounts from."""
+    keepalive_s: float = 10.0
+    """The server pings each connection this often (0: off); one that does not answer is closed."""
+    keepalive_timeout_s: float = 5.0
     state_dir: Path = DEFAULT_STATE_DIR
     metrics_address: str | None = DEFAULT_METRICS_ADDRESS
     """None (``--metrics-address off``) disables the metrics endpoint."""
@@ -96,6 +108,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--socket-group", help="group that may use the worker socket (mode 0660)")
     p.add_argument("--admin-socket", dest="admin_socket_path", type=Path, help="admin socket")
     p.add_argument("--admin-group", help="group that may use the admin socket (0660 instead of 0600)")
+    p.add_argument(
+        "--tenancy",
+        help="multi (default: GPU claims only through grants or per-GPU sockets) or single (the shared "
+        "worker socket may claim every GPU)",
+    )
+    p.add_argument("--grant-dir", type=Path, help=f"grant sockets (default {DEFAULT_GRANT_DIR}; 'off')")
+    p.add_argument("--gpu-socket-dir", type=Path, help="serve one socket per GPU here (Kubernetes CDI)")
+    p.add_argument(
+        "--keepalive-s", dest="keepalive_s", help="ping connections this often (default 10; 0 off)"
+    )
     p.add_argument("--state-dir", type=Path, help=f"ledger and pins (default {DEFAULT_STATE_DIR})")
     p.add_argument(
         "--metrics-address", help=f"HOST:PORT of /metrics, or 'off' (default {DEFAULT_METRICS_ADDRESS})"
@@ -199,6 +221,11 @@ _FILE_KEYS = {
     "socket_group": "socket_group",
     "admin_socket": "admin_socket_path",
     "admin_group": "admin_group",
+    "tenancy": "tenancy",
+    "grant_dir": "grant_dir",
+    "gpu_socket_dir": "gpu_socket_dir",
+    "keepalive_s": "keepalive_s",
+    "keepalive_timeout_s": "keepalive_timeout_s",
     "state_dir": "state_dir",
     "metrics_address": "metrics_address",
     "listen": "listen",
@@ -219,14 +246,8 @@ _FILE_KEYS = {
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
-    """Raw values of a TOML config file, by Config field name; refuses files others may write."""
-    try:
-        st = path.stat()
-        raw = path.read_bytes()
-    except OSError as e:
-        raise ConfigError(f"--config: cannot read {path}: {e.strerror}") from None
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise ConfigError(f"--config: {path} is writable by group or others; refusing it (chmod 0644)")
+    """Raw values of a TOML config file, by Config field name; refuses files other users may change."""
+    raw = files.check_config_file(path, "--config")
     try:
         data = tomllib.loads(raw.decode())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
@@ -269,6 +290,8 @@ def validate(values: Mapping[str, Any]) -> Config:
             return None
         if not isinstance(value, str | Path) or not str(value):
             raise ConfigError(f"{flag}: expected a path, got {value!r}")
+        if "\0" in str(value):
+            raise ConfigError(f"{flag}: a path cannot contain a NUL character, got {str(value)!r}")
         return Path(value)
 
     backend = text("backend", "--backend")
@@ -301,6 +324,23 @@ def validate(values: Mapping[str, Any]) -> Config:
         if group is not None:
             _check_group(group, flag)
             out[name] = group
+    tenancy = text("tenancy", "--tenancy")
+    if tenancy is not None:
+        if tenancy not in TENANCIES:
+            raise ConfigError(f"--tenancy: expected single or multi, got {tenancy!r}")
+        out["tenancy"] = tenancy
+    grant_dir = path("grant_dir", "--grant-dir")
+    if grant_dir is not None:
+        out["grant_dir"] = None if str(grant_dir) == "off" else grant_dir
+    gpu_socket_dir = path("gpu_socket_dir", "--gpu-socket-dir")
+    if gpu_socket_dir is not None:
+        out["gpu_socket_dir"] = gpu_socket_dir
+    if values.get("keepalive_s") is not None:
+        out["keepalive_s"] = _float(values["keepalive_s"], "--keepalive-s", minimum=0.0, maximum=3600.0)
+    if values.get("keepalive_timeout_s") is not None:
+        out["keepalive_timeout_s"] = _float(
+            values["keepalive_timeout_s"], "keepalive_timeout_s", minimum=0.1, maximum=600.0
+        )
     metrics = text("metrics_address", "--metrics-address")
     if metrics is not None:
         out["metrics_address"] = None if metrics == "off" else _host_port(metrics, "--metrics-address")
@@ -373,6 +413,12 @@ def _check_group(group: str, flag: str) -> None:
 
 
 def _check_consistency(config: Config) -> None:
+    socket_dirs = [p for p in (config.grant_dir, config.gpu_socket_dir) if p is not None]
+    if config.gpu_socket_dir is not None and config.gpu_socket_dir == config.grant_dir:
+        raise ConfigError("--gpu-socket-dir: must differ from --grant-dir (their modes differ)")
+    for directory in socket_dirs:
+        if directory in (config.socket_path.parent, config.admin_socket_path.parent):
+            raise ConfigError(f"{directory}: grant and per-GPU sockets need a directory of their own")
     if config.socket_path == config.admin_socket_path:
         raise ConfigError(
             "--admin-socket: must differ from --socket (admin RPCs never share the worker socket)"
@@ -405,5 +451,7 @@ def _check_consistency(config: Config) -> None:
         )
     if config.dry_run and config.reset_clocks:
         raise ConfigError("--reset-clocks: changes clocks, so it cannot be combined with --dry-run")
+    if config.sim_state is not None and config.sim_state.is_dir():
+        raise ConfigError(f"--sim-state: {config.sim_state} is a directory; name the state file in it")
     if config.backend != "sim" and config.sim_state is not None:
         raise ConfigError("--sim-state: only meaningful with --backend sim")

@@ -2,9 +2,10 @@
 
     eerlctl [--socket PATH] [--json] [--debug] [--timeout S] COMMAND ...
 
-Commands: ``status``, ``pin``, ``unpin``, ``sessions``, ``decisions``, ``reset``, ``health``, ``version``,
-``completion``. Tables for people, ``--json`` for scripts. A failure prints one ``Error: …`` line on
-stderr (the traceback only with ``--debug``) and exits 1; bad usage exits 2.
+Commands: ``status``, ``pin``, ``unpin``, ``sessions``, ``decisions``, ``reset``, ``grant``, ``revoke``,
+``grants``, ``health``, ``version``, ``completion``. Tables for people, ``--json`` for scripts. Session
+tokens are shown as a prefix (a full token is a credential) unless ``--show-tokens``. A failure prints
+one ``Error: …`` line on stderr (the traceback only with ``--debug``) and exits 1; bad usage exits 2.
 
 The socket defaults to ``$EERLCTL_SOCKET`` or ``/run/eerld/admin.sock``. ``health`` also works against
 the worker socket, which is what the Kubernetes probes use.
@@ -29,14 +30,27 @@ from eerl.v1 import eerl_pb2, eerl_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from eerld import __version__
-from eerld.ctl_args import GpuSelection, parse_duration_s, parse_gpus, parse_sm_mhz
+from eerld.ctl_args import (
+    GpuSelection,
+    parse_duration_s,
+    parse_gid,
+    parse_gpus,
+    parse_sm_mhz,
+    parse_uid,
+    parse_until_s,
+)
 from eerld.ctl_completion import COMMANDS, completion_script
 from eerld.ctl_format import (
     clocks_dict,
     clocks_text,
     decision_dict,
     decisions_table,
+    grant_dict,
+    grant_text,
+    grants_table,
+    redact_tokens,
     reset_text,
+    revoke_text,
     session_dict,
     sessions_table,
     status_dict,
@@ -73,6 +87,12 @@ def _emit(ctx: _Context, data: Mapping[str, Any], text: str) -> None:
     ctx.out.write((json.dumps(data, indent=2) if ctx.args.json else text) + "\n")
 
 
+def _shown(ctx: _Context, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` as it may be printed: session tokens cut to a prefix unless ``--show-tokens``."""
+    shown: dict[str, Any] = data if ctx.args.show_tokens else redact_tokens(data)
+    return shown
+
+
 def _admin(ctx: _Context) -> eerl_pb2_grpc.AdminServiceStub:
     return eerl_pb2_grpc.AdminServiceStub(ctx.connect())
 
@@ -82,7 +102,7 @@ def _admin(ctx: _Context) -> eerl_pb2_grpc.AdminServiceStub:
 
 def _cmd_status(ctx: _Context) -> int:
     reply = _admin(ctx).Status(eerl_pb2.StatusRequest(), timeout=ctx.args.timeout)
-    data = status_dict(reply)
+    data = _shown(ctx, status_dict(reply))
     _emit(ctx, data, status_text(data, time.time()))
     return _EXIT_OK
 
@@ -115,8 +135,8 @@ def _cmd_unpin(ctx: _Context) -> int:
 
 def _cmd_sessions(ctx: _Context) -> int:
     reply = _admin(ctx).ListSessions(eerl_pb2.ListSessionsRequest(), timeout=ctx.args.timeout)
-    sessions = [session_dict(s) for s in reply.sessions]
-    _emit(ctx, {"sessions": sessions}, sessions_table(sessions))
+    data = _shown(ctx, {"sessions": [session_dict(s) for s in reply.sessions]})
+    _emit(ctx, data, sessions_table(data["sessions"]))
     return _EXIT_OK
 
 
@@ -125,10 +145,17 @@ def _cmd_decisions(ctx: _Context) -> int:
     kind = KIND_TO_PB[PhaseKind(a.phase)] if a.phase is not None else eerl_pb2.PHASE_KIND_UNSPECIFIED
     if a.limit is not None and a.limit < 0:
         raise ValidationError("--limit", "must not be negative")
-    request = eerl_pb2.GetDecisionsRequest(session_id=a.session or "", kind=kind, limit=a.limit or 0)
+    prefix = (a.session or "").rstrip("…")
+    # The tables show token prefixes, so --session takes a prefix: filter here, not in the daemon.
+    request = eerl_pb2.GetDecisionsRequest(kind=kind, limit=0 if prefix else a.limit or 0)
     reply = _admin(ctx).GetDecisions(request, timeout=a.timeout)
-    decisions = [decision_dict(d) for d in reply.decisions]
-    _emit(ctx, {"decisions": decisions}, decisions_table(decisions))
+    decisions = [decision_dict(d) for d in reply.decisions if d.session_id.startswith(prefix)]
+    if prefix and not decisions:
+        raise CtlError(f"no decisions of a session whose id starts with {prefix!r}")
+    if prefix and a.limit:
+        decisions = decisions[-a.limit :]
+    data = _shown(ctx, {"decisions": decisions})
+    _emit(ctx, data, decisions_table(data["decisions"]))
     return _EXIT_OK
 
 
@@ -136,9 +163,63 @@ def _cmd_reset(ctx: _Context) -> int:
     selection = parse_gpus(ctx.args.gpus)
     request = eerl_pb2.ResetAllRequest(gpus=_gpu_refs(selection), all=selection.all, reason=ctx.args.reason)
     reply = _admin(ctx).ResetAll(request, timeout=ctx.args.timeout)
-    data = clocks_dict(reply.clocks)
-    closed = list(reply.closed_session_ids)
-    _emit(ctx, {**data, "closed_session_ids": closed}, reset_text(data, closed))
+    data = _shown(ctx, {**clocks_dict(reply.clocks), "closed_session_ids": list(reply.closed_session_ids)})
+    _emit(ctx, data, reset_text(data, data["closed_session_ids"]))
+    return _EXIT_OK
+
+
+def _cmd_grant(ctx: _Context) -> int:
+    a = ctx.args
+    selection = parse_gpus(a.gpus)
+    if selection.all:
+        raise ValidationError("--gpus", "name the GPUs to grant (a grant of 'all' is --tenancy single)")
+    if a.duration is not None and a.until is not None:
+        raise ValidationError("--until", "give --for or --until, not both")
+    now = time.time()
+    duration_s = (
+        parse_duration_s(a.duration) if a.duration is not None
+        else parse_until_s(a.until, now) if a.until is not None else 0.0
+    )  # fmt: skip
+    request = eerl_pb2.GrantRequest(
+        name=a.name or "",
+        gpus=_gpu_refs(selection),
+        job_id=a.job_id or "",
+        duration_s=duration_s,
+        reason=a.reason,
+        replace=a.replace,
+    )
+    if a.uid is not None:
+        request.uid = parse_uid(a.uid)
+    if a.gid is not None:
+        request.gid = parse_gid(a.gid)
+    reply = _admin(ctx).Grant(request, timeout=a.timeout)
+    data = {**grant_dict(reply.grant), "revoked": list(reply.revoked)}
+    _emit(ctx, data, grant_text(data, now))
+    return _EXIT_OK
+
+
+def _cmd_revoke(ctx: _Context) -> int:
+    a = ctx.args
+    if (a.name is None) == (a.job_id is None):
+        raise ValidationError("NAME", "give a grant name or --job-id, not both")
+    request = eerl_pb2.RevokeRequest(name=a.name or "", job_id=a.job_id or "", reason=a.reason)
+    reply = _admin(ctx).Revoke(request, timeout=a.timeout)
+    data = _shown(
+        ctx,
+        {
+            "revoked": list(reply.revoked),
+            **clocks_dict(reply.clocks),
+            "closed_session_ids": list(reply.closed_session_ids),
+        },
+    )
+    _emit(ctx, data, revoke_text(data))
+    return _EXIT_OK
+
+
+def _cmd_grants(ctx: _Context) -> int:
+    reply = _admin(ctx).ListGrants(eerl_pb2.ListGrantsRequest(), timeout=ctx.args.timeout)
+    data = {"grants": [grant_dict(g) for g in reply.grants]}
+    _emit(ctx, data, grants_table(data["grants"], time.time()))
     return _EXIT_OK
 
 
@@ -175,6 +256,9 @@ _COMMANDS: dict[str, tuple[Callable[[_Context], int], str]] = {
     "sessions": (_cmd_sessions, "open sessions and their controllers"),
     "decisions": (_cmd_decisions, "the controllers' decision history"),
     "reset": (_cmd_reset, "return GPUs to default clocks (closes the sessions holding them)"),
+    "grant": (_cmd_grant, "create a worker socket for a user or group that may claim these GPUs"),
+    "revoke": (_cmd_revoke, "remove grants: close their sessions and sockets (GPUs back to default)"),
+    "grants": (_cmd_grants, "the worker sockets and the GPUs each may claim"),
     "health": (_cmd_health, "gRPC health check; exit 0 when SERVING (for probes)"),
     "version": (_cmd_version, "eerlctl and eerld versions"),
     "completion": (_cmd_completion, "print a bash or zsh completion script"),
@@ -199,6 +283,12 @@ def _common_options(*, suppress: bool) -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", action="store_true", default=default(False), help="JSON output for scripts")
     parser.add_argument("--debug", action="store_true", default=default(False), help="tracebacks on errors")
+    parser.add_argument(
+        "--show-tokens",
+        action="store_true",
+        default=default(False),
+        help="print session tokens in full (they are credentials; default: a prefix)",
+    )
     parser.add_argument(
         "--timeout", type=float, default=default(10.0), help="seconds to wait for eerld (default 10)"
     )
@@ -228,12 +318,26 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reason", default="", help="why (shown in status and logs)")
     parsers["unpin"].add_argument("--gpus", required=True, help=gpus_help)
     p = parsers["decisions"]
-    p.add_argument("--session", metavar="ID", help="only this session")
+    p.add_argument("--session", metavar="ID", help="only this session (a prefix of its id is enough)")
     p.add_argument("--phase", choices=[k.value for k in PhaseKind], help="only this phase kind")
     p.add_argument("--limit", type=int, help="at most this many, newest last (default: the daemon's 1000)")
     p = parsers["reset"]
     p.add_argument("--gpus", default="all", help=gpus_help + " (default all)")
     p.add_argument("--reason", default="eerlctl reset", help="why (logged)")
+    p = parsers["grant"]
+    p.add_argument("--gpus", required=True, help="GPU indices or UUIDs, comma-separated")
+    p.add_argument("--uid", metavar="USER", help="the socket's owner: a user name or uid (mode 0600)")
+    p.add_argument("--gid", metavar="GROUP", help="the socket's group: a group name or gid (mode 0660)")
+    p.add_argument("--job-id", metavar="JOB", help="admit only this job id (the grant is then job-JOB)")
+    p.add_argument("--name", help="grant name (default job-JOB); the socket is <grant dir>/NAME.sock")
+    p.add_argument("--for", dest="duration", metavar="DURATION", help="expire after e.g. 30m, 2h")
+    p.add_argument("--until", metavar="TIME", help="expire at an ISO time (2026-12-01T18:00) or Unix seconds")
+    p.add_argument("--reason", default="", help="why (shown in grants and logs)")
+    p.add_argument("--replace", action="store_true", help="revoke grants on the same GPUs or name first")
+    p = parsers["revoke"]
+    p.add_argument("name", nargs="?", help="the grant to revoke")
+    p.add_argument("--job-id", metavar="JOB", help="revoke every grant of this job")
+    p.add_argument("--reason", default="eerlctl revoke", help="why (logged)")
     parsers["health"].add_argument("--service", default="", help="service name (default: the whole server)")
     parsers["completion"].add_argument("shell", choices=("bash", "zsh"))
     return parser

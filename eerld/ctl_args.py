@@ -6,12 +6,23 @@ tested on their own and shared by the Slurm scripts' expectations.
 
 from __future__ import annotations
 
+import datetime as dt
+import grp
+import pwd
 import re
 from dataclasses import dataclass
 
 from eerld.errors import ValidationError
 
-__all__ = ["GpuSelection", "parse_duration_s", "parse_gpus", "parse_sm_mhz"]
+__all__ = [
+    "GpuSelection",
+    "parse_duration_s",
+    "parse_gid",
+    "parse_gpus",
+    "parse_sm_mhz",
+    "parse_uid",
+    "parse_until_s",
+]
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -66,3 +77,42 @@ def parse_sm_mhz(text: str, *, flag: str = "--sm-mhz") -> int:
     if not text.strip().isdigit() or int(text) <= 0:
         raise ValidationError(flag, f"{text!r} is not a clock in MHz (a positive integer)")
     return int(text)
+
+
+def parse_uid(text: str, *, flag: str = "--uid") -> int:
+    """A user name or a numeric uid (a uid unknown to this host is taken as given: LDAP, containers)."""
+    stripped = text.strip()
+    if stripped.isdigit():
+        return int(stripped)
+    try:
+        return pwd.getpwnam(stripped).pw_uid
+    except KeyError:
+        raise ValidationError(flag, f"no user named {stripped!r} on this host") from None
+
+
+def parse_gid(text: str, *, flag: str = "--gid") -> int:
+    """A group name or a numeric gid."""
+    stripped = text.strip()
+    if stripped.isdigit():
+        return int(stripped)
+    try:
+        return grp.getgrnam(stripped).gr_gid
+    except KeyError:
+        raise ValidationError(flag, f"no group named {stripped!r} on this host") from None
+
+
+def parse_until_s(text: str, now_unix_s: float, *, flag: str = "--until") -> float:
+    """Seconds from ``now_unix_s`` until an ISO time (local time unless it names a zone) or Unix seconds."""
+    stripped = text.strip()
+    try:
+        at = float(stripped)
+    except ValueError:
+        try:
+            at = dt.datetime.fromisoformat(stripped).timestamp()
+        except ValueError:
+            raise ValidationError(
+                flag, f"{text!r} is not an ISO time (2026-12-01T18:00) or Unix seconds"
+            ) from None
+    if at <= now_unix_s:
+        raise ValidationError(flag, f"{text!r} is in the past")
+    return at - now_unix_s

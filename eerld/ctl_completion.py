@@ -10,7 +10,7 @@ from eerld.errors import ValidationError
 
 __all__ = ["COMMANDS", "GLOBAL_OPTIONS", "completion_script"]
 
-GLOBAL_OPTIONS = ("--socket", "--json", "--debug", "--timeout", "--help")
+GLOBAL_OPTIONS = ("--socket", "--json", "--debug", "--timeout", "--show-tokens", "--help")
 
 COMMANDS: dict[str, tuple[str, ...]] = {
     "status": (),
@@ -19,6 +19,9 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "sessions": (),
     "decisions": ("--session", "--phase", "--limit"),
     "reset": ("--gpus", "--reason"),
+    "grant": ("--gpus", "--uid", "--gid", "--job-id", "--name", "--for", "--until", "--reason", "--replace"),
+    "revoke": ("--job-id", "--reason"),
+    "grants": (),
     "health": ("--service",),
     "version": (),
     "completion": (),

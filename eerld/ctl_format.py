@@ -121,6 +121,7 @@ def session_dict(session: eerl_pb2.SessionInfo) -> JsonDict:
         "lease_remaining_s": session.lease_remaining_s,
         "opened_at_unix_s": session.opened_at_unix_s,
         "throughput_threshold": session.throughput_threshold,
+        "grant": session.grant or "shared",
         "phases": [_phase_dict(p) for p in session.phases],
     }
 
@@ -139,7 +140,48 @@ def status_dict(reply: eerl_pb2.StatusResponse) -> JsonDict:
         },
         "gpus": [gpu_dict(g) for g in reply.gpus],
         "sessions": [session_dict(s) for s in reply.sessions],
+        "grants": [grant_dict(g) for g in reply.grants],
     }
+
+
+def grant_dict(grant: eerl_pb2.GrantInfo) -> JsonDict:
+    """One worker socket and what its sessions may claim."""
+    return {
+        "name": grant.name,
+        "kind": grant.kind,
+        "socket_path": grant.socket_path,
+        "gpu_indices": [g.index for g in grant.gpus],
+        "gpu_uuids": [g.uuid for g in grant.gpus],
+        "uid": grant.uid if grant.HasField("uid") else None,
+        "gid": grant.gid if grant.HasField("gid") else None,
+        "job_id": grant.job_id or None,
+        "created_at_unix_s": grant.created_at_unix_s or None,
+        "expires_at_unix_s": grant.expires_at_unix_s or None,
+        "reason": grant.reason,
+        "sessions": grant.sessions,
+    }
+
+
+TOKEN_PREFIX_CHARS = 8
+
+
+def redact_tokens(data: Any) -> Any:
+    """``data`` with every session token cut to a prefix: a full token is a credential for its session."""
+    if isinstance(data, dict):
+        return {
+            k: _prefix(v) if k == "session_id" else [_prefix(t) for t in v] if k.endswith("session_ids")
+            else redact_tokens(v)
+            for k, v in data.items()
+        }  # fmt: skip
+    if isinstance(data, list):
+        return [redact_tokens(v) for v in data]
+    return data
+
+
+def _prefix(token: Any) -> Any:
+    if isinstance(token, str) and len(token) > TOKEN_PREFIX_CHARS:
+        return token[:TOKEN_PREFIX_CHARS] + "…"
+    return token
 
 
 def clocks_dict(clocks: Sequence[eerl_pb2.GpuClock]) -> JsonDict:
@@ -316,6 +358,55 @@ def reset_text(clocks: Mapping[str, Any], closed_session_ids: Sequence[str]) -> 
     if closed_session_ids:
         text += "\nClosed sessions: " + ", ".join(closed_session_ids)
     return text
+
+
+def grant_text(grant: Mapping[str, Any], now_unix_s: float) -> str:
+    """What a grant did: the socket, who may connect, which GPUs, until when, what it replaced."""
+    who = " and ".join(
+        [f"uid {grant['uid']}"] * (grant["uid"] is not None)
+        + [f"gid {grant['gid']}"] * (grant["gid"] is not None)
+    )
+    until = _when(grant["expires_at_unix_s"], now_unix_s) if grant["expires_at_unix_s"] else "until revoked"
+    job = f" for job {grant['job_id']}" if grant["job_id"] else ""
+    gpus = ",".join(str(i) for i in grant["gpu_indices"])
+    text = f"granted GPU(s) {gpus} to {who}{job} at {grant['socket_path']} ({until})"
+    if grant.get("revoked"):
+        text += "\nreplaced: " + ", ".join(grant["revoked"])
+    return text
+
+
+def revoke_text(outcome: Mapping[str, Any]) -> str:
+    """What a revoke did: the grants removed, the GPUs' clocks, the sessions closed."""
+    text = "revoked: " + ", ".join(outcome["revoked"])
+    if outcome["clocks"]:
+        text += "\n" + clocks_text("reset", outcome)
+    if outcome["closed_session_ids"]:
+        text += "\nClosed sessions: " + ", ".join(outcome["closed_session_ids"])
+    return text
+
+
+def grants_table(grants: Sequence[Mapping[str, Any]], now_unix_s: float) -> str:
+    """One line per worker socket: who may connect, which GPUs its sessions may claim, until when."""
+    if not grants:
+        return "No worker sockets."
+    rows = []
+    for g in grants:
+        who = [f"uid {g['uid']}"] if g["uid"] is not None else []
+        who += [f"gid {g['gid']}"] if g["gid"] is not None else []
+        gpus = ",".join(str(i) for i in g["gpu_indices"]) or "none"
+        rows.append(
+            [
+                g["name"],
+                g["kind"],
+                gpus,
+                " ".join(who) or "-",
+                g["job_id"] or "-",
+                _when(g["expires_at_unix_s"], now_unix_s) if g["expires_at_unix_s"] else "never",
+                str(g["sessions"]),
+                g["socket_path"],
+            ]
+        )
+    return render_table(["GRANT", "KIND", "GPUS", "WHO", "JOB", "EXPIRES", "SESSIONS", "SOCKET"], rows)
 
 
 def decisions_table(decisions: Sequence[Mapping[str, Any]]) -> str:

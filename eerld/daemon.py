@@ -22,9 +22,11 @@ from typing import TypeVar
 
 import structlog
 
+from eerld import files
+from eerld.access import Access
 from eerld.clocks.arbiter import APPLY_TIMEOUT_S, AppliedClock, ClockArbiter, ClockSource
 from eerld.clocks.ledger import Ledger
-from eerld.clocks.pins import Pin, PinStore
+from eerld.clocks.pins import Pin, PinStore, pin_problem
 from eerld.clocks.ratelimit import DEFAULT_MAX_CHANGES_PER_S, ClockChangeLimiter
 from eerld.control.base import (
     ControllerFactory,
@@ -42,6 +44,7 @@ from eerld.energy import phase_energy, read_counters
 from eerld.errors import ConfigError, Conflict, GpuError, NotFound, Unavailable, ValidationError
 from eerld.gpu.base import ClockEventReasons, GpuBackend, GpuClocks, GpuIdentity, GpuUtilization
 from eerld.gpu.observe_only import ObserveOnlyBackend
+from eerld.grants import SHARED_NAME, Grant, GrantSpec
 from eerld.sessions import ActivePhase, GpuRole, GpuSelector, Session, SessionRegistry, SessionSpec
 
 log = structlog.get_logger("eerld.daemon")
@@ -132,6 +135,7 @@ class SessionView:
     lease_remaining_s: float
     throughput_threshold: float
     client_name: str
+    grant: str = SHARED_NAME
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,12 +151,48 @@ class DaemonView:
 
 
 @dataclass(frozen=True, slots=True)
+class GrantView:
+    """One worker socket: its grant, the GPUs it covers on this node and its open sessions."""
+
+    grant: Grant
+    gpus: tuple[GpuInfoView, ...]
+    sessions: int
+
+
+@dataclass(frozen=True, slots=True)
 class StatusView:
     """The answer to Status."""
 
     daemon: DaemonView
     gpus: tuple[GpuStatusView, ...]
     sessions: tuple[SessionView, ...]
+    grants: tuple[GrantView, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GrantOutcome:
+    """The answer to Grant."""
+
+    grant: GrantView
+    revoked: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RevokeOutcome:
+    """The answer to Revoke."""
+
+    revoked: tuple[str, ...]
+    clocks: tuple[AppliedClock, ...]
+    closed_session_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TicketView:
+    """The answer to IssueClaimTicket."""
+
+    ticket: str
+    gpus: tuple[GpuInfoView, ...]
+    expires_in_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +312,10 @@ class Daemon:
         clock_workers: int = 8,
         apply_timeout_s: float = APPLY_TIMEOUT_S,
         max_clock_changes_per_s: float = DEFAULT_MAX_CHANGES_PER_S,
+        tenancy: str = "single",
+        socket_path: Path = Path("/run/eerld/eerld.sock"),
+        grant_dir: Path | None = None,
+        gpu_socket_dir: Path | None = None,
     ) -> None:
         # Dry-run: the arbiter skips actuation, and the backend itself refuses any clock change.
         backend = ObserveOnlyBackend(backend) if dry_run else backend
@@ -299,7 +343,17 @@ class Daemon:
             g.index: _supported_or_none(backend, g.index) for g in self._identities
         }
         self._check_fixed_clocks()
-        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        files.ensure_private_dir(state_dir, "--state-dir")
+        self.access = Access(
+            self._identities,
+            state_dir,
+            tenancy=tenancy,
+            shared_socket=socket_path,
+            grant_dir=grant_dir,
+            gpu_socket_dir=gpu_socket_dir,
+            clock=clock,
+            wall_clock=wall_clock,
+        )
         self._pins = PinStore(state_dir)
         self._arbiter = ClockArbiter(
             backend,
@@ -328,21 +382,43 @@ class Daemon:
                     )
 
     def start(self) -> None:
-        """Reset every GPU a previous daemon left locked, then re-apply the persisted admin pins."""
+        """Reset every GPU a previous daemon left locked, then re-apply the persisted admin pins.
+
+        A corrupt ledger names nothing: every GPU is reset and the file set aside (the arbiter). A pin read
+        from disk is checked as the Pin RPC checks one: a pin for a GPU not on this node, or of a clock its
+        GPU does not support, is dropped with one ``pin_dropped`` warning (never applied, degraded and
+        retried forever); wrong types were dropped when the file was read (:mod:`eerld.clocks.pins`).
+        """
         reset = self._arbiter.recover_from_ledger()
         log.info("daemon_start", gpus=len(self._identities), ledger_reset=reset, dry_run=self.dry_run)
         now_unix = self._wall()
         pins: list[Pin] = []
         indices: list[int] = []
-        expired: list[str] = []
+        dropped: list[str] = []
         for uuid, pin in self._pins.all().items():
-            if pin.expired(now_unix) or uuid not in self._by_uuid:
-                expired.append(uuid)
+            index = self._by_uuid.get(uuid)
+            if pin.expired(now_unix):
+                dropped.append(uuid)
+                continue
+            if index is None:
+                self._pins.warn_dropped(uuid, "no GPU with this UUID on this node")
+                dropped.append(uuid)
+                continue
+            try:
+                mems: Sequence[int] = (
+                    self._backend.supported_mem_clocks_mhz(index) if pin.mem_clock_mhz else ()
+                )
+            except GpuError:
+                mems = ()
+            problem = pin_problem(pin, self._supported[index], mems)
+            if problem:
+                self._pins.warn_dropped(uuid, f"GPU {index}: {problem}")
+                dropped.append(uuid)
                 continue
             pins.append(pin)
-            indices.append(self._by_uuid[uuid])
-        if expired:
-            self._pins.remove_many(expired)
+            indices.append(index)
+        self._pins.remove_many(dropped)
+        self._pins.flush()
         if pins:
             self._arbiter.set_pins(pins, indices)
             log.info("pins_restored", gpu_indices=indices)
@@ -365,6 +441,9 @@ class Daemon:
         now_s = self._clock()
         for session in self._sessions.expired(now_s):
             self._close(session, reason="lease expired")
+        expired_grants = self.access.expired()
+        if expired_grants:
+            self._close_granted(expired_grants, reason="grant expired")
         now_unix = self._wall()
         expired = [p for p in self._pins.all().values() if p.expired(now_unix)]
         if expired:
@@ -373,6 +452,7 @@ class Daemon:
             self._arbiter.clear_pins(indices)
             log.info("pins_expired", gpu_indices=indices)
         self._arbiter.retry_degraded()
+        self._pins.flush()
 
     def shutdown(self) -> list[AppliedClock]:
         """Refuse new calls, close every session and reset every GPU eerld locked (pins stay on disk)."""
@@ -431,10 +511,12 @@ class Daemon:
             indices.append(index)
         return tuple(indices)
 
-    def open_session(self, spec: SessionSpec) -> OpenedSession:
-        """Claim the spec's GPUs exclusively and start a session with its own controller."""
+    def open_session(self, spec: SessionSpec, grant: str = SHARED_NAME) -> OpenedSession:
+        """Claim the spec's GPUs exclusively (if ``grant``'s socket may) and start a session."""
         self._check_running()
-        indices = self.resolve_gpus(spec.gpus)
+        requested = self.resolve_gpus(spec.gpus) if spec.gpus else ()
+        authorization = self.access.authorize(grant, spec.job_id, requested, spec.claim_tickets)
+        indices = authorization.gpu_indices
         supported = self._common_clocks(indices)
         kinds = spec.role.kinds()
         threshold = spec.throughput_threshold or DEFAULT_THROUGHPUT_THRESHOLD
@@ -456,6 +538,9 @@ class Daemon:
             lease_ttl_s=spec.lease_ttl_s or self._default_lease_ttl_s,
             opened_at_unix_s=self._wall(),
             now_s=now_s,
+            grant=grant,
+            authority=authorization.authority,
+            granted_by=authorization.granted_by,
         )
         with self._lock:
             self._check_running()
@@ -471,6 +556,7 @@ class Daemon:
             mode=spec.mode.value,
             role=spec.role.value,
             client=spec.client_name,
+            grant=grant,
         )
         return OpenedSession(session.session_id, session.lease_ttl_s, tuple(self._info(i) for i in indices))
 
@@ -781,6 +867,66 @@ class Daemon:
             if attachment is not None:
                 attachment.push(now_unix, message)
 
+    # -- grants -------------------------------------------------------------------------------------
+
+    def open_grants(self) -> None:
+        """Open the per-GPU sockets and the persisted grants (after :meth:`start`, once serving)."""
+        self.access.restore()
+
+    def grant(self, spec: GrantSpec) -> GrantOutcome:
+        """Create a scoped worker socket for the spec's GPUs (with replace: revoke the grants in its way)."""
+        self._check_running()
+        indices = self.resolve_gpus(spec.gpus)
+        grant, replaced = self.access.create(spec, indices)
+        if replaced:
+            self._close_granted(replaced, reason=f"grant replaced by {grant.name}")
+        log.info(
+            "grant",
+            grant=grant.name,
+            gpu_indices=list(indices),
+            uid=grant.uid,
+            gid=grant.gid,
+            job_id=grant.job_id,
+            expires_at_unix_s=grant.expires_at_unix_s,
+            replaced=[g.name for g in replaced],
+            reason=grant.reason,
+        )
+        return GrantOutcome(self._grant_view(grant), tuple(g.name for g in replaced))
+
+    def revoke(self, name: str | None, job_id: str | None, reason: str) -> RevokeOutcome:
+        """Remove grants by name or job: their sockets close, their sessions end, their GPUs reset."""
+        self._check_running()
+        removed = self.access.remove(name, job_id)
+        closed, clocks = self._close_granted(removed, reason=f"grant revoked: {reason}")
+        log.info("revoke", grants=[g.name for g in removed], reason=reason, closed_sessions=len(closed))
+        return RevokeOutcome(tuple(g.name for g in removed), tuple(clocks), tuple(closed))
+
+    def _close_granted(self, grants: Sequence[Grant], *, reason: str) -> tuple[list[str], list[AppliedClock]]:
+        """Close every session whose authority came from these grants, and return their GPUs to default."""
+        sessions = self._sessions.of_grants({g.name for g in grants})
+        for session in sessions:
+            self._notify(session.gpu_indices, f"session closed: {reason}")
+            self._close(session, reason=reason)
+        indices = sorted({i for g in grants for i in self.access.indices(g)})
+        free = [i for i in indices if self._sessions.holder(i) is None]
+        clocks = self._arbiter.set_session(free, None, None) if free else []
+        return [s.session_id for s in sessions], clocks
+
+    def grants(self) -> tuple[GrantView, ...]:
+        """Every worker socket with its GPUs and open sessions."""
+        return tuple(self._grant_view(g) for g in self.access.all())
+
+    def _grant_view(self, grant: Grant) -> GrantView:
+        sessions = len(self._sessions.of_grants({grant.name}))
+        return GrantView(grant, tuple(self._info(i) for i in self.access.indices(grant)), sessions)
+
+    def issue_claim_ticket(self, grant: str) -> TicketView:
+        """A one-time ticket for the GPUs of ``grant``'s socket, to show on another socket of the job."""
+        self._check_running()
+        ticket = self.access.issue_ticket(grant)
+        gpus = tuple(self._info(i) for i in self.access.indices(ticket.grant))
+        return TicketView(ticket.ticket, gpus, max(0.0, ticket.expires_s - self._clock()))
+
     # -- reads --------------------------------------------------------------------------------------
 
     def _info(self, index: int) -> GpuInfoView:
@@ -896,11 +1042,12 @@ class Daemon:
             lease_remaining_s=session.lease_remaining_s(now_s),
             throughput_threshold=session.throughput_threshold,
             client_name=session.spec.client_name,
+            grant=session.grant,
         )
 
     def status(self) -> StatusView:
         """The whole node: daemon, GPUs, sessions."""
-        return StatusView(self.daemon_info(), self.gpu_status(), self.sessions())
+        return StatusView(self.daemon_info(), self.gpu_status(), self.sessions(), self.grants())
 
     def decisions(
         self,
@@ -974,10 +1121,14 @@ __all__ = [
     "EndedPhase",
     "GpuInfoView",
     "GpuStatusView",
+    "GrantOutcome",
+    "GrantView",
     "OpenedSession",
     "PhaseRecord",
     "PhaseStatusView",
     "ResetOutcome",
+    "RevokeOutcome",
     "SessionView",
     "StatusView",
+    "TicketView",
 ]

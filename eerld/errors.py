@@ -14,7 +14,8 @@ one gRPC status code in one place, and anything outside this tree becomes INTERN
     ├── ValidationError           a request field is missing or out of range; names the field
     ├── NotFound                  an unknown session, GPU or pin
     ├── Conflict                  the request collides with current state (GPU held, wrong phase order)
-    ├── PermissionDenied          the caller may not do this (wrong session token, admin RPC on worker socket)
+    ├── PermissionDenied          the caller may not do this (a GPU its socket was not granted)
+    ├── Exhausted                 the caller is over a rate or concurrency bound; retry later
     └── Unavailable               the daemon is stopping or the resource is degraded
 """
 
@@ -80,3 +81,7 @@ class PermissionDenied(EerlError):
 
 class Unavailable(EerlError):
     """The daemon is shutting down, or the resource is temporarily unusable."""
+
+
+class Exhausted(EerlError):
+    """The caller is over one of its bounds (sessions opened per second through its socket); retry later."""

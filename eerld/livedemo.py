@@ -387,6 +387,8 @@ class LiveDemo:
             str(self.admin_socket),
             "--state-dir",
             str(self.work / "state"),
+            "--tenancy",
+            "single",
             "--metrics-address",
             "off",
             "--controller",

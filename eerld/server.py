@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -31,18 +32,18 @@ import structlog
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
-from eerld.api.interceptors import ErrorMappingInterceptor
+from eerld import files
+from eerld.api.interceptors import ErrorMappingInterceptor, StreamGuardInterceptor
+from eerld.api.reflection import REFLECTION_SERVICES, enable_reflection
 from eerld.api.servicers import AdminServicer, PhaseServicer
-from eerld.clocks.arbiter import AppliedClock, ClockArbiter
-from eerld.clocks.ledger import Ledger
 from eerld.config import Config
 from eerld.control.registry import controller_factory
 from eerld.daemon import Daemon
 from eerld.errors import ConfigError
 from eerld.gpu.base import GpuBackend
 from eerld.gpu.energy_sampler import SampledEnergyBackend
+from eerld.grants import SHARED_NAME, Grant, GrantKind
 from eerld.sdnotify import sd_notify
 from eerld.sim.profiles import builtin_profile
 
@@ -51,8 +52,26 @@ log = structlog.get_logger("eerld.server")
 WORKER_SOCKET_MODE = 0o660
 ADMIN_SOCKET_MODE = 0o600
 ADMIN_GROUP_SOCKET_MODE = 0o660
+GRANT_DIR_MODE = 0o711
+"""Anyone may reach a socket in it by name (its own mode then decides); nobody may list or write it."""
+GPU_SOCKET_DIR_MODE = 0o700
+"""Root only: a per-GPU socket (mode 0666) is reached only where a CDI spec mounts it into a container."""
 PHASE_SERVICE = pb.DESCRIPTOR.services_by_name["PhaseService"].full_name
 ADMIN_SERVICE = pb.DESCRIPTOR.services_by_name["AdminService"].full_name
+ATTACH_METHOD = f"/{PHASE_SERVICE}/Attach"
+HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+WORKER_SERVICES = (PHASE_SERVICE, HEALTH_SERVICE, *REFLECTION_SERVICES)
+ADMIN_SERVICES = (ADMIN_SERVICE, HEALTH_SERVICE, *REFLECTION_SERVICES)
+ADMIN_WORKERS = 8
+GRANT_BASE_WORKERS = 4
+MAX_GRANT_WORKERS = 32
+MAX_STREAMS_PER_CONNECTION = 8
+"""HTTP/2 streams one connection may have open at once (a client needs two: Attach and one call)."""
+MAX_OPEN_STREAMS = 4
+"""Streams other than Attach (reflection, health Watch) one socket serves at once."""
+STREAM_LIFETIME_S = 60.0
+"""Such a stream is cancelled after this long: an idle reflection call must not hold a thread forever."""
+IDLE_CONNECTION_S = 300.0
 
 
 def create_backend(config: Config) -> GpuBackend:
@@ -97,10 +116,10 @@ def _socket_in_use(path: Path) -> bool:
 
 def prepare_socket_path(path: Path, flag: str) -> None:
     """Make ``path`` bindable: a live daemon is an error, a stale socket is removed, anything else refused."""
+    files.ensure_socket_dir(path.parent, flag)
     try:
         st = path.lstat()
     except FileNotFoundError:
-        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         return
     if not stat.S_ISSOCK(st.st_mode):
         raise ConfigError(f"{flag}: {path} exists and is not a socket; refusing to replace it")
@@ -119,14 +138,53 @@ def _umask(mask: int) -> Iterator[None]:
         os.umask(old)
 
 
-def _secure_socket(path: Path, mode: int, group: str | None) -> None:
-    if group is not None:
-        os.chown(path, -1, grp.getgrnam(group).gr_gid)
-    os.chmod(path, mode)
+def _secure_socket(path: Path, mode: int, uid: int | None, gid: int | None) -> None:
+    """Hand the socket eerld just bound to its owner and mode, never following a symlink."""
+    files.secure_socket(path, mode, -1 if uid is None else uid, -1 if gid is None else gid, flag=str(path))
+
+
+@dataclass(slots=True)
+class Endpoint:
+    """One gRPC server on one socket, with its own worker threads: one caller's flood stays on its socket."""
+
+    name: str
+    server: grpc.Server
+    socket_path: Path | None
+    health: health.HealthServicer
+    services: tuple[str, ...]
+
+
+def server_options(config: Config) -> list[tuple[str, Any]]:
+    """Channel arguments of every server: bounded streams per connection, keepalive, idle connections closed.
+
+    Keepalive pings from the server find a client that is gone or stuck (a SIGSTOPped process answers no
+    ping): its connection closes, its Attach stream ends, and its GPUs return to default clocks.
+    """
+    options: list[tuple[str, Any]] = [
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_send_message_length", 16 * 1024 * 1024),
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+        ("grpc.max_connection_idle_ms", int(IDLE_CONNECTION_S * 1000)),
+        ("grpc.http2.max_ping_strikes", 2),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+    ]
+    if config.keepalive_s > 0:
+        options += [
+            ("grpc.keepalive_time_ms", int(config.keepalive_s * 1000)),
+            ("grpc.keepalive_timeout_ms", int(config.keepalive_timeout_s * 1000)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+        ]
+    return options
 
 
 class Server:
-    """The worker and admin gRPC servers around one Daemon."""
+    """The admin server and one worker server per worker socket (shared, grants, per-GPU) around a Daemon.
+
+    Each socket has a gRPC server of its own, with its own thread pool and concurrency bound, so that
+    what one socket's callers do (idle streams, floods) cannot take the threads of another's.
+    """
 
     def __init__(
         self,
@@ -142,44 +200,50 @@ class Server:
         self._reaper = reaper
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
+        self._endpoints_lock = threading.Lock()
+        self._grant_endpoints: dict[str, Endpoint] = {}
+        self._serving = False
         self._metrics: Any = None
-        options = [
-            ("grpc.max_receive_message_length", config.max_message_bytes),
-            ("grpc.max_send_message_length", 16 * 1024 * 1024),
-            ("grpc.so_reuseport", 0),
-        ]
-        health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
-        worker_services = (PHASE_SERVICE, health_name, reflection.SERVICE_NAME)
-        admin_services = (ADMIN_SERVICE, health_name, reflection.SERVICE_NAME)
-        self.worker = grpc.server(
-            ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="eerld-rpc"),
-            interceptors=[ErrorMappingInterceptor(daemon.rpc_observers, worker_services)],
-            options=options,
-            maximum_concurrent_rpcs=config.max_workers * 4,
+        self._options = server_options(config)
+        worker = self._build(
+            SHARED_NAME, WORKER_SERVICES, config.max_workers, PhaseServicer(daemon, SHARED_NAME)
         )
-        self.admin = grpc.server(
-            ThreadPoolExecutor(max_workers=8, thread_name_prefix="eerld-admin"),
-            interceptors=[ErrorMappingInterceptor(daemon.rpc_observers, admin_services)],
-            options=options,
-        )
-        pb_grpc.add_PhaseServiceServicer_to_server(PhaseServicer(daemon), self.worker)
-        pb_grpc.add_AdminServiceServicer_to_server(AdminServicer(daemon), self.admin)
-        self.worker_health = health.HealthServicer()
-        self.admin_health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.worker_health, self.worker)
-        health_pb2_grpc.add_HealthServicer_to_server(self.admin_health, self.admin)
-        reflection.enable_server_reflection(worker_services, self.worker)
-        reflection.enable_server_reflection(admin_services, self.admin)
+        admin = self._build("admin", ADMIN_SERVICES, ADMIN_WORKERS, AdminServicer(daemon))
+        self.worker, self.worker_health = worker.server, worker.health
+        self.admin, self.admin_health = admin.server, admin.health
+        self._worker_endpoint, self._admin_endpoint = worker, admin
         self._bind()
+        daemon.access.set_host(self)
+
+    def _build(self, name: str, services: tuple[str, ...], workers: int, servicer: Any) -> Endpoint:
+        interceptors: list[Any] = [
+            ErrorMappingInterceptor(self.daemon.rpc_observers, services),
+            StreamGuardInterceptor(MAX_OPEN_STREAMS, STREAM_LIFETIME_S, exempt=(ATTACH_METHOD,)),
+        ]
+        server = grpc.server(
+            ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"eerld-{name[:24]}"),
+            interceptors=interceptors,
+            options=self._options,
+            maximum_concurrent_rpcs=workers * 2,
+        )
+        if PHASE_SERVICE in services:
+            pb_grpc.add_PhaseServiceServicer_to_server(servicer, server)
+        else:
+            pb_grpc.add_AdminServiceServicer_to_server(servicer, server)
+        health_servicer = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        enable_reflection(services, server)
+        return Endpoint(name, server, None, health_servicer, services)
 
     def _bind(self) -> None:
         config = self.config
-        with _umask(0o177):
-            self.worker.add_insecure_port(f"unix:{config.socket_path}")
-            self.admin.add_insecure_port(f"unix:{config.admin_socket_path}")
-        _secure_socket(config.socket_path, WORKER_SOCKET_MODE, config.socket_group)
+        shared_gid = _gid(config.socket_group) if config.socket_group else None
+        admin_gid = _gid(config.admin_group) if config.admin_group else None
+        _bind_unix(self.worker, config.socket_path, WORKER_SOCKET_MODE, None, shared_gid)
+        self._worker_endpoint.socket_path = config.socket_path
         admin_mode = ADMIN_GROUP_SOCKET_MODE if config.admin_group else ADMIN_SOCKET_MODE
-        _secure_socket(config.admin_socket_path, admin_mode, config.admin_group)
+        _bind_unix(self.admin, config.admin_socket_path, admin_mode, None, admin_gid)
+        self._admin_endpoint.socket_path = config.admin_socket_path
         if config.listen is not None:
             assert config.tls_cert is not None
             assert config.tls_key is not None
@@ -193,20 +257,67 @@ class Server:
             if port == 0:
                 raise ConfigError(f"--listen: cannot bind {config.listen}")
 
-    def _set_health(self, serving: bool) -> None:
-        status = (
-            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
-        for servicer, name in ((self.worker_health, PHASE_SERVICE), (self.admin_health, ADMIN_SERVICE)):
-            servicer.set("", status)
-            servicer.set(name, status)
+    # -- grant sockets (SocketHost) -----------------------------------------------------------------
+
+    def open_socket(self, grant: Grant) -> None:
+        """Create the grant's socket (owner and mode from the grant), serve it with its own threads."""
+        if grant.kind is GrantKind.SHARED:
+            return
+        directory = grant.socket_path.parent
+        if grant.kind is GrantKind.GPU:
+            _ensure_dir(directory, GPU_SOCKET_DIR_MODE, "gpu_socket_dir")
+        else:
+            _ensure_dir(directory, GRANT_DIR_MODE, "grant_dir")
+        workers = min(MAX_GRANT_WORKERS, GRANT_BASE_WORKERS + 2 * len(grant.gpu_uuids))
+        endpoint = self._build(grant.name, WORKER_SERVICES, workers, PhaseServicer(self.daemon, grant.name))
+        prepare_socket_path(grant.socket_path, f"grant {grant.name}")
+        uid = grant.uid if grant.uid is not None else 0
+        gid = grant.gid if grant.gid is not None else 0
+        try:
+            _bind_unix(endpoint.server, grant.socket_path, grant.socket_mode, uid, gid)
+        except BaseException:
+            endpoint.server.stop(None)
+            raise
+        endpoint.socket_path = grant.socket_path
+        with self._endpoints_lock:
+            old = self._grant_endpoints.pop(grant.name, None)
+            self._grant_endpoints[grant.name] = endpoint
+            if self._serving:
+                endpoint.server.start()
+                _set_health(endpoint, serving=True)
+        if old is not None:
+            old.server.stop(None)
+        log.info("grant_socket_open", grant=grant.name, socket=str(grant.socket_path), workers=workers)
+
+    def close_socket(self, grant: Grant) -> None:
+        """Stop serving the grant's socket at once and remove its file."""
+        with self._endpoints_lock:
+            endpoint = self._grant_endpoints.pop(grant.name, None)
+        if endpoint is None:
+            return
+        _set_health(endpoint, serving=False)
+        endpoint.server.stop(None)
+        if endpoint.socket_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                endpoint.socket_path.unlink()
+        log.info("grant_socket_closed", grant=grant.name, socket=str(grant.socket_path))
+
+    def _endpoints(self) -> list[Endpoint]:
+        with self._endpoints_lock:
+            return [self._worker_endpoint, self._admin_endpoint, *self._grant_endpoints.values()]
+
+    # -- life cycle ---------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Reset what the ledger names, re-apply pins, then serve."""
+        """Reset what the ledger names, re-apply pins, serve, then open the grants' sockets."""
         self.daemon.start()
+        with self._endpoints_lock:
+            self._serving = True
         self.worker.start()
         self.admin.start()
-        self._set_health(True)
+        self.daemon.open_grants()
+        for endpoint in self._endpoints():
+            _set_health(endpoint, serving=True)
         if self._reaper:
             self.daemon.start_reaper()
         if self.config.metrics_address is not None:
@@ -216,6 +327,8 @@ class Server:
             socket=str(self.config.socket_path),
             admin_socket=str(self.config.admin_socket_path),
             listen=self.config.listen,
+            tenancy=self.config.tenancy,
+            grant_sockets=len(self._grant_endpoints),
             controller=self.config.controller,
             backend=self._backend.name,
             dry_run=self.config.dry_run,
@@ -236,27 +349,57 @@ class Server:
             if self._stopped.is_set():
                 return
             sd_notify("STOPPING=1")
-            self._set_health(False)
+            endpoints = self._endpoints()
+            for endpoint in endpoints:
+                _set_health(endpoint, serving=False)
             grace = self.config.grace_s if grace_s is None else grace_s
-            worker_done = self.worker.stop(grace)
-            admin_done = self.admin.stop(grace)
+            done = [e.server.stop(grace) for e in endpoints]
             self.daemon.shutdown()
-            worker_done.wait(grace + 1)
-            admin_done.wait(grace + 1)
+            for event in done:
+                event.wait(grace + 1)
             for closer in ("shutdown", "close", "stop"):
                 fn = getattr(self._metrics, closer, None)
                 if callable(fn):
                     fn()
                     break
-            for path in (self.config.socket_path, self.config.admin_socket_path):
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
+            for endpoint in endpoints:
+                if endpoint.socket_path is not None:
+                    with contextlib.suppress(FileNotFoundError):
+                        endpoint.socket_path.unlink()
             self._backend.close()
             self._stopped.set()
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until stopped."""
         return self._stopped.wait(timeout_s)
+
+
+def _set_health(endpoint: Endpoint, *, serving: bool) -> None:
+    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+    endpoint.health.set("", status)
+    endpoint.health.set(endpoint.services[0], status)
+
+
+def _gid(group: str) -> int:
+    return grp.getgrnam(group).gr_gid
+
+
+def _bind_unix(server: grpc.Server, path: Path, mode: int, uid: int | None, gid: int | None) -> None:
+    """Bind ``server`` to a Unix socket created 0600 (umask), then hand it to its owner and mode."""
+    with _umask(0o177):
+        server.add_insecure_port(f"unix:{path}")
+    _secure_socket(path, mode, uid, gid)
+
+
+def _ensure_dir(path: Path, mode: int, flag: str) -> None:
+    """The directory of grant sockets: created with ``mode`` if missing; refused if its mode is wider."""
+    files.ensure_socket_dir(path, flag, mode)
+    st = path.lstat()
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022 or stat.S_IMODE(st.st_mode) & ~mode & 0o777:
+        raise ConfigError(
+            f"{flag}: {path} must be owned by the daemon's user with mode {mode:04o} at most "
+            f"(it is {stat.S_IMODE(st.st_mode):04o}, uid {st.st_uid})"
+        )
 
 
 def create_server(
@@ -273,6 +416,7 @@ def create_server(
     ``phase_clock`` times phases; by default the backend's own clock when it has one (the simulator's
     accelerated time, so that durations agree with its energy counters), else ``clock``.
     """
+    files.ensure_private_dir(config.state_dir, "--state-dir")
     prepare_socket_path(config.socket_path, "--socket")
     prepare_socket_path(config.admin_socket_path, "--admin-socket")
     factory = controller_factory(config.controller)
@@ -287,6 +431,10 @@ def create_server(
             dry_run=config.dry_run,
             default_lease_ttl_s=config.lease_ttl_s,
             max_clock_changes_per_s=config.max_clock_changes_per_s,
+            tenancy=config.tenancy,
+            socket_path=config.socket_path,
+            grant_dir=config.grant_dir,
+            gpu_socket_dir=config.gpu_socket_dir,
             clock=clock,
             wall_clock=wall_clock,
             phase_clock=phase_clock if phase_clock is not None else backend_clock(gpu_backend),
@@ -303,20 +451,6 @@ def backend_clock(backend: GpuBackend) -> Callable[[], float] | None:
     sim_clock = getattr(device, "clock", None)
     now_s = getattr(sim_clock, "now_s", None)
     return now_s if callable(now_s) else None
-
-
-def reset_all_clocks(config: Config, backend: GpuBackend | None = None) -> list[AppliedClock]:
-    """``eerld --reset-clocks``: reset every GPU of the node and empty the ledger."""
-    gpu_backend = backend if backend is not None else create_backend(config)
-    try:
-        config.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        arbiter = ClockArbiter(gpu_backend, Ledger(config.state_dir))
-        try:
-            return arbiter.reset_everything()
-        finally:
-            arbiter.close()
-    finally:
-        gpu_backend.close()
 
 
 def serve(server: Server) -> int:

@@ -61,6 +61,8 @@ class SessionSpec:
     lease_ttl_s: float | None
     """None: the daemon's default."""
     client_name: str = ""
+    claim_tickets: tuple[str, ...] = ()
+    """Tickets from other worker sockets, each adding that socket's GPUs to the session's authority."""
 
 
 @dataclass(slots=True)
@@ -119,8 +121,17 @@ class Session:
         lease_ttl_s: float,
         opened_at_unix_s: float,
         now_s: float,
+        grant: str = "shared",
+        authority: frozenset[int] = frozenset(),
+        granted_by: frozenset[str] = frozenset({"shared"}),
     ) -> None:
         self.session_id = session_id
+        self.grant = grant
+        """The name of the worker socket it was opened through."""
+        self.authority = authority
+        """The GPUs it proved it may claim (its socket's and its tickets'); async peers must share some."""
+        self.granted_by = granted_by
+        """The grants its authority came from: revoking any of them closes it."""
         self.spec = spec
         self.gpu_indices = gpu_indices
         self.supported_sm_clocks_mhz = supported_sm_clocks_mhz
@@ -234,7 +245,11 @@ class SessionRegistry:
             return [s for s in self._sessions.values() if not s.attached and now_s >= s.lease_expires_s]
 
     def peers(self, session: Session) -> list[Session]:
-        """Other async sessions of the same job that run another phase kind (the peer pool)."""
+        """Other async sessions of the same job and authority that run another phase kind (the peer pool).
+
+        The job id alone is what a client declares; sharing authority (GPUs proved through the same
+        grant, or tickets of each other's sockets) is what the kernel checked.
+        """
         with self._lock:
             return [
                 s
@@ -242,5 +257,11 @@ class SessionRegistry:
                 if s is not session
                 and s.spec.mode is ExecutionMode.ASYNC
                 and s.spec.job_id == session.spec.job_id
+                and s.authority & session.authority
                 and not set(s.kinds) & set(session.kinds)
             ]
+
+    def of_grants(self, names: set[str]) -> list[Session]:
+        """The open sessions whose authority came from any of these grants."""
+        with self._lock:
+            return [s for s in self._sessions.values() if s.granted_by & names]

@@ -305,8 +305,9 @@ def running_daemon(
 ) -> Iterator[DaemonHandle]:
     """Serve both services on Unix sockets under ``directory`` (a fake backend by default); stop on exit.
 
-    ``directory`` must be short: a Unix socket path holds at most 107 bytes. ``overrides`` replace
-    fields of :class:`~eerld.config.Config` (e.g. ``socket_group="eerl"``).
+    ``directory`` must be short: a Unix socket path holds at most 107 bytes. The shared socket may claim
+    every GPU (``tenancy="single"``) and grants go to ``directory/grants``. ``overrides`` replace fields
+    of :class:`~eerld.config.Config` (e.g. ``socket_group="eerl"``, ``tenancy="multi"``).
     """
     gpus = backend if backend is not None else FakeGpuBackend(clock=clock)
     config = replace(
@@ -314,6 +315,8 @@ def running_daemon(
         socket_path=directory / "eerld.sock",
         admin_socket_path=directory / "admin.sock",
         state_dir=directory / "state",
+        tenancy="single",
+        grant_dir=directory / "grants",
         controller=controller,
         fixed_clocks_mhz=parse_fixed_clocks(fixed_clocks) if fixed_clocks else {},
         dry_run=dry_run,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Slurm Prolog (slurm.conf: Prolog=/etc/slurm/eerl/prolog.sh; install reset-gpus.sh next to it).
-# A job starts on default clocks even if the previous job's daemon session or an admin pin was left over.
+# A job starts on default clocks (whatever the previous job left) with a worker socket of its own: its
+# user may then control the clocks of exactly its GPUs, and nobody else may.
 set -u
 # shellcheck source=deploy/slurm/reset-gpus.sh
 source "$(dirname "${BASH_SOURCE[0]}")/reset-gpus.sh"

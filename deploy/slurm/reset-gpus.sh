@@ -1,20 +1,36 @@
 #!/usr/bin/env bash
-# Shared by prolog.sh and epilog.sh: return the job's GPUs to their default clocks through eerld.
+# Shared by prolog.sh and epilog.sh: a job's GPUs on default clocks, and a worker socket of its own.
 #
 # Which GPUs: SLURM_JOB_GPUS (set for prolog/epilog when gres/gpu is configured), else
 # CUDA_VISIBLE_DEVICES; a job with neither has no GPU and nothing is touched (never "all": other jobs
-# may share the node). With eerld running, `eerlctl reset` also closes any session still holding those
-# GPUs (and removes admin pins on them). Only when eerld is not running at all (no admin socket) does
-# `eerld --reset-clocks` reset what its ledger names: locks whose owner died with the daemon.
+# may share the node).
+#
+# Prolog: the job's GPUs are reset (a previous job's session or lock is gone), then the job gets a
+# grant: `eerlctl grant --gpus G --uid SLURM_JOB_UID --job-id SLURM_JOB_ID --replace`, a socket
+# /run/eerld/grants/job-<id>.sock owned by the job's user (mode 0600) through which sessions may claim
+# exactly these GPUs. The eerl client finds it by the job id (SLURM_JOB_ID) without configuration.
+# Epilog: the job's grant is revoked (its sessions close, its socket goes), then its GPUs are reset.
+# With eerld running, `eerlctl reset` also closes any session still holding those GPUs (and removes
+# admin pins on them). Only when eerld is not running at all (no admin socket) does
+# `eerld --reset-clocks` reset every GPU of the node: locks whose owner died with the daemon.
 # Never fails the job: Slurm drains a node whose prolog or epilog fails, and a clock left at its default
 # is no reason for that. Problems are logged to syslog (tag eerl-slurm) and stderr.
 #
 # Environment (all optional): EERLCTL (path of eerlctl), EERLD (path of eerld), EERLCTL_SOCKET,
-# EERL_STATE_DIR (default /var/lib/eerld), EERL_SLURM_TIMEOUT_S (default 10).
+# EERL_STATE_DIR (default /var/lib/eerld), EERL_SLURM_TIMEOUT_S (default 10), EERL_SLURM_GRANT
+# (default 1; 0 on nodes whose daemon runs --tenancy single and needs no grants).
+
+eerl_job_gpus() {
+    if [[ -n "${SLURM_JOB_GPUS+set}" ]]; then
+        printf '%s' "${SLURM_JOB_GPUS}"
+    elif [[ -n "${CUDA_VISIBLE_DEVICES+set}" ]]; then
+        printf '%s' "${CUDA_VISIBLE_DEVICES}"
+    fi
+}
 
 eerl_reset_job_gpus() {
     local when="$1"
-    local gpus=""
+    local gpus
     local socket="${EERLCTL_SOCKET:-/run/eerld/admin.sock}"
     local eerlctl="${EERLCTL:-eerlctl}"
     local eerld="${EERLD:-eerld}"
@@ -23,28 +39,63 @@ eerl_reset_job_gpus() {
     local reason="slurm ${when} job ${SLURM_JOB_ID:-unknown}"
     local output
 
-    if [[ -n "${SLURM_JOB_GPUS+set}" ]]; then
-        gpus="${SLURM_JOB_GPUS}"
-    elif [[ -n "${CUDA_VISIBLE_DEVICES+set}" ]]; then
-        gpus="${CUDA_VISIBLE_DEVICES}"
-    fi
+    gpus="$(eerl_job_gpus)"
     # An empty or "NoDevFiles" list means the job has no GPU: nothing to do.
     if [[ -z "${gpus}" || "${gpus}" == "NoDevFiles" ]]; then
         return 0
     fi
     if [[ -S "${socket}" ]]; then
-        if output="$("${eerlctl}" --socket "${socket}" --timeout "${timeout_s}" reset --gpus "${gpus}" \
+        if [[ "${when}" == "epilog" ]]; then
+            eerl_revoke_job_grant "${eerlctl}" "${socket}" "${timeout_s}" "${reason}"
+        fi
+        if ! output="$("${eerlctl}" --socket "${socket}" --timeout "${timeout_s}" reset --gpus "${gpus}" \
             --reason "${reason}" 2>&1)"; then
+            # A running daemon owns its locks; resetting behind its back would race it. Log and leave it.
+            eerl_log "eerlctl reset --gpus ${gpus} failed: ${output}"
             return 0
         fi
-        # A running daemon owns its locks; resetting behind its back would race it. Log and leave it.
-        eerl_log "eerlctl reset --gpus ${gpus} failed: ${output}"
+        if [[ "${when}" == "prolog" ]]; then
+            eerl_grant_job "${eerlctl}" "${socket}" "${timeout_s}" "${gpus}" "${reason}"
+        fi
         return 0
     fi
     if output="$("${eerld}" --state-dir "${state_dir}" --reset-clocks 2>&1)"; then
         return 0
     fi
     eerl_log "eerld --reset-clocks failed: ${output}"
+    return 0
+}
+
+eerl_grant_job() {
+    local eerlctl="$1" socket="$2" timeout_s="$3" gpus="$4" reason="$5"
+    local output
+    if [[ "${EERL_SLURM_GRANT:-1}" == "0" ]]; then
+        return 0
+    fi
+    if [[ -z "${SLURM_JOB_UID:-}" || -z "${SLURM_JOB_ID:-}" ]]; then
+        eerl_log "no SLURM_JOB_UID or SLURM_JOB_ID: job gets no eerl grant"
+        return 0
+    fi
+    if ! output="$("${eerlctl}" --socket "${socket}" --timeout "${timeout_s}" grant --gpus "${gpus}" \
+        --uid "${SLURM_JOB_UID}" --job-id "${SLURM_JOB_ID}" --replace --reason "${reason}" 2>&1)"; then
+        eerl_log "eerlctl grant --gpus ${gpus} --uid ${SLURM_JOB_UID} failed: ${output}"
+    fi
+    return 0
+}
+
+eerl_revoke_job_grant() {
+    local eerlctl="$1" socket="$2" timeout_s="$3" reason="$4"
+    local output
+    if [[ "${EERL_SLURM_GRANT:-1}" == "0" || -z "${SLURM_JOB_ID:-}" ]]; then
+        return 0
+    fi
+    if ! output="$("${eerlctl}" --socket "${socket}" --timeout "${timeout_s}" revoke \
+        --job-id "${SLURM_JOB_ID}" --reason "${reason}" 2>&1)"; then
+        case "${output}" in
+            *"no grant for job"*) ;;  # the prolog made none (grants off, or it failed): nothing to undo
+            *) eerl_log "eerlctl revoke --job-id ${SLURM_JOB_ID} failed: ${output}" ;;
+        esac
+    fi
     return 0
 }
 

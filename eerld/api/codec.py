@@ -21,10 +21,12 @@ from eerld.daemon import (
     DecisionView,
     GpuInfoView,
     GpuStatusView,
+    GrantView,
     PhaseStatusView,
     SessionView,
 )
 from eerld.errors import ValidationError
+from eerld.grants import MAX_UNIX_ID, NAME_RULE, GrantSpec, is_grant_name
 from eerld.sessions import GpuRole, GpuSelector, SessionSpec
 
 MAX_SESSION_ID_CHARS = 128
@@ -40,6 +42,7 @@ MIN_LEASE_TTL_S = 1.0
 MAX_PIN_DURATION_S = 366 * 24 * 3600.0
 MAX_CLOCK_MHZ = 10_000
 MAX_DECISIONS_LIMIT = 100_000
+MAX_GRANT_DURATION_S = 366 * 24 * 3600.0
 
 _TOKEN = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -73,10 +76,14 @@ _SOURCES_OUT = {
 
 def session_id(value: str, field: str = "session_id") -> str:
     """A syntactically valid session token (whether it exists is the domain's question)."""
+    return _token(value, field, "a session id")
+
+
+def _token(value: str, field: str, what: str) -> str:
     if not value:
         raise ValidationError(field, "required")
     if len(value) > MAX_SESSION_ID_CHARS or not _TOKEN.fullmatch(value):
-        raise ValidationError(field, "not a session id")
+        raise ValidationError(field, f"not {what}")
     return value
 
 
@@ -174,9 +181,14 @@ def _targets(refs: Sequence[pb.GpuRef], all_gpus: bool) -> tuple[GpuSelector, ..
 def open_session(req: pb.OpenSessionRequest) -> SessionSpec:
     """OpenSessionRequest → SessionSpec."""
     job_id = _text(req.job_id, "job_id", MAX_TEXT_CHARS, required=True)
-    if not req.gpus:
-        raise ValidationError("gpus", "at least one GPU is required")
-    gpus = gpu_refs(req.gpus)
+    gpus = gpu_refs(req.gpus)  # none: every GPU of a scoped socket (the daemon checks the socket)
+    if len(req.claim_tickets) > MAX_GPUS_PER_REQUEST:
+        raise ValidationError(
+            "claim_tickets", f"{len(req.claim_tickets)} listed (at most {MAX_GPUS_PER_REQUEST})"
+        )
+    tickets = tuple(
+        _token(t, f"claim_tickets[{i}]", "a claim ticket") for i, t in enumerate(req.claim_tickets)
+    )
     if req.mode == pb.EXECUTION_MODE_UNSPECIFIED:
         mode = ExecutionMode.SYNC
     elif req.mode in _MODES:
@@ -213,6 +225,7 @@ def open_session(req: pb.OpenSessionRequest) -> SessionSpec:
         throughput_threshold=threshold or None,
         lease_ttl_s=ttl or None,
         client_name=_text(req.client_name, "client_name", MAX_TEXT_CHARS),
+        claim_tickets=tickets,
     )
 
 
@@ -263,6 +276,46 @@ def unpin(req: pb.UnpinRequest) -> tuple[GpuSelector, ...] | None:
 def reset(req: pb.ResetAllRequest) -> tuple[tuple[GpuSelector, ...] | None, str]:
     """ResetAllRequest → (GPUs or None for all, reason)."""
     return _targets(req.gpus, req.all), _text(req.reason, "reason", MAX_REASON_CHARS)
+
+
+def grant(req: pb.GrantRequest) -> GrantSpec:
+    """GrantRequest → GrantSpec (whether the GPUs exist is the domain's question)."""
+    name = _text(req.name, "name", 64) or None
+    if name is not None and not is_grant_name(name):
+        raise ValidationError("name", f"{name!r} is not a grant name ({NAME_RULE})")
+    if not req.gpus:
+        raise ValidationError("gpus", "at least one GPU is required")
+    uid = req.uid if req.HasField("uid") else None
+    gid = req.gid if req.HasField("gid") else None
+    if uid is None and gid is None:
+        raise ValidationError("uid", "set uid, gid or both: the socket's owner decides who may connect")
+    for field, value in (("uid", uid), ("gid", gid)):
+        if value is not None and value > MAX_UNIX_ID:
+            raise ValidationError(field, f"{value} is not a valid id")
+    job_id = _text(req.job_id, "job_id", MAX_TEXT_CHARS)
+    if name is None and not job_id:
+        raise ValidationError("name", "required unless job_id is set (the grant is then job-<job_id>)")
+    if name is None and not is_grant_name(f"job-{job_id}"):
+        raise ValidationError("job_id", f"job-{job_id!r} is not a grant name ({NAME_RULE}); give a name")
+    return GrantSpec(
+        name=name,
+        gpus=gpu_refs(req.gpus),
+        uid=uid,
+        gid=gid,
+        job_id=job_id,
+        duration_s=_finite(req.duration_s, "duration_s", 0.0, MAX_GRANT_DURATION_S),
+        reason=_text(req.reason, "reason", MAX_REASON_CHARS),
+        replace=req.replace,
+    )
+
+
+def revoke(req: pb.RevokeRequest) -> tuple[str | None, str | None, str]:
+    """RevokeRequest → (name or None, job id or None, reason); exactly one of name and job id."""
+    name = _text(req.name, "name", 64) or None
+    job_id = _text(req.job_id, "job_id", MAX_TEXT_CHARS) or None
+    if (name is None) == (job_id is None):
+        raise ValidationError("name", "set either name or job_id")
+    return name, job_id, _text(req.reason, "reason", MAX_REASON_CHARS)
 
 
 def decisions(req: pb.GetDecisionsRequest) -> tuple[str | None, PhaseKind | None, int]:
@@ -381,7 +434,29 @@ def session_out(s: SessionView) -> pb.SessionInfo:
         attached=s.attached,
         lease_remaining_s=s.lease_remaining_s,
         throughput_threshold=s.throughput_threshold,
+        grant=s.grant,
     )
+
+
+def grant_out(v: GrantView) -> pb.GrantInfo:
+    """Grant view → GrantInfo."""
+    g = v.grant
+    msg = pb.GrantInfo(
+        name=g.name,
+        kind=g.kind.value,
+        socket_path=str(g.socket_path),
+        gpus=[gpu_info_out(i) for i in v.gpus],
+        job_id=g.job_id,
+        created_at_unix_s=g.created_at_unix_s,
+        expires_at_unix_s=g.expires_at_unix_s,
+        reason=g.reason,
+        sessions=v.sessions,
+    )
+    if g.uid is not None:
+        msg.uid = g.uid
+    if g.gid is not None:
+        msg.gid = g.gid
+    return msg
 
 
 def daemon_out(d: DaemonView) -> pb.DaemonInfo:

@@ -7,6 +7,7 @@ a bug: the client gets INTERNAL with a generic message, the log gets the traceba
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ from eerld.errors import (
     ConfigError,
     Conflict,
     EerlError,
+    Exhausted,
     GpuError,
     GpuLost,
     NotFound,
@@ -44,6 +46,8 @@ def status_code_for(error: EerlError) -> grpc.StatusCode:
         return grpc.StatusCode.FAILED_PRECONDITION
     if isinstance(error, PermissionDenied):
         return grpc.StatusCode.PERMISSION_DENIED
+    if isinstance(error, Exhausted):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
     if isinstance(error, Unavailable | GpuLost | BackendFailure):
         return grpc.StatusCode.UNAVAILABLE
     if isinstance(error, GpuError):
@@ -180,3 +184,60 @@ class ErrorMappingInterceptor(_InterceptorBase):
                 observer(name, code.name, duration_s)
             except Exception:
                 log.exception("rpc_observer_error")
+
+
+class StreamGuardInterceptor(_InterceptorBase):
+    """Bounds the streams a socket's callers may hold open: at most ``limit`` at once, each ``lifetime_s``.
+
+    A stream holds one of the server's worker threads for as long as it is open, so about 130 reflection
+    calls that never sent a request once starved every other caller of the socket. ``exempt`` methods
+    (Attach: one per open session, bound to the session's life) are left alone.
+    """
+
+    def __init__(self, limit: int, lifetime_s: float, *, exempt: Iterable[str] = ()) -> None:
+        self._limit = limit
+        self._slots = threading.BoundedSemaphore(limit)
+        self._lifetime_s = lifetime_s
+        self._exempt = frozenset(exempt)
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = continuation(handler_call_details)
+        if handler is None or handler_call_details.method in self._exempt:
+            return handler
+        if handler.stream_stream is not None:
+            return grpc.stream_stream_rpc_method_handler(
+                self._guard(handler.stream_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._guard(handler.unary_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+    def _guard(
+        self, inner: Callable[[Any, grpc.ServicerContext], Iterator[Any]]
+    ) -> Callable[..., Iterator[Any]]:
+        def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            if not self._slots.acquire(blocking=False):
+                context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"this socket serves at most {self._limit} streams at once; retry later",
+                )
+            timer = threading.Timer(self._lifetime_s, context.cancel)
+            timer.daemon = True
+            timer.start()
+            try:
+                yield from inner(request, context)
+            finally:
+                timer.cancel()
+                self._slots.release()
+
+        return call

@@ -16,20 +16,22 @@ from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
 from eerld.api import codec
 from eerld.daemon import Daemon
+from eerld.grants import SHARED_NAME
 
 ATTACH_POLL_S = 0.5
 
 
 class PhaseServicer(pb_grpc.PhaseServiceServicer):
-    """The worker API."""
+    """The worker API of one worker socket; ``grant`` names the socket (what its sessions may claim)."""
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: Daemon, grant: str = SHARED_NAME) -> None:
         self._daemon = daemon
+        self._grant = grant
 
     def OpenSession(
         self, request: pb.OpenSessionRequest, context: grpc.ServicerContext
     ) -> pb.OpenSessionResponse:
-        opened = self._daemon.open_session(codec.open_session(request))
+        opened = self._daemon.open_session(codec.open_session(request), self._grant)
         return pb.OpenSessionResponse(
             session_id=opened.session_id,
             lease_ttl_s=opened.lease_ttl_s,
@@ -81,6 +83,16 @@ class PhaseServicer(pb_grpc.PhaseServiceServicer):
         closed = self._daemon.close_session(codec.session_id(request.session_id))
         return pb.CloseSessionResponse(energy_mj=closed.energy_mj, valid_tokens=closed.valid_tokens)
 
+    def IssueClaimTicket(
+        self, request: pb.IssueClaimTicketRequest, context: grpc.ServicerContext
+    ) -> pb.IssueClaimTicketResponse:
+        ticket = self._daemon.issue_claim_ticket(self._grant)
+        return pb.IssueClaimTicketResponse(
+            ticket=ticket.ticket,
+            gpus=[codec.gpu_info_out(g) for g in ticket.gpus],
+            expires_in_s=ticket.expires_in_s,
+        )
+
 
 class AdminServicer(pb_grpc.AdminServiceServicer):
     """The admin API."""
@@ -94,6 +106,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             daemon=codec.daemon_out(status.daemon),
             gpus=[codec.gpu_status_out(g) for g in status.gpus],
             sessions=[codec.session_out(s) for s in status.sessions],
+            grants=[codec.grant_out(g) for g in status.grants],
         )
 
     def Pin(self, request: pb.PinRequest, context: grpc.ServicerContext) -> pb.PinResponse:
@@ -125,3 +138,21 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             clocks=[codec.clock_out(c) for c in outcome.clocks],
             closed_session_ids=list(outcome.closed_session_ids),
         )
+
+    def Grant(self, request: pb.GrantRequest, context: grpc.ServicerContext) -> pb.GrantResponse:
+        outcome = self._daemon.grant(codec.grant(request))
+        return pb.GrantResponse(grant=codec.grant_out(outcome.grant), revoked=list(outcome.revoked))
+
+    def Revoke(self, request: pb.RevokeRequest, context: grpc.ServicerContext) -> pb.RevokeResponse:
+        name, job_id, reason = codec.revoke(request)
+        outcome = self._daemon.revoke(name, job_id, reason or "admin revoke")
+        return pb.RevokeResponse(
+            revoked=list(outcome.revoked),
+            clocks=[codec.clock_out(c) for c in outcome.clocks],
+            closed_session_ids=list(outcome.closed_session_ids),
+        )
+
+    def ListGrants(
+        self, request: pb.ListGrantsRequest, context: grpc.ServicerContext
+    ) -> pb.ListGrantsResponse:
+        return pb.ListGrantsResponse(grants=[codec.grant_out(g) for g in self._daemon.grants()])

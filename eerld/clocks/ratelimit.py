@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 DEFAULT_MAX_CHANGES_PER_S = 10.0
@@ -29,7 +30,7 @@ class _Bucket:
 
 
 class ClockChangeLimiter:
-    """Token buckets, one per GPU index: ``rate_per_s`` tokens a second up to ``burst``.
+    """Token buckets, one per key (a GPU index, a socket): ``rate_per_s`` tokens a second up to ``burst``.
 
     ``rate_per_s == 0`` disables the limit (every change is allowed). Thread-safe.
     """
@@ -41,24 +42,29 @@ class ClockChangeLimiter:
             raise ValueError(f"burst: {burst} must be at least 1")
         self._rate_per_s = rate_per_s
         self._burst = float(burst)
-        self._buckets: dict[int, _Bucket] = {}
+        self._buckets: dict[Hashable, _Bucket] = {}
         self._lock = threading.Lock()
         self.denied = 0
         """How many changes were refused since start (for logs and metrics)."""
+
+    @property
+    def rate_per_s(self) -> float:
+        """Tokens added per second."""
+        return self._rate_per_s
 
     @property
     def enabled(self) -> bool:
         """False when the limit is off."""
         return self._rate_per_s > 0
 
-    def allow(self, gpu_index: int, now_s: float) -> bool:
-        """Take one token for a change on ``gpu_index`` at ``now_s``; False (and nothing taken) if empty."""
+    def allow(self, key: Hashable, now_s: float) -> bool:
+        """Take one token from ``key``'s bucket (a GPU index, a socket) at ``now_s``; False if empty."""
         if not self.enabled:
             return True
         with self._lock:
-            bucket = self._buckets.get(gpu_index)
+            bucket = self._buckets.get(key)
             if bucket is None:
-                bucket = self._buckets[gpu_index] = _Bucket(self._burst, now_s)
+                bucket = self._buckets[key] = _Bucket(self._burst, now_s)
             elapsed_s = max(0.0, now_s - bucket.updated_s)
             bucket.tokens = min(self._burst, bucket.tokens + elapsed_s * self._rate_per_s)
             bucket.updated_s = max(bucket.updated_s, now_s)
@@ -67,6 +73,11 @@ class ClockChangeLimiter:
                 return True
             self.denied += 1
             return False
+
+    def forget(self, key: Hashable) -> None:
+        """Drop ``key``'s bucket (a revoked grant's), so that the buckets stay bounded."""
+        with self._lock:
+            self._buckets.pop(key, None)
 
 
 __all__ = ["DEFAULT_BURST", "DEFAULT_MAX_CHANGES_PER_S", "ClockChangeLimiter"]

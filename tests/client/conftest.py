@@ -78,6 +78,7 @@ class SimDaemon:
             socket_path=self.socket_path,
             admin_socket_path=self.directory / "admin.sock",
             state_dir=self.directory / "state",
+            tenancy="single",
             controller=self.controller,
             metrics_address=None,
         )

@@ -148,19 +148,32 @@ class TestOtherCommands:
         request = fake_admin.admin.requests[-1]
         assert isinstance(request, eerl_pb2.ResetAllRequest)
         assert request.all
-        assert result["closed_session_ids"] == [SESSION_ID]
+        assert result["closed_session_ids"] == [SESSION_ID[:8] + "…"]
+
+    @pytest.mark.parametrize("command", ["sessions", "status", "decisions"])
+    def test_session_tokens_are_printed_as_a_prefix_unless_asked(
+        self, fake_admin: FakeAdminServer, command: str
+    ) -> None:
+        """A full session token is a credential: tables and JSON show 8 characters, --show-tokens all."""
+        _, table, _ = run(fake_admin, command)
+        _, json_out, _ = run(fake_admin, "--json", command)
+        _, shown, _ = run(fake_admin, "--json", "--show-tokens", command)
+        assert SESSION_ID not in table + json_out
+        assert SESSION_ID[:8] in table
+        assert SESSION_ID in shown
 
     def test_sessions_lists_open_sessions(self, fake_admin: FakeAdminServer) -> None:
         """sessions --json lists the one open session with its GPUs."""
         sessions = run_json(fake_admin, "sessions")["sessions"]
         assert [(s["job_id"], s["gpu_indices"]) for s in sessions] == [("job-42", [0])]
 
-    def test_decisions_filter_by_session_and_phase(self, fake_admin: FakeAdminServer) -> None:
-        """decisions --session ID --phase training sends both filters."""
-        run(fake_admin, "decisions", "--session", SESSION_ID, "--phase", "training")
+    def test_decisions_filter_by_a_session_prefix_and_the_phase(self, fake_admin: FakeAdminServer) -> None:
+        """decisions --session PREFIX --phase training sends the phase filter and keeps that session's."""
+        result = run_json(fake_admin, "decisions", "--session", SESSION_ID[:8] + "…", "--phase", "training")
         request = fake_admin.admin.requests[-1]
         assert isinstance(request, eerl_pb2.GetDecisionsRequest)
-        assert (request.session_id, request.kind) == (SESSION_ID, eerl_pb2.PHASE_KIND_TRAINING)
+        assert request.kind == eerl_pb2.PHASE_KIND_TRAINING
+        assert [d["session_id"] for d in result["decisions"]] == [SESSION_ID[:8] + "…"]
 
     def test_decisions_table_shows_the_reason(self, fake_admin: FakeAdminServer) -> None:
         """The decisions table carries the controller's reason in words."""
@@ -170,7 +183,7 @@ class TestOtherCommands:
     def test_an_unknown_session_is_an_error(self, fake_admin: FakeAdminServer) -> None:
         """decisions for an unknown session prints the daemon's NOT_FOUND message."""
         code, _, err = run(fake_admin, "decisions", "--session", "nope")
-        assert (code, err) == (1, "Error: no session nope\n")
+        assert (code, err) == (1, "Error: no decisions of a session whose id starts with 'nope'\n")
 
     def test_version_names_both_sides(self, fake_admin: FakeAdminServer) -> None:
         """version prints eerlctl's and eerld's versions."""
@@ -232,7 +245,7 @@ class TestCompletion:
         assert out.getvalue().startswith("#compdef eerlctl")
 
     def test_bash_completion_completes_subcommand_options(self, tmp_path: Path) -> None:
-        """Sourced in bash, completing `eerlctl pin --s` offers --sm-mhz and --socket."""
+        """Sourced in bash, completing `eerlctl pin --s` offers --show-tokens, --sm-mhz and --socket."""
         script = tmp_path / "eerlctl.bash"
         script.write_text(completion_script("bash"))
         probe = (
@@ -240,4 +253,4 @@ class TestCompletion:
             'printf "%s\\n" "${COMPREPLY[@]}"'
         )
         done = subprocess.run(["bash", "-c", probe], check=True, capture_output=True, text=True)
-        assert sorted(done.stdout.split()) == ["--sm-mhz", "--socket"]
+        assert sorted(done.stdout.split()) == ["--show-tokens", "--sm-mhz", "--socket"]

@@ -68,6 +68,10 @@ class TestSystemdUnit:
         assert serve.state_dir == reset.state_dir
         assert str(serve.state_dir) == "/var/lib/" + lines["StateDirectory"]
         assert reset.reset_clocks
+        assert (serve.tenancy, str(serve.grant_dir)) == (
+            "multi",
+            "/run/" + lines["RuntimeDirectory"] + "/grants",
+        )
 
     def test_directories_and_hardening(self) -> None:
         """Runtime and state directories, and the hardening the issue lists, are all set."""
@@ -138,19 +142,44 @@ class TestSlurm:
         """slurmd runs the prolog and epilog directly, so they carry the executable bit."""
         assert os.stat(SLURM / script).st_mode & stat.S_IXUSR
 
-    def test_epilog_resets_the_jobs_gpus(self, fake_tools: Path) -> None:
-        """The epilog resets exactly SLURM_JOB_GPUS through eerlctl, naming the job in the reason."""
-        code, calls = run_slurm("epilog.sh", fake_tools, SLURM_JOB_GPUS="0,1")
+    def test_epilog_revokes_the_jobs_grant_then_resets_its_gpus(self, fake_tools: Path) -> None:
+        """The epilog revokes job 1234's grant and resets exactly SLURM_JOB_GPUS, naming the job."""
+        code, calls = run_slurm("epilog.sh", fake_tools, SLURM_JOB_GPUS="0,1", SLURM_JOB_UID="1001")
         sock = fake_tools.parent / "admin.sock"
         assert code == 0
         assert calls == [
-            f"eerlctl --socket {sock} --timeout 10 reset --gpus 0,1 --reason slurm epilog job 1234"
+            f"eerlctl --socket {sock} --timeout 10 revoke --job-id 1234 --reason slurm epilog job 1234",
+            f"eerlctl --socket {sock} --timeout 10 reset --gpus 0,1 --reason slurm epilog job 1234",
         ]
+
+    def test_prolog_resets_the_jobs_gpus_then_grants_them_to_the_jobs_user(self, fake_tools: Path) -> None:
+        """The prolog gives the job's uid a socket for exactly its GPUs, replacing a stale grant on them."""
+        code, calls = run_slurm("prolog.sh", fake_tools, SLURM_JOB_GPUS="2,3", SLURM_JOB_UID="1001")
+        sock = fake_tools.parent / "admin.sock"
+        assert code == 0
+        assert calls == [
+            f"eerlctl --socket {sock} --timeout 10 reset --gpus 2,3 --reason slurm prolog job 1234",
+            f"eerlctl --socket {sock} --timeout 10 grant --gpus 2,3 --uid 1001 --job-id 1234 --replace "
+            "--reason slurm prolog job 1234",
+        ]
+
+    def test_prolog_grants_nothing_when_grants_are_off_or_the_uid_is_unknown(self, fake_tools: Path) -> None:
+        """EERL_SLURM_GRANT=0 (a single-tenant node) or no SLURM_JOB_UID: reset only."""
+        _, off = run_slurm(
+            "prolog.sh", fake_tools, SLURM_JOB_GPUS="0", SLURM_JOB_UID="1", EERL_SLURM_GRANT="0"
+        )
+        (fake_tools.parent / "calls").unlink()
+        _, no_uid = run_slurm("prolog.sh", fake_tools, SLURM_JOB_GPUS="0")
+        assert [c.split()[5] for c in off] == ["reset"]
+        assert [c.split()[5] for c in no_uid] == ["reset"]
 
     def test_prolog_falls_back_to_cuda_visible_devices(self, fake_tools: Path) -> None:
         """Without SLURM_JOB_GPUS the prolog uses CUDA_VISIBLE_DEVICES."""
-        _, calls = run_slurm("prolog.sh", fake_tools, CUDA_VISIBLE_DEVICES="3")
-        assert [c.split(" reset ")[1] for c in calls] == ["--gpus 3 --reason slurm prolog job 1234"]
+        _, calls = run_slurm("prolog.sh", fake_tools, CUDA_VISIBLE_DEVICES="3", SLURM_JOB_UID="7")
+        assert [c.split(" --timeout 10 ")[1].split(" --reason")[0] for c in calls] == [
+            "reset --gpus 3",
+            "grant --gpus 3 --uid 7 --job-id 1234 --replace",
+        ]
 
     def test_without_eerld_the_ledger_reset_runs(self, fake_tools: Path) -> None:
         """With no daemon socket, eerld --reset-clocks resets what the ledger names; the job still runs."""
@@ -161,7 +190,7 @@ class TestSlurm:
         """If eerld runs but eerlctl fails, nothing else is tried and the epilog still succeeds."""
         code, calls = run_slurm("epilog.sh", fake_tools, SLURM_JOB_GPUS="0", FAIL_EERLCTL="1")
         assert code == 0
-        assert [c.split()[0] for c in calls] == ["eerlctl"]
+        assert [c.split()[0] for c in calls] == ["eerlctl", "eerlctl"]  # revoke, reset; never eerld
 
     @pytest.mark.parametrize("env", [{"SLURM_JOB_GPUS": ""}, {}, {"CUDA_VISIBLE_DEVICES": "NoDevFiles"}])
     def test_a_job_without_gpus_touches_nothing(self, fake_tools: Path, env: dict[str, str]) -> None:

@@ -113,6 +113,7 @@ def sim_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimDaemon]:
         f"--socket={directory / 'eerld.sock'}",
         f"--admin-socket={directory / 'admin.sock'}",
         f"--state-dir={directory / 'state'}",
+        "--tenancy=single",
         f"--metrics-address=127.0.0.1:{port}",
         "--controller=fixed",
         "--fixed-clocks=generation=1200,training=1500",
