@@ -1,10 +1,12 @@
-"""Builds the gRPC channel to the daemon from a :class:`ClientConfig`."""
+"""Builds the gRPC channel to the daemon from a :class:`ClientConfig`, and tells a refused socket apart."""
 
 from __future__ import annotations
 
+import socket
+
 import grpc
 
-from eerl.config import ClientConfig
+from eerl.config import ClientConfig, uds_target
 
 # gRPC's own reconnect back-off grows to two minutes by default; the sender does its own back-off and
 # wants a fresh attempt to really try, so the channel's is kept short. No client keepalive pings: a
@@ -15,10 +17,14 @@ _CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.enable_retries", 0),
 ]
+_PROBE_TIMEOUT_S = 0.5
 
 
-def make_channel(config: ClientConfig) -> grpc.Channel:
-    """A new channel to the configured daemon (Unix socket, or TCP with mutual TLS)."""
+def make_channel(config: ClientConfig, *, socket_path: str | None = None) -> grpc.Channel:
+    """A new channel to the configured daemon (Unix socket, or TCP with mutual TLS).
+
+    ``socket_path``: another worker socket of the same daemon instead of the session's (a Unix config).
+    """
     if config.transport == "tcp":
         credentials = grpc.ssl_channel_credentials(
             root_certificates=config.root_cert_pem,
@@ -26,4 +32,24 @@ def make_channel(config: ClientConfig) -> grpc.Channel:
             certificate_chain=config.cert_chain_pem,
         )
         return grpc.secure_channel(config.target, credentials, options=_CHANNEL_OPTIONS)
-    return grpc.insecure_channel(config.target, options=_CHANNEL_OPTIONS)
+    target = config.target if socket_path is None else uds_target(socket_path)
+    return grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
+
+
+def refused_by_kernel(path: str) -> bool:
+    """True when the socket at ``path`` exists but the kernel refuses this process a connection (its owner
+    and mode, or a directory on the way, keep this user out); False for any other outcome.
+
+    gRPC reports such a refusal as UNAVAILABLE, like an absent daemon; one plain connect tells them apart.
+    """
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(_PROBE_TIMEOUT_S)
+    try:
+        probe.connect(path)
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return False

@@ -13,6 +13,19 @@ Rules that keep the numbers honest after trouble:
 * A phase end is sent only if its begin was sent within the same daemon session; so a reopened session
   starts clean at the next phase begin, and nothing stale is re-sent.
 * Every RPC has a deadline; a failed event is dropped, never retried.
+* Nothing the daemon would refuse, or protobuf could not encode, is sent: every workload and iteration is
+  checked first (:mod:`eerl._validate`; a bad value is clamped or dropped, with one warning per kind).
+
+Rules that keep a session from wedging:
+
+* The next phase begin is sent whatever happened to the events before it. When an end was lost or refused,
+  the daemon abandons that phase unmetered at the next begin and says so (``resynced``, counted).
+* When ``_FAILURES_BEFORE_REOPEN`` events in a row fail (refused, or past their deadline: a stalled
+  daemon), the session is dropped and reopened, so ``connected`` never vouches for a session that no
+  longer works.
+* One event that raises something unexpected is dropped (one warning); the thread carries on. If the
+  thread stops anyway, it closes its session on the way out (a short CloseSession, then it cancels the
+  Attach stream and closes the channel), so the daemon returns the GPUs to their default clocks.
 """
 
 from __future__ import annotations
@@ -27,12 +40,21 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from eerl._channel import make_channel
+from eerl._channel import make_channel, refused_by_kernel
+from eerl._validate import Finding, Problem, check_iteration, check_workload
 from eerl.config import ClientConfig
 from eerl.phases import KIND_TO_PB, PhaseKind, Workload
 from eerl.v1 import eerl_pb2, eerl_pb2_grpc
 
 logger = logging.getLogger("eerl")
+
+_RETRYING = "the job runs on without clock control and eerl keeps retrying"
+_GRANT_HINT = "ask for a grant: eerlctl grant, see docs/security.md"
+_FAILURES_BEFORE_REOPEN = 3
+"""Phase events in a row that fail (refused, or past their deadline) before the session is reopened."""
+_TICKET_TIMEOUT_S = 1.0
+"""The deadline of one IssueClaimTicket call, and of the CloseSession of a dying sender (at most
+``rpc_timeout_s``)."""
 
 # Codes that mean "the daemon (or the path to it) is gone": drop the session, reconnect with back-off.
 _CONNECTION_LOST = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
@@ -56,15 +78,22 @@ class OpenRequest:
 
 @dataclass(slots=True)
 class Event:
-    """One phase event, or a flush marker (``kind`` None) that only sets ``done``."""
+    """One phase event, or a flush marker (``kind`` None) that only sets ``done``.
+
+    ``iteration`` and the workload's fields are as the job gave them (checked by the sender);
+    ``rejected`` counts the reported values the caller's thread could not read as numbers (dropped),
+    ``rejected_what`` names the first.
+    """
 
     begin: bool
     kind: PhaseKind | None
-    iteration: int
+    iteration: object
     phase_id: int
     workload: Workload | None
     enqueued_s: float
     done: threading.Event | None = None
+    rejected: int = 0
+    rejected_what: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +103,12 @@ class ClientStats:
     ``dropped_events``: lost because the queue was full. ``stale_events``: discarded as stale (a begin that
     waited too long, or an end whose begin the current daemon session never saw). ``failed_events``: the
     daemon answered with an error. ``opens``: sessions opened, the first one included.
+    ``clamped_values``: reported values sent as the nearest acceptable one (negative → 0, ``valid_tokens``
+    → ``tokens``). ``dropped_values``: reported values sent as 0 (not a whole number, or above the daemon's
+    limit). ``invalid_events``: events not sent because their iteration was out of range. ``resyncs``:
+    begins at which the daemon abandoned a phase whose end it never got. ``resets``: sessions dropped
+    and reopened because events kept failing. ``sender_errors``: events dropped by an unexpected error
+    in the sender.
     """
 
     connected: bool
@@ -86,6 +121,12 @@ class ClientStats:
     failed_events: int
     opens: int
     connect_failures: int
+    clamped_values: int
+    dropped_values: int
+    invalid_events: int
+    resyncs: int
+    resets: int
+    sender_errors: int
 
 
 @dataclass(slots=True)
@@ -96,6 +137,12 @@ class _Counters:
     failed: int = 0
     opens: int = 0
     connect_failures: int = 0
+    clamped_values: int = 0
+    dropped_values: int = 0
+    invalid: int = 0
+    resyncs: int = 0
+    resets: int = 0
+    errors: int = 0
 
 
 @dataclass(slots=True)
@@ -154,7 +201,9 @@ class Sender:
         self._broken_epoch = 0
         self._attached_epoch = 0
         self._attach_unimplemented = False
-        self._warned = False
+        self._warned: set[str] = set()
+        self._failures_in_a_row = 0
+        self._dead = False
         self._backoff_s = config.reconnect_initial_s
         self._thread = threading.Thread(target=self._run, name="eerl-sender", daemon=True)
 
@@ -167,6 +216,10 @@ class Sender:
     def submit(self, event: Event) -> None:
         """Queues an event without blocking; drops (and counts) the oldest event when the queue is full."""
         with self._queue_lock:
+            if self._dead:  # the thread stopped (a bug): nothing will send it
+                if event.done is not None:
+                    event.done.set()
+                return
             if len(self._queue) >= self._config.queue_size:
                 dropped = self._queue.popleft()
                 self._counters.dropped += 1
@@ -199,6 +252,12 @@ class Sender:
             failed_events=counters.failed,
             opens=counters.opens,
             connect_failures=counters.connect_failures,
+            clamped_values=counters.clamped_values,
+            dropped_values=counters.dropped_values,
+            invalid_events=counters.invalid,
+            resyncs=counters.resyncs,
+            resets=counters.resets,
+            sender_errors=counters.errors,
         )
 
     def close(self) -> None:
@@ -218,8 +277,39 @@ class Sender:
                 self._step()
             self._shutdown()
         except Exception:  # a bug here must never reach the training job
-            logger.exception("eerl: the background sender stopped on an unexpected error; eerl is off")
-            self._connected.clear()
+            logger.exception(
+                "eerl: the background sender stopped on an unexpected error; eerl is off for this job "
+                "(its daemon session is closed: the GPUs return to their default clocks)"
+            )
+        finally:
+            self._stop()
+
+    def _stop(self) -> None:
+        """The thread's last act, however it ends: no session is left behind, no flush waits in vain.
+
+        After a normal close there is no session left; after a bug, the session is closed here: a
+        CloseSession with a short deadline (best effort), then the Attach stream is cancelled and the
+        channel closed, either of which makes the daemon return the GPUs to their default clocks.
+        """
+        link = self._link
+        try:
+            if link is not None:
+                link.stub.CloseSession(
+                    eerl_pb2.CloseSessionRequest(session_id=link.session_id),
+                    timeout=min(_TICKET_TIMEOUT_S, self._config.rpc_timeout_s),
+                )
+        except Exception:  # noqa: S110 - best effort on the way out; the stream's end closes it too
+            pass
+        try:
+            self._drop_link()
+        except Exception:  # pragma: no cover - closing a channel does not raise; never die louder
+            logger.debug("eerl: closing the session's channel failed", exc_info=True)
+        with self._queue_lock:
+            self._dead = True
+            for event in self._queue:
+                if event.done is not None:
+                    event.done.set()
+            self._queue.clear()
 
     def _step(self) -> None:
         link = self._link
@@ -236,7 +326,7 @@ class Sender:
             self._maybe_heartbeat(link)
             self._wake.wait(self._idle_wait_s(link))
             return
-        self._send(link, event, self._config.rpc_timeout_s)
+        self._handle(link, event, self._config.rpc_timeout_s)
 
     def _pop(self) -> Event | None:
         with self._queue_lock:
@@ -265,16 +355,18 @@ class Sender:
                     keep.append(event)
             self._queue = keep
 
-    def _warn_once(self, message: str) -> None:
-        if self._warned:
+    def _warn_once(self, message: str, key: str = "connection") -> None:
+        """Logs ``message`` as a warning the first time for ``key``, as debug after."""
+        if key in self._warned:
             logger.debug("eerl: %s", message)
             return
-        self._warned = True
-        logger.warning("eerl: %s; the job runs on without clock control and eerl keeps retrying", message)
+        self._warned.add(key)
+        logger.warning("eerl: %s", message)
 
     # -- session life ----------------------------------------------------------------------------------
 
     def _open(self) -> bool:
+        tickets, missing = self._claim_tickets()
         channel = make_channel(self._config)
         stub = eerl_pb2_grpc.PhaseServiceStub(channel)
         request = self._request
@@ -290,26 +382,80 @@ class Sender:
                     policy=eerl_pb2.Policy(throughput_threshold=request.throughput_threshold),
                     lease_ttl_s=self._config.lease_ttl_s,
                     client_name=request.client_name,
+                    claim_tickets=tickets,
                 ),
                 timeout=self._config.rpc_timeout_s,
             )
         except grpc.RpcError as e:
             channel.close()
             self._counters.connect_failures += 1
-            self._warn_once(f"cannot open a session with eerld at {self._config.target} ({_describe(e)})")
+            denial = self._denial(e)
+            for path, why in missing:  # the failure to open says what matters
+                logger.debug("eerl: no claim ticket from eerld's socket %s (%s)", path, why)
+            if denial is not None:  # retrying soon will not help: back off as far as allowed
+                self._backoff_s = self._config.reconnect_max_s
+                self._warn_once(
+                    f"{denial}; {_GRANT_HINT}. The job runs on without clock control; eerl retries every "
+                    f"{self._config.reconnect_max_s:g} s",
+                    key="denied",
+                )
+            else:
+                self._warn_once(
+                    f"cannot open a session with eerld at {self._config.target} ({_describe(e)}); {_RETRYING}"
+                )
             return False
         lease_ttl_s = reply.lease_ttl_s if reply.lease_ttl_s > 0 else 10.0
         link = _Link(channel, stub, reply.session_id, lease_ttl_s, epoch=next(self._epochs))
         self._link = link
         self._counters.opens += 1
         self._backoff_s = self._config.reconnect_initial_s
+        self._failures_in_a_row = 0
+        for path, why in missing:
+            self._warn_once(
+                f"no claim ticket from eerld's socket {path} ({why}); the session goes on without that "
+                "socket's GPUs",
+                key=f"ticket:{path}",
+            )
         self._attach(link)
         self._connected.set()
-        if self._counters.opens > 1 or self._warned:
+        if self._counters.opens > 1 or self._warned & {"connection", "denied"}:
             logger.info(
                 "eerl: session %s open with eerld at %s", _short(link.session_id), self._config.target
             )
         return True
+
+    def _claim_tickets(self) -> tuple[list[str], list[tuple[str, str]]]:
+        """A fresh ticket from each of the other worker sockets, and the sockets that gave none (why)."""
+        tickets: list[str] = []
+        missing: list[tuple[str, str]] = []
+        timeout_s = min(_TICKET_TIMEOUT_S, self._config.rpc_timeout_s)
+        for path in self._config.ticket_socket_paths:
+            channel = make_channel(self._config, socket_path=path)
+            try:
+                reply = eerl_pb2_grpc.PhaseServiceStub(channel).IssueClaimTicket(
+                    eerl_pb2.IssueClaimTicketRequest(), timeout=timeout_s
+                )
+            except grpc.RpcError as e:
+                missing.append((path, _describe(e)))
+                continue
+            finally:
+                channel.close()
+            if reply.ticket:
+                tickets.append(reply.ticket)
+        return tickets, missing
+
+    def _denial(self, error: grpc.RpcError) -> str | None:
+        """Why the daemon or the kernel refuses this client a session, or None for any other failure."""
+        code = error.code()
+        if code == grpc.StatusCode.PERMISSION_DENIED:
+            return f"eerld at {self._config.target} refused the session ({_describe(error)})"
+        path = self._config.socket_path
+        if code == grpc.StatusCode.UNAVAILABLE and path is not None and refused_by_kernel(path):
+            return (
+                f"permission denied connecting to eerld's socket {path} (its owner and mode decide who "
+                "may connect)"
+            )
+        return None
 
     def _attach(self, link: _Link) -> None:
         """Binds the session's life to a stream read by its own thread; heartbeats if there is none."""
@@ -369,15 +515,21 @@ class Sender:
 
     def _lose(self, reason: str) -> None:
         """Forgets the session: cancels its stream and closes its channel (the daemon then ends it)."""
+        if self._drop_link() is not None:
+            self._warn_once(f"lost the session with eerld at {self._config.target} ({reason}); {_RETRYING}")
+
+    def _drop_link(self) -> _Link | None:
+        """Forgets the session without a word: the daemon ends it when its stream or lease ends."""
         link = self._link
         if link is None:
-            return
+            return None
         self._link = None
         self._connected.clear()
+        self._failures_in_a_row = 0
         if link.attach_call is not None:
             _cancel(link.attach_call)
         link.channel.close()
-        self._warn_once(f"lost the session with eerld at {self._config.target} ({reason})")
+        return link
 
     def _shutdown(self) -> None:
         """Flushes queued events within ``close_timeout_s``, then closes the session."""
@@ -388,7 +540,7 @@ class Sender:
             event = self._pop()
             if event is None or remaining_s <= 0:
                 break
-            self._send(link, event, min(self._config.rpc_timeout_s, remaining_s))
+            self._handle(link, event, min(self._config.rpc_timeout_s, remaining_s))
         with self._queue_lock:
             for event in self._queue:
                 if event.done is not None:
@@ -412,50 +564,113 @@ class Sender:
 
     # -- events ----------------------------------------------------------------------------------------
 
-    def _send(self, link: _Link, event: Event, timeout_s: float) -> None:
+    def _handle(self, link: _Link, event: Event, timeout_s: float) -> None:
+        """Sends one event; an unexpected error while doing so costs that event, never the thread."""
         try:
-            if event.kind is None:
-                return
-            if event.begin:
-                if time.monotonic() - event.enqueued_s > self._config.stale_after_s:
-                    self._counters.stale += 1
-                    return
-                self._call(link, event, timeout_s)
-                link.open_phases.add(event.phase_id)
+            self._send(link, event, timeout_s)
+        except Exception:
+            self._counters.errors += 1
+            if "bug" in self._warned:
+                logger.debug("eerl: an unexpected error while sending a phase event", exc_info=True)
             else:
-                if event.phase_id not in link.open_phases:
-                    self._counters.stale += 1
-                    return
-                link.open_phases.discard(event.phase_id)
-                self._call(link, event, timeout_s)
-            self._counters.sent += 1
+                self._warned.add("bug")
+                logger.warning(
+                    "eerl: an unexpected error while sending a phase event; the event is dropped and eerl "
+                    "carries on (later ones: debug log)",
+                    exc_info=True,
+                )
+        finally:
+            if event.done is not None:
+                event.done.set()
+
+    def _send(self, link: _Link, event: Event, timeout_s: float) -> None:
+        kind = event.kind
+        if kind is None:
+            return
+        iteration = check_iteration(event.iteration)
+        if iteration is None:
+            self._counters.invalid += 1
+            if event.begin:  # its end is the same mistake: one word for both
+                self._note(Finding(Problem.BAD_ITERATION, f"iteration={_shown(event.iteration)}"), event)
+            return
+        if event.begin:
+            if time.monotonic() - event.enqueued_s > self._config.stale_after_s:
+                self._counters.stale += 1
+                return
+        else:
+            if event.phase_id not in link.open_phases:
+                self._counters.stale += 1
+                return
+            link.open_phases.discard(event.phase_id)
+        workload = self._checked(event)
+        session_id, kind_pb = link.session_id, KIND_TO_PB[kind]
+        try:
+            if event.begin:
+                reply = link.stub.BeginPhase(
+                    eerl_pb2.BeginPhaseRequest(
+                        session_id=session_id, kind=kind_pb, iteration=iteration, hints=workload
+                    ),
+                    timeout=timeout_s,
+                )
+                link.open_phases.add(event.phase_id)
+                if reply.resynced:
+                    self._counters.resyncs += 1
+                    logger.debug("eerl: eerld abandoned a phase it never saw end (%s %d)", kind, iteration)
+            else:
+                link.stub.EndPhase(
+                    eerl_pb2.EndPhaseRequest(
+                        session_id=session_id, kind=kind_pb, iteration=iteration, workload=workload
+                    ),
+                    timeout=timeout_s,
+                )
         except grpc.RpcError as e:
             self._counters.failed += 1
             if event.begin and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 link.open_phases.add(event.phase_id)  # the daemon most likely began it: let the end follow
             self._on_rpc_error(link, e, "BeginPhase" if event.begin else "EndPhase")
-        finally:
-            if event.done is not None:
-                event.done.set()
+            return
+        self._counters.sent += 1
+        self._failures_in_a_row = 0
 
-    def _call(self, link: _Link, event: Event, timeout_s: float) -> None:
-        assert event.kind is not None
-        kind = KIND_TO_PB[event.kind]
-        workload = _workload_pb(event.workload)
-        if event.begin:
-            link.stub.BeginPhase(
-                eerl_pb2.BeginPhaseRequest(
-                    session_id=link.session_id, kind=kind, iteration=event.iteration, hints=workload
-                ),
-                timeout=timeout_s,
-            )
-        else:
-            link.stub.EndPhase(
-                eerl_pb2.EndPhaseRequest(
-                    session_id=link.session_id, kind=kind, iteration=event.iteration, workload=workload
-                ),
-                timeout=timeout_s,
-            )
+    def _checked(self, event: Event) -> eerl_pb2.Workload | None:
+        """The event's workload as the daemon accepts it; counts and reports what had to change."""
+        if event.rejected:
+            self._counters.dropped_values += event.rejected
+            self._note(Finding(Problem.NOT_A_NUMBER, event.rejected_what), event)
+        if event.workload is None:
+            return None
+        checked = check_workload(event.workload)
+        if checked.findings:
+            self._counters.clamped_values += checked.clamped
+            self._counters.dropped_values += checked.dropped
+            for finding in checked.findings:
+                self._note(finding, event)
+        workload = checked.workload
+        return eerl_pb2.Workload(
+            tokens=workload.tokens,
+            valid_tokens=workload.valid_tokens,
+            sequences=workload.sequences,
+            max_response_tokens=workload.max_response_tokens,
+            prompt_tokens=workload.prompt_tokens,
+        )
+
+    def _note(self, finding: Finding, event: Event) -> None:
+        """One warning per kind of problem for the whole session; debug after that."""
+        kind = event.kind.value if event.kind is not None else "?"
+        where = f"a {kind} phase" if finding.problem is Problem.BAD_ITERATION else f"the {kind} phase of "
+        if finding.problem is not Problem.BAD_ITERATION:
+            where += f"iteration {event.iteration}"
+        key = f"value:{finding.problem.name}"
+        if key in self._warned:
+            logger.debug("eerl: %s in %s: %s", finding.what, where, finding.problem.value)
+            return
+        self._warned.add(key)
+        logger.warning(
+            "eerl: %s in %s: %s (eerl warns once per kind of problem; ClientStats counts them)",
+            finding.what,
+            where,
+            finding.problem.value,
+        )
 
     def _on_rpc_error(self, link: _Link, error: grpc.RpcError, rpc: str) -> None:
         code = error.code()
@@ -465,8 +680,17 @@ class Sender:
             self._lose(f"{rpc}: the daemon no longer knows the session ({_describe(error)})")
             self._backoff_s = self._config.reconnect_initial_s
         else:
-            # The daemon rejected this one event (order, range, deadline): drop it, keep the session.
-            logger.debug("eerl: %s rejected (%s)", rpc, _describe(error))
+            # The daemon refused this one event (order, range) or it ran past its deadline (a stalled
+            # daemon): drop it and keep the session, unless events keep failing.
+            self._failures_in_a_row += 1
+            logger.debug("eerl: %s failed (%s)", rpc, _describe(error))
+            if self._failures_in_a_row >= _FAILURES_BEFORE_REOPEN:
+                self._counters.resets += 1
+                self._lose(
+                    f"{self._failures_in_a_row} phase events in a row failed, the last {rpc}: "
+                    f"{_describe(error)}; the session is reopened"
+                )
+                self._backoff_s = self._config.reconnect_initial_s
 
 
 def _cancel(call: grpc.CallIterator[eerl_pb2.SessionEvent]) -> None:
@@ -477,16 +701,11 @@ def _gpu_ref(gpu: int | str) -> eerl_pb2.GpuRef:
     return eerl_pb2.GpuRef(index=gpu) if isinstance(gpu, int) else eerl_pb2.GpuRef(uuid=gpu)
 
 
-def _workload_pb(workload: Workload | None) -> eerl_pb2.Workload | None:
-    if workload is None:
-        return None
-    return eerl_pb2.Workload(
-        tokens=workload.tokens,
-        valid_tokens=workload.valid_tokens,
-        sequences=workload.sequences,
-        max_response_tokens=workload.max_response_tokens,
-        prompt_tokens=workload.prompt_tokens,
-    )
+def _shown(value: object) -> str:
+    """A reported value for a log line: its repr when short and plain, else its type."""
+    if isinstance(value, int | float | str) and len(text := repr(value)) <= 40:
+        return text
+    return f"<{type(value).__name__}>"
 
 
 def _describe(error: grpc.RpcError) -> str:

@@ -6,7 +6,10 @@ A :class:`ClientConfig` is frozen; build it with :meth:`ClientConfig.uds`, :meth
 Environment variables read by :meth:`ClientConfig.from_env`:
 
 ``EERL_DISABLE``    ``1``/``true``/``yes``/``on``: no connection at all; phases cost next to nothing.
-``EERL_SOCKET``     path of the daemon's worker socket (default ``/run/eerld/eerld.sock``).
+``EERL_SOCKET``     the daemon's worker socket, or a colon-separated list of them: the session is opened on
+                    the first, and each other one gives a claim ticket for its GPUs (default: discovered
+                    under ``EERL_RUN_DIR``, see :func:`discover_sockets`).
+``EERL_RUN_DIR``    where the daemon's sockets live (default ``/run/eerld``).
 ``EERL_ADDRESS``    ``host:port`` of the daemon over TCP (mutual TLS); wins over ``EERL_SOCKET``.
 ``EERL_TLS_CA``, ``EERL_TLS_CERT``, ``EERL_TLS_KEY``
                     PEM files for TCP: the CA that signed the daemon's certificate, and this client's
@@ -18,6 +21,7 @@ Environment variables read by :meth:`ClientConfig.from_env`:
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +31,12 @@ from eerl.errors import ConfigError
 from eerl.gpus import GpuId, parse_gpu_list
 
 DEFAULT_SOCKET_PATH = "/run/eerld/eerld.sock"
-"""Where the daemon's worker socket lives unless configured otherwise."""
+"""Where the daemon's shared worker socket lives unless configured otherwise."""
+DEFAULT_RUN_DIR = "/run/eerld"
+"""Where the daemon's sockets live: ``eerld.sock``, ``grants/<name>.sock``, ``gpus/<name>.sock``."""
+
+_GRANT_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+"""What the daemon accepts as a grant's name (a job id that does not fit cannot have a grant socket)."""
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"", "0", "false", "no", "off"})
@@ -44,6 +53,12 @@ class ClientConfig:
     waited longer than ``stale_after_s`` in the queue is dropped with its end (the daemon would meter a
     phase it did not see start), and reconnects back off from ``reconnect_initial_s`` to
     ``reconnect_max_s``. ``close_timeout_s`` bounds how long :meth:`Session.close` flushes.
+
+    Several worker sockets (per-GPU sockets, a grant and more): the session is opened on ``socket_path``;
+    before every open, each of ``ticket_socket_paths`` is asked for a claim ticket, which adds its GPUs
+    to those the session may claim. ``socket_paths`` lists them all, ``socket_path`` first. ``scoped``:
+    the session's socket is scoped (a grant's, a GPU's, or one of several), so a session may name no
+    GPUs and the daemon claims every GPU the socket and the tickets cover.
     """
 
     transport: Transport
@@ -62,10 +77,20 @@ class ClientConfig:
     close_timeout_s: float = 2.0
     lease_ttl_s: float = 0.0
     client_name: str = ""
+    ticket_socket_paths: tuple[str, ...] = ()
+    scoped: bool = False
 
     def __post_init__(self) -> None:
         if self.transport == "uds" and not self.socket_path:
             raise ConfigError("socket_path: required for a Unix-socket config")
+        if self.ticket_socket_paths:
+            if self.transport != "uds":
+                raise ConfigError("ticket_socket_paths: only with a Unix-socket config")
+            # Frozen: normalise through object.__setattr__ (a list given by hand becomes a tuple).
+            object.__setattr__(
+                self, "ticket_socket_paths", tuple(os.fspath(p) for p in self.ticket_socket_paths)
+            )
+            object.__setattr__(self, "scoped", True)  # several sockets: each one is scoped
         if self.transport == "tcp":
             if not self.address:
                 raise ConfigError("address: required for a TCP config")
@@ -89,16 +114,34 @@ class ClientConfig:
         """The gRPC target string of the daemon."""
         if self.transport == "uds":
             assert self.socket_path is not None
-            return "unix://" + os.path.abspath(self.socket_path)
+            return uds_target(self.socket_path)
         if self.transport == "tcp":
             assert self.address is not None
             return self.address
         return ""
 
+    @property
+    def socket_paths(self) -> tuple[str, ...]:
+        """Every worker socket of a Unix config, the session's (``socket_path``) first; else empty."""
+        if self.transport != "uds" or self.socket_path is None:
+            return ()
+        return (self.socket_path, *self.ticket_socket_paths)
+
     @classmethod
-    def uds(cls, path: str | os.PathLike[str] = DEFAULT_SOCKET_PATH) -> ClientConfig:
-        """The daemon on this node, over its Unix worker socket (the normal case)."""
-        return cls(transport="uds", socket_path=os.fspath(path))
+    def uds(
+        cls,
+        path: str | os.PathLike[str] = DEFAULT_SOCKET_PATH,
+        *more: str | os.PathLike[str],
+        scoped: bool = False,
+    ) -> ClientConfig:
+        """The daemon on this node, over its Unix worker socket (the normal case).
+
+        ``more``: other worker sockets of the same daemon, each asked for a claim ticket (the config is
+        then scoped). ``scoped``: ``path`` is a scoped socket (a grant's or a GPU's).
+        """
+        first = os.fspath(path)
+        others = tuple(dict.fromkeys(os.fspath(p) for p in more if os.fspath(p) != first))
+        return cls(transport="uds", socket_path=first, ticket_socket_paths=others, scoped=scoped)
 
     @classmethod
     def tcp(
@@ -146,8 +189,14 @@ class ClientConfig:
                 cert=Path(env["EERL_TLS_CERT"]),
                 key=Path(env["EERL_TLS_KEY"]),
             )
+        elif env.get("EERL_SOCKET", "").strip():
+            listed = [part.strip() for part in env["EERL_SOCKET"].split(":") if part.strip()]
+            if not listed:
+                raise ConfigError(f"EERL_SOCKET: {env['EERL_SOCKET']!r} names no socket")
+            base = cls.uds(*listed)
         else:
-            base = cls.uds(env.get("EERL_SOCKET") or DEFAULT_SOCKET_PATH)
+            found, scoped = discover_sockets(env)
+            base = cls.uds(*found, scoped=scoped)
         return cls(
             transport=base.transport,
             socket_path=base.socket_path,
@@ -157,7 +206,39 @@ class ClientConfig:
             private_key_pem=base.private_key_pem,
             job_id=job_id,
             gpus=gpus,
+            ticket_socket_paths=base.ticket_socket_paths,
+            scoped=base.scoped,
         )
+
+
+def discover_sockets(environ: Mapping[str, str] | None = None) -> tuple[tuple[str, ...], bool]:
+    """The worker sockets to use when ``EERL_SOCKET`` is unset, and whether they are scoped.
+
+    Under ``EERL_RUN_DIR`` (default ``/run/eerld``), the first that exists of: (a) this job's grant,
+    ``grants/job-<job id>.sock`` (``EERL_JOB_ID``, else ``SLURM_JOB_ID``); (b) every per-GPU socket,
+    ``gpus/*.sock``, sorted (Kubernetes mounts a container exactly its GPUs' sockets); (c) the shared
+    ``eerld.sock``, not scoped, which is also the answer when nothing exists yet.
+    """
+    env = os.environ if environ is None else environ
+    run_dir = env.get("EERL_RUN_DIR") or DEFAULT_RUN_DIR
+    job_id = env.get("EERL_JOB_ID") or env.get("SLURM_JOB_ID")
+    if job_id and _GRANT_NAME.fullmatch(f"job-{job_id}"):
+        grant = os.path.join(run_dir, "grants", f"job-{job_id}.sock")
+        if os.path.exists(grant):
+            return (grant,), True
+    gpu_dir = os.path.join(run_dir, "gpus")
+    try:
+        names = sorted(name for name in os.listdir(gpu_dir) if name.endswith(".sock"))
+    except OSError:  # absent, or not readable by this user
+        names = []
+    if names:
+        return tuple(os.path.join(gpu_dir, name) for name in names), True
+    return (os.path.join(run_dir, "eerld.sock"),), False
+
+
+def uds_target(path: str) -> str:
+    """The gRPC target of a Unix socket path."""
+    return "unix://" + os.path.abspath(path)
 
 
 def _pem(value: bytes | str | os.PathLike[str], name: str) -> bytes:

@@ -24,6 +24,7 @@ from types import TracebackType
 from typing import ParamSpec, TypeVar
 
 from eerl._sender import ClientStats, Event, OpenRequest, Sender
+from eerl._validate import MAX_ITERATION, to_count
 from eerl._version import __version__
 from eerl.config import ClientConfig
 from eerl.errors import ConfigError
@@ -49,7 +50,14 @@ _DISABLED_STATS = ClientStats(
     failed_events=0,
     opens=0,
     connect_failures=0,
+    clamped_values=0,
+    dropped_values=0,
+    invalid_events=0,
+    resyncs=0,
+    resets=0,
+    sender_errors=0,
 )
+_FIELDS = ("tokens", "valid_tokens", "sequences", "max_response_tokens", "prompt_tokens")
 
 
 class Phase:
@@ -67,6 +75,8 @@ class Phase:
         "_max_response_tokens",
         "_phase_id",
         "_prompt_tokens",
+        "_rejected",
+        "_rejected_what",
         "_sequences",
         "_session",
         "_tokens",
@@ -95,6 +105,8 @@ class Phase:
         self._sequences = 0
         self._max_response_tokens = 0
         self._prompt_tokens = 0
+        self._rejected = 0
+        self._rejected_what = ""
 
     @property
     def kind(self) -> PhaseKind:
@@ -114,12 +126,39 @@ class Phase:
         max_response_tokens: int = 0,
         prompt_tokens: int = 0,
     ) -> None:
-        """Adds to the phase's workload (``max_response_tokens`` keeps the largest value reported)."""
-        self._tokens += int(tokens)
-        self._valid_tokens += int(valid_tokens)
-        self._sequences += int(sequences)
-        self._max_response_tokens = max(self._max_response_tokens, int(max_response_tokens))
-        self._prompt_tokens += int(prompt_tokens)
+        """Adds to the phase's workload (``max_response_tokens`` keeps the largest value reported).
+
+        Never raises. A value that is not a whole number (a NumPy or PyTorch integer scalar and an
+        integral float are) is dropped; the totals are checked against the daemon's limits when the phase
+        ends, and a bad one is clamped or dropped with one warning per kind (see ``docs/client.md``).
+        """
+        if (
+            type(tokens) is int
+            and type(valid_tokens) is int
+            and type(sequences) is int
+            and type(max_response_tokens) is int
+            and type(prompt_tokens) is int
+        ):
+            self._tokens += tokens
+            self._valid_tokens += valid_tokens
+            self._sequences += sequences
+            self._max_response_tokens = max(self._max_response_tokens, max_response_tokens)
+            self._prompt_tokens += prompt_tokens
+            return
+        self._report_numbers(tokens, valid_tokens, sequences, max_response_tokens, prompt_tokens)
+
+    def _report_numbers(self, *values: object) -> None:
+        """The slow path of :meth:`report`: values that are not plain ints, converted or dropped."""
+        counts: list[int] = []
+        for name, value in zip(_FIELDS, values, strict=True):
+            count = to_count(value)
+            if count is None:
+                self._rejected += 1
+                if not self._rejected_what:
+                    self._rejected_what = f"{name} of type {type(value).__name__}"
+                count = 0
+            counts.append(count)
+        self.report(*counts)
 
     @property
     def workload(self) -> Workload:
@@ -167,7 +206,8 @@ class Session:
     """A job's claim on its GPUs at the daemon, kept alive by the background sender.
 
     Use it as a context manager, or call :meth:`close`. A disabled session (``EERL_DISABLE=1``, no GPUs
-    named, or a configuration it could not read) accepts the same calls and does nothing.
+    named on the shared socket, or a configuration it could not read) accepts the same calls and does
+    nothing.
     """
 
     def __init__(self, sender: Sender | None, *, gpus: tuple[GpuId, ...] = (), job_id: str = "") -> None:
@@ -213,6 +253,8 @@ class Session:
         is known before the phase starts (it helps the controller choose). ``wait_for_clock_s`` > 0
         waits, at most that long, until the daemon has applied the phase's clock.
         """
+        if hints is not None and not isinstance(hints, Workload):
+            raise ConfigError(f"hints: {type(hints).__name__} is not an eerl.Workload")
         return Phase(self, PhaseKind.parse(kind), iteration, hints, max(0.0, wait_for_clock_s))
 
     def report(
@@ -270,11 +312,17 @@ class Session:
 
     # -- called by Phase -----------------------------------------------------------------------------
 
-    def _begin(self, phase: Phase, iteration: int | None) -> None:
+    def _begin(self, phase: Phase, given: object) -> None:
         kind = phase._kind
-        if iteration is None:
+        if given is None:
             iteration = self._next_iteration.get(kind, 0)
-        self._next_iteration[kind] = iteration + 1
+        elif type(given) is int:
+            iteration = given
+        else:  # a NumPy integer, say; the sender drops the phase if this is -1 (with one warning)
+            converted = to_count(given)
+            iteration = converted if converted is not None else -1
+        if 0 <= iteration <= MAX_ITERATION:
+            self._next_iteration[kind] = iteration + 1
         phase._iteration = iteration
         phase._phase_id = next(self._phase_ids)
         stack: list[Phase] | None = getattr(self._local, "stack", None)
@@ -286,7 +334,8 @@ class Session:
             return
         wait_s = phase._wait_for_clock_s
         done = threading.Event() if wait_s > 0 and sender.connected else None
-        sender.submit(Event(True, kind, iteration, phase._phase_id, phase.hints, time.monotonic(), done))
+        shown = iteration if given is None or iteration >= 0 else given  # named by the sender if it drops it
+        sender.submit(Event(True, kind, shown, phase._phase_id, phase.hints, time.monotonic(), done))
         if done is not None:
             done.wait(wait_s)
 
@@ -300,7 +349,17 @@ class Session:
         if sender is None or self._closed:
             return
         sender.submit(
-            Event(False, phase._kind, phase._iteration, phase._phase_id, phase.workload, time.monotonic())
+            Event(
+                False,
+                phase._kind,
+                phase._iteration,
+                phase._phase_id,
+                phase.workload,
+                time.monotonic(),
+                None,
+                phase._rejected,
+                phase._rejected_what,
+            )
         )
 
 
@@ -318,6 +377,8 @@ def connect(
     """Opens a session with the node's daemon in the background and returns at once.
 
     ``gpus``: indices or UUIDs; default ``config.gpus`` (``EERL_GPUS``), else ``CUDA_VISIBLE_DEVICES``.
+    On a scoped socket (``config.scoped``) none may be named: the daemon then claims every GPU the socket
+    and the claim tickets cover.
     ``job_id``: default ``config.job_id`` (``EERL_JOB_ID``), else ``SLURM_JOB_ID``, else host and pid.
     ``config``: default :meth:`ClientConfig.from_env`. ``threshold``: the minimum throughput, as a
     fraction of the default clocks' (daemon default when None).
@@ -346,7 +407,8 @@ def connect(
     except ConfigError as e:
         logger.warning("eerl: %s; eerl is off for this job", e)
         return Session(None)
-    if not chosen_gpus:
+    if not chosen_gpus and not config.scoped:
+        # Only a scoped socket (a grant's, a GPU's, or several) knows which GPUs are this job's.
         logger.warning(
             "eerl: no GPUs named (gpus=, EERL_GPUS or CUDA_VISIBLE_DEVICES); eerl is off for this job"
         )

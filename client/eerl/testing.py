@@ -3,7 +3,8 @@
 :class:`FakeDaemon` serves ``PhaseService`` on a real gRPC server over a Unix socket and records every
 call, so a test can check what a job told the daemon without a daemon, a GPU, or root. It can be stopped
 and started again on the same socket to play a daemon that dies and comes back; a restarted fake forgets
-its sessions, as a restarted daemon does. Import it explicitly: ``from eerl.testing import FakeDaemon``.
+its sessions, as a restarted daemon does. :meth:`FakeDaemon.refuse` and :meth:`FakeDaemon.delay` play a
+daemon that refuses or stalls calls. Import it explicitly: ``from eerl.testing import FakeDaemon``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,20 @@ class RecordedSession:
     attached: bool = False
     closed: bool = False
     heartbeats: int = 0
+    running: bool = False
+    """A phase began and has not ended (the next begin answers ``resynced``)."""
+
+    @property
+    def claim_tickets(self) -> tuple[str, ...]:
+        """The claim tickets the session was opened with."""
+        return tuple(self.request.claim_tickets)
+
+
+@dataclass(slots=True)
+class _Refusal:
+    code: grpc.StatusCode
+    details: str
+    times: int | None
 
 
 @dataclass(slots=True)
@@ -53,15 +68,36 @@ class _State:
     phases: list[RecordedPhase] = field(default_factory=list)
     live: set[str] = field(default_factory=set)
     stopping: threading.Event = field(default_factory=threading.Event)
+    tickets: list[str] = field(default_factory=list)
+    calls: dict[str, int] = field(default_factory=dict)
+    refusals: dict[str, _Refusal] = field(default_factory=dict)
+    delays_s: dict[str, float] = field(default_factory=dict)
 
 
 class _Servicer(eerl_pb2_grpc.PhaseServiceServicer):
     """Records calls; rejects unknown sessions with NOT_FOUND as the daemon does."""
 
-    def __init__(self, state: _State, *, attach: bool, begin_delay_s: float) -> None:
+    def __init__(self, state: _State, *, attach: bool, begin_delay_s: float, scoped: bool) -> None:
         self._state = state
         self._attach = attach
         self._begin_delay_s = begin_delay_s
+        self._scoped = scoped
+
+    def _enter(self, method: str, context: grpc.ServicerContext) -> None:
+        """Counts the call, then plays the delay and the refusal set for ``method``."""
+        with self._state.lock:
+            self._state.calls[method] = self._state.calls.get(method, 0) + 1
+            delay_s = self._state.delays_s.get(method, 0.0)
+        if delay_s:
+            self._state.stopping.wait(delay_s)
+        with self._state.lock:
+            refusal = self._state.refusals.get(method)
+            if refusal is not None and refusal.times is not None:
+                refusal.times -= 1
+                if refusal.times <= 0:
+                    del self._state.refusals[method]
+        if refusal is not None:
+            context.abort(refusal.code, refusal.details)
 
     def _known(self, session_id: str, context: grpc.ServicerContext) -> RecordedSession:
         with self._state.lock:
@@ -74,7 +110,8 @@ class _Servicer(eerl_pb2_grpc.PhaseServiceServicer):
     def OpenSession(  # noqa: N802 - gRPC method names are the proto's
         self, request: eerl_pb2.OpenSessionRequest, context: grpc.ServicerContext
     ) -> eerl_pb2.OpenSessionResponse:
-        if not request.gpus:
+        self._enter("OpenSession", context)
+        if not request.gpus and not self._scoped:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "gpus: at least one GPU")
         session_id = secrets.token_hex(16)
         with self._state.lock:
@@ -87,6 +124,7 @@ class _Servicer(eerl_pb2_grpc.PhaseServiceServicer):
     def Attach(  # noqa: N802 - gRPC method names are the proto's
         self, request: eerl_pb2.AttachRequest, context: grpc.ServicerContext
     ) -> Iterator[eerl_pb2.SessionEvent]:
+        self._enter("Attach", context)
         if not self._attach:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "no Attach here")
         session = self._known(request.session_id, context)
@@ -101,22 +139,29 @@ class _Servicer(eerl_pb2_grpc.PhaseServiceServicer):
     def BeginPhase(  # noqa: N802 - gRPC method names are the proto's
         self, request: eerl_pb2.BeginPhaseRequest, context: grpc.ServicerContext
     ) -> eerl_pb2.BeginPhaseResponse:
-        self._known(request.session_id, context)
+        self._enter("BeginPhase", context)
+        session = self._known(request.session_id, context)
         if self._begin_delay_s:
             time.sleep(self._begin_delay_s)
         self._record(request.session_id, True, request.kind, request.iteration, request.hints)
-        return eerl_pb2.BeginPhaseResponse()
+        with self._state.lock:
+            resynced, session.running = session.running, True
+        return eerl_pb2.BeginPhaseResponse(resynced=resynced)
 
     def EndPhase(  # noqa: N802 - gRPC method names are the proto's
         self, request: eerl_pb2.EndPhaseRequest, context: grpc.ServicerContext
     ) -> eerl_pb2.EndPhaseResponse:
-        self._known(request.session_id, context)
+        self._enter("EndPhase", context)
+        session = self._known(request.session_id, context)
         self._record(request.session_id, False, request.kind, request.iteration, request.workload)
+        with self._state.lock:
+            session.running = False
         return eerl_pb2.EndPhaseResponse()
 
     def Heartbeat(  # noqa: N802 - gRPC method names are the proto's
         self, request: eerl_pb2.HeartbeatRequest, context: grpc.ServicerContext
     ) -> eerl_pb2.HeartbeatResponse:
+        self._enter("Heartbeat", context)
         session = self._known(request.session_id, context)
         with self._state.lock:
             session.heartbeats += 1
@@ -125,11 +170,21 @@ class _Servicer(eerl_pb2_grpc.PhaseServiceServicer):
     def CloseSession(  # noqa: N802 - gRPC method names are the proto's
         self, request: eerl_pb2.CloseSessionRequest, context: grpc.ServicerContext
     ) -> eerl_pb2.CloseSessionResponse:
+        self._enter("CloseSession", context)
         session = self._known(request.session_id, context)
         with self._state.lock:
             session.closed = True
             self._state.live.discard(request.session_id)
         return eerl_pb2.CloseSessionResponse()
+
+    def IssueClaimTicket(  # noqa: N802 - gRPC method names are the proto's
+        self, request: eerl_pb2.IssueClaimTicketRequest, context: grpc.ServicerContext
+    ) -> eerl_pb2.IssueClaimTicketResponse:
+        self._enter("IssueClaimTicket", context)
+        ticket = secrets.token_urlsafe(24)
+        with self._state.lock:
+            self._state.tickets.append(ticket)
+        return eerl_pb2.IssueClaimTicketResponse(ticket=ticket, expires_in_s=30.0)
 
     def _record(
         self,
@@ -160,13 +215,22 @@ class FakeDaemon:
     """A recording ``PhaseService`` on a Unix socket; a context manager that starts and stops it.
 
     ``attach=False`` plays a daemon without the Attach stream (the client must heartbeat);
-    ``begin_delay_s`` plays a slow daemon.
+    ``begin_delay_s`` plays a slow daemon; ``scoped=True`` plays a scoped worker socket (a grant's or a
+    GPU's), where OpenSession may name no GPUs. ``IssueClaimTicket`` answers a fresh random ticket.
     """
 
-    def __init__(self, socket_path: str | Path, *, attach: bool = True, begin_delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        socket_path: str | Path,
+        *,
+        attach: bool = True,
+        begin_delay_s: float = 0.0,
+        scoped: bool = False,
+    ) -> None:
         self.socket_path = Path(socket_path)
         self._attach = attach
         self._begin_delay_s = begin_delay_s
+        self._scoped = scoped
         self._state = _State()
         self._server: grpc.Server | None = None
 
@@ -184,7 +248,10 @@ class FakeDaemon:
             self._state.live.clear()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
         eerl_pb2_grpc.add_PhaseServiceServicer_to_server(
-            _Servicer(self._state, attach=self._attach, begin_delay_s=self._begin_delay_s), server
+            _Servicer(
+                self._state, attach=self._attach, begin_delay_s=self._begin_delay_s, scoped=self._scoped
+            ),
+            server,
         )
         self.socket_path.unlink(missing_ok=True)
         server.add_insecure_port(f"unix://{self.socket_path.absolute()}")
@@ -223,6 +290,41 @@ class FakeDaemon:
         """Every phase event received so far, in arrival order."""
         with self._state.lock:
             return list(self._state.phases)
+
+    @property
+    def tickets_issued(self) -> list[str]:
+        """Every claim ticket IssueClaimTicket has answered, oldest first."""
+        with self._state.lock:
+            return list(self._state.tickets)
+
+    def calls(self, method: str) -> int:
+        """How many calls of ``method`` (``"OpenSession"``, ``"EndPhase"``, …) arrived, refused ones too."""
+        with self._state.lock:
+            return self._state.calls.get(method, 0)
+
+    def refuse(
+        self,
+        method: str,
+        code: grpc.StatusCode,
+        details: str = "refused by the fake daemon",
+        *,
+        times: int | None = None,
+    ) -> None:
+        """Makes the next ``times`` calls of ``method`` fail with ``code`` (every call, when None, until
+        :meth:`heal`); e.g. ``refuse("EndPhase", grpc.StatusCode.FAILED_PRECONDITION, times=1)``."""
+        with self._state.lock:
+            self._state.refusals[method] = _Refusal(code, details, times)
+
+    def delay(self, method: str, seconds: float) -> None:
+        """Makes every call of ``method`` take ``seconds`` longer (a stalled daemon), until :meth:`heal`."""
+        with self._state.lock:
+            self._state.delays_s[method] = seconds
+
+    def heal(self) -> None:
+        """Ends every refusal and delay."""
+        with self._state.lock:
+            self._state.refusals.clear()
+            self._state.delays_s.clear()
 
     def live_sessions(self) -> list[str]:
         """Ids of the sessions neither closed nor ended by their stream."""

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
 from eerl import DEFAULT_SOCKET_PATH, ClientConfig, ConfigError
+from eerl.config import DEFAULT_RUN_DIR, discover_sockets
 
 
 class TestBuilders:
@@ -51,8 +53,42 @@ class TestBuilders:
         with pytest.raises(ConfigError, match="queue_size"):
             dataclasses.replace(ClientConfig.uds(), queue_size=1)
 
+    def test_uds_with_several_sockets_opens_on_the_first_and_is_scoped(self) -> None:
+        config = ClientConfig.uds(
+            "/r/gpus/a.sock", Path("/r/gpus/b.sock"), "/r/gpus/a.sock", "/r/gpus/b.sock"
+        )
+        assert (config.socket_path, config.ticket_socket_paths, config.scoped) == (
+            "/r/gpus/a.sock",
+            ("/r/gpus/b.sock",),
+            True,
+        )
+        assert config.socket_paths == ("/r/gpus/a.sock", "/r/gpus/b.sock")
+
+    def test_one_socket_is_the_shared_one_unless_said_otherwise(self) -> None:
+        assert not ClientConfig.uds("/r/eerld.sock").scoped
+        assert ClientConfig.uds("/r/grants/job-1.sock", scoped=True).scoped
+
+    def test_ticket_sockets_given_as_a_list_become_a_tuple_and_make_the_config_scoped(self) -> None:
+        config = ClientConfig(transport="uds", socket_path="/a.sock", ticket_socket_paths=["/b.sock"])  # type: ignore[arg-type]
+        assert (config.ticket_socket_paths, config.scoped) == (("/b.sock",), True)
+
+    def test_ticket_sockets_need_a_unix_socket_config(self) -> None:
+        with pytest.raises(ConfigError, match="ticket_socket_paths"):
+            ClientConfig(
+                transport="tcp",
+                address="n:1",
+                root_cert_pem=b"C",
+                cert_chain_pem=b"C",
+                private_key_pem=b"K",
+                ticket_socket_paths=("/b.sock",),
+            )
+
 
 class TestFromEnv:
+    @pytest.mark.skipif(
+        any(os.path.exists(os.path.join(DEFAULT_RUN_DIR, d)) for d in ("gpus", "grants")),
+        reason="this machine runs eerld with scoped sockets",
+    )
     def test_an_empty_environment_means_the_default_socket(self) -> None:
         config = ClientConfig.from_env({})
         assert (config.transport, config.socket_path, config.gpus, config.job_id) == (
@@ -63,7 +99,20 @@ class TestFromEnv:
         )
 
     def test_eerl_socket_moves_the_socket(self) -> None:
-        assert ClientConfig.from_env({"EERL_SOCKET": "/tmp/x.sock"}).socket_path == "/tmp/x.sock"
+        config = ClientConfig.from_env({"EERL_SOCKET": "/tmp/x.sock"})
+        assert (config.socket_paths, config.scoped) == (("/tmp/x.sock",), False)
+
+    def test_eerl_socket_may_list_sockets_the_session_opening_on_the_first(self) -> None:
+        config = ClientConfig.from_env({"EERL_SOCKET": "/r/gpus/a.sock: /r/gpus/b.sock:/r/gpus/c.sock"})
+        assert (config.socket_path, config.ticket_socket_paths, config.scoped) == (
+            "/r/gpus/a.sock",
+            ("/r/gpus/b.sock", "/r/gpus/c.sock"),
+            True,
+        )
+
+    def test_an_eerl_socket_that_names_no_socket_is_an_error(self) -> None:
+        with pytest.raises(ConfigError, match="EERL_SOCKET"):
+            ClientConfig.from_env({"EERL_SOCKET": " : "})
 
     @pytest.mark.parametrize("value", ["1", "true", "YES", "on"])
     def test_eerl_disable_disables(self, value: str) -> None:
@@ -98,3 +147,56 @@ class TestFromEnv:
             }
         )
         assert (config.transport, config.target, config.private_key_pem) == ("tcp", "node1:50051", b"key")
+
+
+def _socket_file(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+    return path
+
+
+class TestDiscovery:
+    def test_with_nothing_there_it_is_the_shared_socket(self, tmp_path: Path) -> None:
+        assert discover_sockets({"EERL_RUN_DIR": str(tmp_path)}) == ((str(tmp_path / "eerld.sock"),), False)
+
+    def test_the_default_run_dir_holds_the_default_socket(self) -> None:
+        assert os.path.join(DEFAULT_RUN_DIR, "eerld.sock") == DEFAULT_SOCKET_PATH
+
+    def test_per_gpu_sockets_are_all_used_sorted_and_scoped(self, tmp_path: Path) -> None:
+        _socket_file(tmp_path / "eerld.sock")
+        for name in ("gpu-GPU-bb.sock", "gpu-GPU-aa.sock", "README"):
+            _socket_file(tmp_path / "gpus" / name)
+        config = ClientConfig.from_env({"EERL_RUN_DIR": str(tmp_path)})
+        assert config.socket_paths == (
+            str(tmp_path / "gpus/gpu-GPU-aa.sock"),
+            str(tmp_path / "gpus/gpu-GPU-bb.sock"),
+        )
+        assert config.scoped
+
+    def test_the_jobs_grant_wins_over_per_gpu_sockets(self, tmp_path: Path) -> None:
+        grant = _socket_file(tmp_path / "grants" / "job-4711.sock")
+        _socket_file(tmp_path / "gpus" / "gpu-GPU-aa.sock")
+        config = ClientConfig.from_env({"EERL_RUN_DIR": str(tmp_path), "EERL_JOB_ID": "4711"})
+        assert (config.socket_paths, config.scoped) == ((str(grant),), True)
+
+    def test_the_slurm_job_id_finds_the_grant_when_eerl_job_id_is_unset(self, tmp_path: Path) -> None:
+        grant = _socket_file(tmp_path / "grants" / "job-99.sock")
+        assert discover_sockets({"EERL_RUN_DIR": str(tmp_path), "SLURM_JOB_ID": "99"}) == (
+            (str(grant),),
+            True,
+        )
+
+    def test_another_jobs_grant_is_not_used(self, tmp_path: Path) -> None:
+        _socket_file(tmp_path / "grants" / "job-1.sock")
+        found = discover_sockets({"EERL_RUN_DIR": str(tmp_path), "EERL_JOB_ID": "2"})
+        assert found == ((str(tmp_path / "eerld.sock"),), False)
+
+    def test_a_job_id_that_is_no_grant_name_never_becomes_a_path(self, tmp_path: Path) -> None:
+        _socket_file(tmp_path / "elsewhere.sock")
+        found = discover_sockets({"EERL_RUN_DIR": str(tmp_path / "run"), "EERL_JOB_ID": "../../elsewhere"})
+        assert found == ((str(tmp_path / "run" / "eerld.sock"),), False)
+
+    def test_eerl_socket_wins_over_discovery(self, tmp_path: Path) -> None:
+        _socket_file(tmp_path / "gpus" / "gpu-GPU-aa.sock")
+        config = ClientConfig.from_env({"EERL_RUN_DIR": str(tmp_path), "EERL_SOCKET": "/x.sock"})
+        assert (config.socket_paths, config.scoped) == (("/x.sock",), False)

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import eerl
+import grpc
+import pytest
+from eerl import ClientConfig
+from eerl.v1 import eerl_pb2, eerl_pb2_grpc
 
 from eerld.control.base import PhaseKind as DaemonPhaseKind
+from eerld.testing import DaemonHandle, FakeGpuBackend, running_daemon
 
 from .conftest import SimDaemon
 
@@ -68,3 +76,56 @@ class TestRealDaemon:
             (DaemonPhaseKind.GENERATION, 0, 5),
             (DaemonPhaseKind.GENERATION, 1, 6),
         ]
+
+
+def _discovered(run_dir: Path, **env: str) -> ClientConfig:
+    config = ClientConfig.from_env({"EERL_RUN_DIR": str(run_dir), **env})
+    return dataclasses.replace(config, reconnect_initial_s=0.05, reconnect_max_s=0.5)
+
+
+def _grant(handle: DaemonHandle, job_id: str, gpus: list[int]) -> None:
+    with grpc.insecure_channel(f"unix:{handle.admin_socket_path}") as channel:
+        request = eerl_pb2.GrantRequest(gpus=[eerl_pb2.GpuRef(index=i) for i in gpus], uid=0, job_id=job_id)
+        eerl_pb2_grpc.AdminServiceStub(channel).Grant(request, timeout=10)
+
+
+class TestScopedSockets:
+    def test_on_per_gpu_sockets_a_job_that_names_no_gpu_claims_each_socket_it_finds(
+        self, socket_dir: Path
+    ) -> None:
+        fake = FakeGpuBackend(3)
+        with running_daemon(
+            socket_dir, backend=fake, tenancy="multi", gpu_socket_dir=socket_dir / "gpus"
+        ) as handle:
+            config = _discovered(socket_dir)
+            assert len(config.socket_paths) == 3
+            with eerl.connect(job_id="k8s-job", config=config) as session:
+                assert session.wait_until_connected(5)
+                assert [s.gpu_indices for s in handle.daemon.sessions()] == [(0, 1, 2)]
+                with session.phase("training", iteration=0):
+                    assert _wait(lambda: fake.locked() == {0: 1500, 1: 1500, 2: 1500})
+
+    def test_a_job_finds_its_grant_and_claims_the_grants_gpus(self, socket_dir: Path) -> None:
+        fake = FakeGpuBackend(4)
+        with running_daemon(socket_dir, backend=fake, tenancy="multi") as handle:
+            _grant(handle, "4711", [1, 3])
+            config = _discovered(socket_dir, SLURM_JOB_ID="4711")
+            assert config.socket_paths == (str(socket_dir / "grants" / "job-4711.sock"),)
+            with eerl.connect(job_id="4711", config=config) as session:
+                assert session.wait_until_connected(5)
+                assert [s.gpu_indices for s in handle.daemon.sessions()] == [(1, 3)]
+
+    def test_the_shared_socket_of_a_multi_tenant_node_refuses_with_one_warning_and_a_hint(
+        self, socket_dir: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        with running_daemon(socket_dir, backend=FakeGpuBackend(1), tenancy="multi") as handle:
+            config = dataclasses.replace(ClientConfig.uds(handle.socket_path), reconnect_initial_s=0.01)
+            with eerl.connect(gpus=[0], job_id="j", config=config) as session:
+                assert _wait(lambda: session.stats().connect_failures >= 1)
+                assert handle.daemon.sessions() == ()
+        warnings = [
+            r.getMessage() for r in caplog.records if r.name == "eerl" and r.levelno >= logging.WARNING
+        ]
+        assert len(warnings) == 1
+        assert "refused the session (PERMISSION_DENIED: this node is multi-tenant" in warnings[0]
+        assert "ask for a grant: eerlctl grant, see docs/security.md" in warnings[0]

@@ -130,6 +130,10 @@ class TestPhases:
             assert session.flush(5)
         assert [(p.begin, p.workload.tokens) for p in fake.phases] == [(True, 0), (False, 1)]
 
+    def test_hints_that_are_no_workload_are_the_callers_error(self, config: ClientConfig) -> None:
+        with eerl.connect(gpus=[0], config=config) as session, pytest.raises(ConfigError, match="hints"):
+            session.phase("generation", hints={"tokens": 5})  # type: ignore[arg-type]
+
     def test_an_unknown_phase_kind_is_the_callers_error(self, config: ClientConfig) -> None:
         with eerl.connect(gpus=[0], config=config) as session, pytest.raises(ConfigError, match="phase kind"):
             session.phase("evaluation")
