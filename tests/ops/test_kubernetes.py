@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import os
+import posixpath
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from eerl.config import DEFAULT_RUN_DIR
 from kubernetes import client as k8s
 
+from eerld.cdi import load_spec, patch_spec
 from eerld.config import load_config
 from eerld.ctl import _parser as eerlctl_parser
 
@@ -119,8 +129,8 @@ class TestDaemonSet:
         readiness = eerlctl_parser().parse_args(container["readinessProbe"]["exec"]["command"][1:])
         assert readiness.socket == str(config.socket_path)
 
-    def test_state_survives_restarts_and_the_worker_socket_is_on_the_host(self) -> None:
-        """The ledger is on a hostPath; /run/eerld is the host's; the admin socket is not."""
+    def test_state_survives_restarts_and_the_worker_sockets_are_on_the_host(self) -> None:
+        """The ledger is on a hostPath; /run/eerld (worker sockets) is the host's; the admin socket is not."""
         pod = self.pod()
         host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
         mounts = {m["mountPath"]: m["name"] for m in self.container()["volumeMounts"]}
@@ -128,17 +138,120 @@ class TestDaemonSet:
         assert host_paths[mounts["/run/eerld"]] == "/run/eerld"
         assert mounts["/run/eerld-admin"] not in host_paths
 
+    def test_is_multi_tenant_with_per_gpu_sockets_at_the_same_path_on_the_host(self) -> None:
+        """--tenancy=multi; --gpu-socket-dir is in a hostPath mounted at its own host path, as CDI needs."""
+        config = load_config(self.container()["args"])
+        assert (config.tenancy, str(config.gpu_socket_dir)) == ("multi", "/run/eerld/gpus")
+        host_paths = {v["name"]: v["hostPath"]["path"] for v in self.pod()["volumes"] if "hostPath" in v}
+        (mount,) = (
+            m
+            for m in self.container()["volumeMounts"]
+            if str(config.gpu_socket_dir).startswith(m["mountPath"] + "/")
+        )
+        assert host_paths[mount["name"]] == mount["mountPath"]
+
+
+class TestCdiSidecar:
+    def pod(self) -> dict[str, Any]:
+        spec: dict[str, Any] = one("DaemonSet")["spec"]["template"]["spec"]
+        return spec
+
+    def sidecar(self) -> dict[str, Any]:
+        (container,) = (c for c in self.pod()["initContainers"] if c["name"] == "cdi-sockets")
+        return container  # type: ignore[no-any-return]
+
+    def env(self) -> dict[str, str]:
+        return {e["name"]: e["value"] for e in self.sidecar()["env"]}
+
+    def test_is_a_native_sidecar_without_gpus(self) -> None:
+        """An init container with restartPolicy Always, so it runs beside eerld, and it takes no GPU."""
+        sidecar = self.sidecar()
+        assert sidecar["restartPolicy"] == "Always"
+        assert self.env()["NVIDIA_VISIBLE_DEVICES"] == "void"
+        assert "nvidia.com/gpu" not in str(sidecar["resources"])
+
+    def test_patches_the_socket_directory_that_eerld_serves(self) -> None:
+        """Its socket directory is eerld's --gpu-socket-dir, seen read-only through the same host volume."""
+        eerld = self.pod()["containers"][0]
+        assert self.env()["EERL_GPU_SOCKET_DIR"] == str(load_config(eerld["args"]).gpu_socket_dir)
+        mounts = {m["mountPath"]: m for m in self.sidecar()["volumeMounts"]}
+        eerld_mounts = {m["mountPath"]: m["name"] for m in eerld["volumeMounts"]}
+        assert mounts["/run/eerld"]["name"] == eerld_mounts["/run/eerld"]
+        assert mounts["/run/eerld"]["readOnly"] is True
+
+    def test_writes_the_hosts_cdi_directory_without_any_capability(self) -> None:
+        """The specs it patches are in the host's /var/run/cdi, mounted writable; it has no capability."""
+        host_paths = {v["name"]: v["hostPath"]["path"] for v in self.pod()["volumes"] if "hostPath" in v}
+        mounts = {m["mountPath"]: m for m in self.sidecar()["volumeMounts"]}
+        assert host_paths[mounts["/var/run/cdi"]["name"]] == "/var/run/cdi"
+        assert not mounts["/var/run/cdi"].get("readOnly", False)
+        assert {posixpath.dirname(p) for p in self.env()["EERL_CDI_SPECS"].split()} == {"/var/run/cdi"}
+        security = self.sidecar()["securityContext"]
+        assert (security["privileged"], security["allowPrivilegeEscalation"]) == (False, False)
+        assert security["capabilities"] == {"drop": ["ALL"]}
+
+    def test_its_script_mounts_the_serving_sockets_and_removes_them_on_sigterm(
+        self, tmp_path: Path, short_tmp: Path
+    ) -> None:
+        """Run for real: GPU0's live socket is mounted, GPU1's stale one is not; SIGTERM restores the spec."""
+        gpu0 = "GPU-6f8b2a3e-1c4d-4b5e-9a7f-0e1d2c3b4a59"
+        gpu1 = "GPU-0d3c9e8a-7b21-4f6c-8e5d-a1b2c3d4e5f6"
+        fixture = Path(__file__).parent / "data/nvidia-cdi.yaml"
+        spec_path = tmp_path / "nvidia.yaml"
+        shutil.copyfile(fixture, spec_path)
+        sockets = short_tmp / "gpus"
+        sockets.mkdir(mode=0o700)
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "eerl-cdi").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m eerld.cdi "$@"\n')
+        (bin_dir / "eerl-cdi").chmod(0o755)
+        env = {
+            **self.env(),
+            "PATH": f"{bin_dir}:/usr/bin:/bin",
+            "EERL_CDI_SPECS": f"{spec_path} {tmp_path / 'k8s.device-plugin.nvidia.com-gpu.json'}",
+            "EERL_GPU_SOCKET_DIR": str(sockets),
+            "PYTHONPATH": os.pathsep.join(sys.path),
+        }
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stale:
+            stale.bind(str(sockets / f"{gpu1}.sock"))
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as live:
+            live.bind(str(sockets / f"{gpu0}.sock"))
+            live.listen()
+            script = subprocess.Popen(self.sidecar()["command"], env=env, stdout=subprocess.PIPE, text=True)
+            try:
+                deadline = time.monotonic() + 60
+                while f"{gpu0}.sock" not in spec_path.read_text() and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                patched = load_spec(spec_path.read_text(), "yaml")
+                script.send_signal(signal.SIGTERM)
+                stdout, _ = script.communicate(timeout=60)
+            finally:
+                if script.poll() is None:
+                    script.kill()
+                    script.wait()
+        original = load_spec(fixture.read_text(), "yaml")
+        assert patched == patch_spec(original, str(sockets), uuids={gpu0}).spec
+        assert (script.returncode, load_spec(spec_path.read_text(), "yaml")) == (0, original)
+        assert "patched" in stdout
+
 
 class TestWiring:
-    def test_the_rl_pod_mounts_the_hosts_worker_socket_directory(self) -> None:
-        """The example RL pod mounts hostPath /run/eerld and points EERL_SOCKET into it."""
+    def test_the_rl_pod_gets_its_gpus_sockets_through_cdi_not_a_host_path(self) -> None:
+        """No hostPath, no EERL_SOCKET: the client looks for CDI-mounted sockets where eerld serves them."""
         pod = one("Pod")["spec"]
-        volumes = {v["name"]: v for v in pod["volumes"]}
         container = pod["containers"][0]
-        (mount,) = container["volumeMounts"]
-        assert volumes[mount["name"]]["hostPath"]["path"] == "/run/eerld"
-        env = {e["name"]: e.get("value") for e in container["env"]}
-        assert env["EERL_SOCKET"].startswith(mount["mountPath"] + "/")
+        assert not any("hostPath" in v for v in pod.get("volumes", []))
+        assert "volumeMounts" not in container
+        assert "EERL_SOCKET" not in {e["name"] for e in container["env"]}
+        eerld_args = one("DaemonSet")["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert str(load_config(eerld_args).gpu_socket_dir) == posixpath.join(DEFAULT_RUN_DIR, "gpus")
+
+    def test_the_rl_pod_requests_gpus_and_runs_as_a_non_root_user(self) -> None:
+        """nvidia.com/gpu from the scheduler (hence the CDI devices); runAsNonRoot with a non-zero uid."""
+        pod = one("Pod")["spec"]
+        assert int(pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) > 0
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] != 0
 
     def test_service_and_monitor_select_the_daemon_pods(self) -> None:
         """Service selector ⊆ pod labels; ServiceMonitor selector ⊆ Service labels; port names agree."""
