@@ -1,12 +1,20 @@
-"""The Prometheus metrics: names, units, labels and the scrape-time collector."""
+"""The Prometheus metrics: names, units, labels, the scrape-time collector and the HTTP server."""
 
 from __future__ import annotations
 
+import gzip
+import re
+import socket
+import threading
 import urllib.request
-from dataclasses import dataclass, replace
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import pytest
-from prometheus_client import generate_latest
+from prometheus_client import generate_latest, make_wsgi_app
 from prometheus_client.parser import text_string_to_metric_families
 
 from eerld.errors import ConfigError
@@ -19,6 +27,9 @@ from eerld.metrics import (
     start_metrics_server,
 )
 from tests.ops.fakes import FakeMetricsSource
+
+PATIENCE_S = 30.0
+"""How long a test waits for something that must happen (never asserted as a duration)."""
 
 
 @dataclass
@@ -36,6 +47,82 @@ def scrape(server: MetricsServer) -> str:
     with urllib.request.urlopen(f"http://{server.host}:{server.port}/metrics", timeout=10) as reply:
         body: bytes = reply.read()
     return body.decode()
+
+
+def exchange(port: int, request: bytes, host: str = "127.0.0.1") -> bytes:
+    """Send ``request`` on a fresh connection; everything the server sends until it closes."""
+    with socket.create_connection((host, port), timeout=PATIENCE_S) as sock:
+        sock.sendall(request)
+        return read_to_close(sock)
+
+
+def read_to_close(sock: socket.socket) -> bytes:
+    """Read until the server closes the connection (b"" for a close without an answer)."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def is_closed_by_server(sock: socket.socket) -> bool:
+    """True when the server has closed ``sock`` (an orderly close or a reset), without waiting."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+    finally:
+        sock.setblocking(True)
+
+
+def undated(answer: bytes) -> bytes:
+    return re.sub(rb"\r\nDate: [^\r]*", b"", answer)
+
+
+class _QuietReference(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def reference_answer(server: MetricsServer, request: bytes) -> bytes:
+    """What the library's wsgiref server answers for the same registry: the behaviour to keep."""
+    reference = make_server(
+        "127.0.0.1", 0, make_wsgi_app(server.metrics.registry), handler_class=_QuietReference
+    )
+    try:
+        thread = threading.Thread(target=reference.handle_request)
+        thread.start()
+        answer = exchange(int(reference.server_address[1]), request)
+        thread.join()
+    finally:
+        reference.server_close()
+    return answer
+
+
+@dataclass
+class BlockingSource:
+    """A source whose reads hang until released, as a GPU read can on a wedged driver."""
+
+    entered: threading.Event = field(default_factory=threading.Event)
+    released: threading.Event = field(default_factory=threading.Event)
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        self.entered.set()
+        self.released.wait(PATIENCE_S)
+        return FakeMetricsSource().metrics_snapshot()
+
+
+@contextmanager
+def serving(source: Any, **limits: Any) -> Iterator[MetricsServer]:
+    server = start_metrics_server(source, "127.0.0.1:0", **limits)
+    try:
+        yield server
+    finally:
+        if isinstance(source, BlockingSource):
+            source.released.set()
+        server.close()
 
 
 def samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -191,6 +278,155 @@ class TestHooks:
         labels = {"method": "Status", "code": "OK"}
         assert first.registry.get_sample_value("eerl_rpc_requests_total", labels) == 1.0
         assert second.registry.get_sample_value("eerl_rpc_requests_total", labels) is None
+
+
+GET = b"GET /metrics HTTP/1.1\r\nHost: node\r\nConnection: close\r\n\r\n"
+
+
+class TestServer:
+    @pytest.mark.parametrize(
+        "request_bytes",
+        [
+            GET,
+            b"GET /metrics HTTP/1.0\r\n\r\n",
+            b"GET /metrics HTTP/1.0\n\n",
+            b"GET /anything?name[]=eerl_sessions HTTP/1.1\r\nHost: node\r\n\r\n",
+            b"GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text; version=1.0.0\r\n\r\n",
+            b"GET /favicon.ico HTTP/1.1\r\n\r\n",
+            b"HEAD /metrics HTTP/1.1\r\n\r\n",
+            b"OPTIONS /metrics HTTP/1.1\r\n\r\n",
+            b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+            b"NONSENSE\r\n\r\n",
+            b"GET / HTTP/9.9\r\n\r\n",
+        ],
+        ids=["get", "http1.0", "bare-lf", "other-path", "openmetrics", "favicon", "head", "options", "post",
+             "garbage", "bad-version"],
+    )  # fmt: skip
+    def test_answers_are_the_library_servers_byte_for_byte(self, request_bytes: bytes) -> None:
+        """Status line, headers and body are what the wsgiref server answered, but for the Date header."""
+        with serving(StaticSource(FakeMetricsSource().metrics_snapshot())) as server:
+            ours = exchange(server.port, request_bytes)
+            theirs = reference_answer(server, request_bytes)
+        assert undated(ours) == undated(theirs)
+
+    def test_a_scrape_that_accepts_gzip_gets_gzip(self) -> None:
+        """Accept-Encoding: gzip gets a gzip body that unpacks to the plain exposition."""
+        with serving(StaticSource(FakeMetricsSource().metrics_snapshot())) as server:
+            zipped = exchange(server.port, GET.replace(b"\r\n\r\n", b"\r\nAccept-Encoding: gzip\r\n\r\n"))
+            plain = exchange(server.port, GET)
+        head, _, body = zipped.partition(b"\r\n\r\n")
+        assert b"\r\nContent-Encoding: gzip" in head
+        assert gzip.decompress(body) == plain.partition(b"\r\n\r\n")[2]
+
+    def test_ipv6_is_served(self) -> None:
+        """An IPv6 address ([::1]:0) is bound and scraped like an IPv4 one."""
+        if not socket.has_ipv6:
+            pytest.skip("no IPv6")
+        try:
+            server = start_metrics_server(FakeMetricsSource(), "[::1]:0")
+        except ConfigError as e:
+            pytest.skip(f"::1 cannot be bound here: {e}")
+        try:
+            answer = exchange(server.port, GET, host="::1")
+        finally:
+            server.close()
+        assert answer.startswith(b"HTTP/1.0 200 OK\r\n")
+
+    def test_a_slow_loris_is_closed_at_the_request_deadline(self) -> None:
+        """A client trickling its headers a byte at a time is closed unanswered at the request deadline."""
+        trickle, received, sent = b"X-Trickle: y\r\n", b"", 0
+        with (
+            serving(FakeMetricsSource(), request_timeout_s=0.3) as server,
+            socket.create_connection((server.host, server.port), timeout=PATIENCE_S) as sock,
+        ):
+            sock.setblocking(False)
+            while sent < 10_000:
+                try:
+                    if not (chunk := sock.recv(4096)):
+                        break
+                    received += chunk
+                except BlockingIOError:
+                    pass
+                except ConnectionResetError:
+                    break
+                try:
+                    sock.send(trickle[sent % len(trickle) :][:1])
+                except (BrokenPipeError, ConnectionResetError):
+                    break
+                sent += 1
+                threading.Event().wait(0.01)
+        assert sent < 10_000, "the trickling connection was never closed"
+        assert received == b""
+
+    def test_a_connection_is_closed_at_the_total_deadline_while_its_answer_hangs(self) -> None:
+        """When reading the daemon hangs, the scrape's connection is still closed at the total deadline."""
+        with serving(BlockingSource(), connection_timeout_s=0.3) as server:
+            assert exchange(server.port, GET) == b""
+
+    def test_headers_beyond_the_bound_are_answered_431(self) -> None:
+        """A request line plus headers over max_request_bytes is answered 431 and closed."""
+        with serving(FakeMetricsSource(), max_request_bytes=1024) as server:
+            answer = exchange(server.port, b"GET /metrics HTTP/1.1\r\nX-Pad: " + b"a" * 2000 + b"\r\n\r\n")
+            fits = exchange(server.port, GET)
+        assert answer.startswith(b"HTTP/1.0 431 ")
+        assert fits.startswith(b"HTTP/1.0 200 OK\r\n")
+
+    def test_a_request_body_is_never_waited_for(self) -> None:
+        """A request announcing a gigabyte body is answered from its headers alone."""
+        with serving(FakeMetricsSource()) as server:
+            answer = exchange(server.port, b"POST /metrics HTTP/1.1\r\nContent-Length: 1000000000\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.0 405 Method Not Allowed\r\n")
+
+    def test_one_connection_beyond_the_cap_closes_the_oldest_idle_one(self) -> None:
+        """At the cap, a new connection closes the oldest that has sent nothing; the others stay open."""
+        with serving(FakeMetricsSource(), max_connections=2) as server:
+            address = (server.host, server.port)
+            with socket.create_connection(address) as oldest, socket.create_connection(address) as younger:
+                assert exchange(server.port, GET).startswith(b"HTTP/1.0 200 OK\r\n")
+                assert read_to_close(oldest) == b""
+                assert not is_closed_by_server(younger)
+
+    def test_when_every_slot_is_being_answered_a_newcomer_gets_503(self) -> None:
+        """With the one slot answering a hung scrape, the next connection is answered 503 at once."""
+        source = BlockingSource()
+        with (
+            serving(source, max_connections=1) as server,
+            socket.create_connection((server.host, server.port), timeout=PATIENCE_S) as hung,
+        ):
+            hung.sendall(GET)
+            assert source.entered.wait(PATIENCE_S)
+            with socket.create_connection((server.host, server.port), timeout=PATIENCE_S) as newcomer:
+                answer = read_to_close(newcomer)
+        assert answer.startswith(b"HTTP/1.0 503 Service Unavailable\r\n")
+
+    def test_close_closes_open_connections_and_stops_every_thread(self) -> None:
+        """close() with an idle and a hung connection closes both, frees the port and ends its threads."""
+        source, before = BlockingSource(), set(threading.enumerate())
+        server = start_metrics_server(source, "127.0.0.1:0")
+        address = (server.host, server.port)
+        with (
+            socket.create_connection(address, timeout=PATIENCE_S) as idle,
+            socket.create_connection(address, timeout=PATIENCE_S) as hung,
+        ):
+            hung.sendall(GET)
+            assert source.entered.wait(PATIENCE_S)
+            server.close()
+            source.released.set()
+            assert (read_to_close(idle), read_to_close(hung)) == (b"", b"")
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(address, timeout=PATIENCE_S).close()
+        alive = [t for t in threading.enumerate() if t not in before and t.name.startswith("eerl-metrics")]
+        for thread in alive:
+            thread.join(PATIENCE_S)
+        assert not [t.name for t in alive if t.is_alive()]
+
+    @pytest.mark.parametrize(
+        "limit", ["max_connections", "request_timeout_s", "connection_timeout_s", "max_request_bytes"]
+    )
+    def test_limits_must_be_positive(self, limit: str) -> None:
+        """A zero limit is a ConfigError naming it."""
+        with pytest.raises(ConfigError, match=limit):
+            start_metrics_server(FakeMetricsSource(), "127.0.0.1:0", **{limit: 0})
 
 
 class TestAddress:
