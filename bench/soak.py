@@ -11,7 +11,9 @@ Sections (each prints its figures as it ends; all are written to a JSON file):
 - NVML faults: each typed error at each backend call site, injected while serving and before start;
   an energy counter reset mid-phase;
 - fuzz: >= 10 000 hypothesis-drawn requests to every RPC;
-- privilege: tests/reliability/test_privilege.py (sockets as another uid, tokens, TLS, rate limit).
+- privilege: tests/reliability/test_privilege.py (sockets as another uid, tokens, TLS, rate limit);
+- exhaustion: idle streams, idle gRPC and /metrics connections, flapping clients, each with another
+  client's latency beside it (bench/soak_exhaust.py), and the attack suite tests/security.
 
 Usage: python bench/soak.py [--quick] [--json out/soak.json]. ``--quick`` uses the counts of the fast part.
 The exit code is 1 if any promise failed.
@@ -32,6 +34,7 @@ import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import soak_exhaust
 import soak_faults
 import soak_fuzz
 import soak_kills
@@ -45,8 +48,23 @@ FULL = {
     "daemon_kills": 20,
     "ledger_kills": 20,
     "fuzz": 10_000,
+    "streams": 200,
+    "grpc_connections": 2000,
+    "metrics_connections": 4000,
+    "flappers": 4,
 }
-QUICK = {"clients": 8, "events": 100, "client_kills": 5, "daemon_kills": 3, "ledger_kills": 3, "fuzz": 1000}
+QUICK = {
+    "clients": 8,
+    "events": 100,
+    "client_kills": 5,
+    "daemon_kills": 3,
+    "ledger_kills": 3,
+    "fuzz": 1000,
+    "streams": 50,
+    "grpc_connections": 300,
+    "metrics_connections": 500,
+    "flappers": 2,
+}
 
 
 def _load(n: dict[str, int]) -> tuple[bool, dict[str, Any], str]:
@@ -131,8 +149,33 @@ def _fuzz(n: dict[str, int]) -> tuple[bool, dict[str, Any], str]:
     return r["problem_count"] == 0, r, line
 
 
+def _exhaustion(n: dict[str, int]) -> tuple[bool, dict[str, Any], str]:
+    cases = (
+        (soak_exhaust.idle_streams, n["streams"], soak_exhaust.idle_streams_line),
+        (soak_exhaust.grpc_connections, n["grpc_connections"], soak_exhaust.grpc_connections_line),
+        (soak_exhaust.metrics_connections, n["metrics_connections"], soak_exhaust.metrics_connections_line),
+        (soak_exhaust.flapping, n["flappers"], soak_exhaust.flapping_line),
+    )
+    results = {}
+    lines = []
+    for run, size, describe in cases:
+        r = run(size)
+        results[r["case"]] = r
+        lines.append(describe(r))
+    ok, suite, suite_line = _pytest(REPO / "tests" / "security")
+    results["attack_suite"] = suite
+    return (
+        all(r["ok"] for r in results.values() if "ok" in r) and ok,
+        results,
+        "\n  ".join([*lines, suite_line]),
+    )
+
+
 def _privilege(_n: dict[str, int]) -> tuple[bool, dict[str, Any], str]:
-    test = REPO / "tests" / "reliability" / "test_privilege.py"
+    return _pytest(REPO / "tests" / "reliability" / "test_privilege.py")
+
+
+def _pytest(test: Path) -> tuple[bool, dict[str, Any], str]:
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test)],
         cwd=REPO,
@@ -141,7 +184,7 @@ def _privilege(_n: dict[str, int]) -> tuple[bool, dict[str, Any], str]:
         check=False,
     )
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-300:]
-    return proc.returncode == 0, {"pytest": summary}, f"tests/reliability/test_privilege.py: {summary}"
+    return proc.returncode == 0, {"pytest": summary}, f"{test.relative_to(REPO)}: {summary}"
 
 
 SECTIONS: list[tuple[str, Callable[[dict[str, int]], tuple[bool, dict[str, Any], str]]]] = [
@@ -152,6 +195,7 @@ SECTIONS: list[tuple[str, Callable[[dict[str, int]], tuple[bool, dict[str, Any],
     ("nvml_faults", _faults),
     ("fuzz", _fuzz),
     ("privilege", _privilege),
+    ("exhaustion", _exhaustion),
 ]
 
 

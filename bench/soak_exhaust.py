@@ -6,19 +6,34 @@ command line (all of them, at their default sizes, when none is).
 - metrics connections: n idle TCP connections to ``/metrics`` that never send a byte. Figures: the
   daemon's threads and RSS before and with the flood, and the median latency of a legitimate scrape
   (20 scrapes, each on a fresh connection) without and with the flood held open.
+- idle streams: another process holds n reflection and health-watch streams open on the worker socket
+  without sending; a victim job's phase events (BeginPhase + EndPhase) beside it.
+- gRPC connections: n connections to the worker socket that send the HTTP/2 preface and then nothing;
+  the victim beside them; the daemon's threads, RSS and open descriptors.
+- flapping clients: k processes that open a session, run one phase, close and disconnect, in a loop as fast
+  as they can; the victim beside them; how many cycles the flappers got through and how many were refused.
 
-Usage: python bench/soak_exhaust.py [--metrics-connections 4000] [--json out/exhaust.json]. The exit code
-is 1 when a case broke its promise (a scrape failed, or the flood cost the daemon threads).
+For the gRPC cases the victim is a session opened before the attack, running ``VICTIM_ROUND_TRIPS``
+BeginPhase + EndPhase round trips alone and then with the attack held; its p50/p99 and the round trips
+that missed the client's own deadline (2 s) are the figures.
+
+Usage: python bench/soak_exhaust.py [--metrics-connections 4000] [--streams 200] [--grpc-connections 2000]
+[--flappers 4] [--json out/exhaust.json]. The exit code is 1 when a case broke its promise (a scrape or a
+victim's call failed, or a flood cost the daemon threads).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import multiprocessing as mp
+import os
 import resource
 import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +44,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from soak_common import DaemonProcess, rss_mib, wait_for, write_json
+import grpc
+from eerl.v1 import eerl_pb2 as pb
+from eerl.v1 import eerl_pb2_grpc as pb_grpc
+from soak_common import GEN, REPO, TRAIN, DaemonProcess, cpu_s, percentile, rss_mib, wait_for, write_json
 
 SCRAPES = 20
 SCRAPE_TIMEOUT_S = 60.0
@@ -198,6 +216,255 @@ def metrics_connections(n: int) -> dict[str, Any]:
     }
 
 
+VICTIM_ROUND_TRIPS = 1000
+CLIENT_DEADLINE_S = 2.0
+"""The eerl client's own RPC deadline: a victim's call slower than this would have been lost."""
+ATTACKER = REPO / "tests/security/attacker.py"
+WORK = pb.Workload(tokens=2, valid_tokens=1, sequences=1)
+
+
+@contextlib.contextmanager
+def grpc_daemon(gpus: int = 8, *extra: str) -> Iterator[DaemonProcess]:
+    """A sim-backend eerld, shared socket in single-tenant mode, no clock-change limit; stopped on exit."""
+    directory = Path(tempfile.mkdtemp(prefix="eerl-ex-", dir="/tmp"))
+    daemon = DaemonProcess(directory, gpus=gpus, extra_args=["--max-clock-changes-per-s=0", *extra])
+    try:
+        daemon.start()
+        yield daemon
+    finally:
+        daemon.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+class Victim:
+    """Another job's session on GPU 0, opened before any attack, measured alone and under attack."""
+
+    def __init__(self, socket_path: Path) -> None:
+        self._channel = grpc.insecure_channel(f"unix:{socket_path}")
+        self._stub = pb_grpc.PhaseServiceStub(self._channel)
+        request = pb.OpenSessionRequest(job_id="victim", gpus=[pb.GpuRef(index=0)])
+        self._sid = self._stub.OpenSession(request, timeout=30).session_id
+        self._iteration = 0
+
+    def round_trips(self, n: int = VICTIM_ROUND_TRIPS) -> dict[str, Any]:
+        """n BeginPhase + EndPhase round trips: p50 and p99 in ms, and how many missed the client deadline."""
+        latencies, late, failed = [], 0, 0
+        for _ in range(n):
+            kind = GEN if self._iteration % 2 == 0 else TRAIN
+            start = time.perf_counter()
+            try:
+                self._stub.BeginPhase(
+                    pb.BeginPhaseRequest(session_id=self._sid, kind=kind, iteration=self._iteration),
+                    timeout=30,
+                )
+                self._stub.EndPhase(
+                    pb.EndPhaseRequest(
+                        session_id=self._sid, kind=kind, iteration=self._iteration, workload=WORK
+                    ),
+                    timeout=30,
+                )
+            except grpc.RpcError:
+                failed += 1
+            elapsed = time.perf_counter() - start
+            latencies.append(elapsed * 1000)
+            late += elapsed > CLIENT_DEADLINE_S
+            self._iteration += 1
+        return {
+            "p50_ms": percentile(latencies, 0.5),
+            "p99_ms": percentile(latencies, 0.99),
+            "late": late,
+            "failed": failed,
+        }
+
+    def close(self) -> None:
+        with contextlib.suppress(grpc.RpcError):
+            self._stub.CloseSession(pb.CloseSessionRequest(session_id=self._sid), timeout=10)
+        self._channel.close()
+
+
+def _victim_ok(*figures: dict[str, Any]) -> bool:
+    return all(f["late"] == 0 and f["failed"] == 0 for f in figures)
+
+
+def idle_streams(n: int) -> dict[str, Any]:
+    """Another process holds n idle streams on the worker socket; the victim's round trips beside them."""
+    with grpc_daemon() as daemon:
+        victim = Victim(daemon.socket_path)
+        alone = victim.round_trips()
+        threads_before = threads(daemon.pid)
+        spec = {"uid": os.getuid(), "gid": os.getgid(), "target": f"unix:{daemon.socket_path}"}
+        spec["hold"] = {"streams": n, "channels": max(1, n // 8)}
+        proc = subprocess.Popen(
+            [sys.executable, str(ATTACKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        try:
+            proc.stdin.write(json.dumps(spec) + "\n")
+            proc.stdin.flush()
+            ready = json.loads(proc.stdout.readline() or "{}")
+            threads_with = threads(daemon.pid)
+            under = victim.round_trips()
+        finally:
+            proc.stdin.close()
+            proc.wait(timeout=120)
+            proc.stdout.close()
+        victim.close()
+    ended = ready.get("ended_at_once", {})
+    return {
+        "case": "idle_streams",
+        "streams": n,
+        "ended_at_once": ended,
+        "held_open": n - sum(ended.values()),
+        "threads_before": threads_before,
+        "threads_with": threads_with,
+        "victim_alone": alone,
+        "victim_under_attack": under,
+        "ok": bool(ready) and _victim_ok(alone, under),
+    }
+
+
+def grpc_connections(n: int) -> dict[str, Any]:
+    """n connections to the worker socket that say the HTTP/2 preface and nothing more; the victim beside."""
+    raise_fd_limit()
+    with grpc_daemon() as daemon:
+        victim = Victim(daemon.socket_path)
+        alone = victim.round_trips()
+        threads_before, rss_before, fds_before = threads(daemon.pid), rss_mib(daemon.pid), fds(daemon.pid)
+        flood, refused = [], 0
+        try:
+            for _ in range(n):
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(5)
+                flood.append(sock)
+                try:
+                    sock.connect(str(daemon.socket_path))
+                    sock.sendall(H2_PREFACE)
+                except OSError:
+                    refused += 1
+            time.sleep(1.0)
+            closed = closed_by_peer(flood)
+            threads_with, rss_with, fds_with = threads(daemon.pid), rss_mib(daemon.pid), fds(daemon.pid)
+            under = victim.round_trips()
+        finally:
+            for sock in flood:
+                sock.close()
+        victim.close()
+    return {
+        "case": "grpc_connections",
+        "connections": n,
+        "refused_at_connect": refused,
+        "closed_by_daemon": closed,
+        "threads_before": threads_before,
+        "threads_with": threads_with,
+        "rss_before_mib": rss_before,
+        "rss_with_mib": rss_with,
+        "fds_before": fds_before,
+        "fds_with": fds_with,
+        "victim_alone": alone,
+        "victim_under_attack": under,
+        "ok": _victim_ok(alone, under) and threads_with <= threads_before + THREAD_SLACK,
+    }
+
+
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def fds(pid: int) -> int:
+    """Open descriptors of a process."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _flapper(socket_path: str, gpu: int, stop: Any, out: Any) -> None:
+    """Open a session, one phase, close, disconnect; again, as fast as the daemon lets it."""
+    cycles = refused = 0
+    while not stop.is_set():
+        with grpc.insecure_channel(f"unix:{socket_path}") as channel:
+            stub = pb_grpc.PhaseServiceStub(channel)
+            try:
+                request = pb.OpenSessionRequest(job_id=f"flap-{gpu}", gpus=[pb.GpuRef(index=gpu)])
+                sid = stub.OpenSession(request, timeout=10).session_id
+                stub.BeginPhase(pb.BeginPhaseRequest(session_id=sid, kind=GEN, iteration=0), timeout=10)
+                stub.EndPhase(
+                    pb.EndPhaseRequest(session_id=sid, kind=GEN, iteration=0, workload=WORK), timeout=10
+                )
+                stub.CloseSession(pb.CloseSessionRequest(session_id=sid), timeout=10)
+                cycles += 1
+            except grpc.RpcError:
+                refused += 1
+    out.put((cycles, refused))
+
+
+def flapping(k: int) -> dict[str, Any]:
+    """k flapping client processes on GPUs 1..k; the victim's round trips alone and beside them."""
+    with grpc_daemon() as daemon:
+        victim = Victim(daemon.socket_path)
+        cpu_before, t0 = cpu_s(daemon.pid), time.monotonic()
+        alone = victim.round_trips()
+        daemon_cores_alone = (cpu_s(daemon.pid) - cpu_before) / (time.monotonic() - t0)
+        ctx = mp.get_context("spawn")
+        stop, out = ctx.Event(), ctx.Queue()
+        procs = [
+            ctx.Process(target=_flapper, args=(str(daemon.socket_path), g + 1, stop, out)) for g in range(k)
+        ]
+        for p in procs:
+            p.start()
+        time.sleep(2.0)
+        cpu_before, t0 = cpu_s(daemon.pid), time.monotonic()
+        under = victim.round_trips()
+        daemon_cores = (cpu_s(daemon.pid) - cpu_before) / (time.monotonic() - t0)
+        stop.set()
+        counts = [out.get(timeout=60) for _ in procs]
+        for p in procs:
+            p.join(timeout=30)
+        victim.close()
+    return {
+        "case": "flapping",
+        "flappers": k,
+        "cycles": sum(c for c, _ in counts),
+        "refused": sum(r for _, r in counts),
+        "daemon_cores_alone": daemon_cores_alone,
+        "daemon_cores_under_attack": daemon_cores,
+        "victim_alone": alone,
+        "victim_under_attack": under,
+        "ok": _victim_ok(alone, under),
+    }
+
+
+def _victim_text(r: dict[str, Any]) -> str:
+    a, u = r["victim_alone"], r["victim_under_attack"]
+    return (
+        f"victim p50/p99 {a['p50_ms']:.2f}/{a['p99_ms']:.2f} ms alone -> "
+        f"{u['p50_ms']:.2f}/{u['p99_ms']:.2f} ms "
+        f"(x{u['p50_ms'] / a['p50_ms']:.2f} p50), {u['late']} over the {CLIENT_DEADLINE_S:g} s deadline, "
+        f"{u['failed']} failed"
+    )
+
+
+def idle_streams_line(r: dict[str, Any]) -> str:
+    return (
+        f"idle streams: {r['streams']} held by another process ({r['held_open']} stay open, ended at once: "
+        f"{r['ended_at_once']}); threads {r['threads_before']} -> {r['threads_with']}; {_victim_text(r)}"
+    )
+
+
+def grpc_connections_line(r: dict[str, Any]) -> str:
+    return (
+        f"gRPC connections: {r['connections']} idle ({r['refused_at_connect']} refused at connect, "
+        f"{r['closed_by_daemon']} closed by eerld); threads {r['threads_before']} -> {r['threads_with']}, "
+        f"RSS {r['rss_before_mib']:.1f} -> {r['rss_with_mib']:.1f} MiB, fds {r['fds_before']} -> "
+        f"{r['fds_with']}; {_victim_text(r)}"
+    )
+
+
+def flapping_line(r: dict[str, Any]) -> str:
+    return (
+        f"flapping: {r['flappers']} clients, {r['cycles']} open-phase-close cycles, {r['refused']} refused; "
+        f"daemon {r['daemon_cores_alone']:.2f} -> {r['daemon_cores_under_attack']:.2f} cores (serving the "
+        f"victim too); {_victim_text(r)}"
+    )
+
+
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} ms"
 
@@ -218,13 +485,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--metrics-connections", type=int, metavar="N", help="idle connections to /metrics (default 4000)"
     )
+    parser.add_argument("--streams", type=int, metavar="N", help="idle streams on the worker socket (200)")
+    parser.add_argument("--grpc-connections", type=int, metavar="N", help="idle gRPC connections (2000)")
+    parser.add_argument("--flappers", type=int, metavar="K", help="flapping client processes (4)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures as JSON")
     args = parser.parse_args(argv)
-    cases: list[tuple[Callable[[], dict[str, Any]], Callable[[dict[str, Any]], str]]] = []
-    if args.metrics_connections is not None:
-        cases.append((lambda: metrics_connections(args.metrics_connections), metrics_connections_line))
-    if not cases:  # none selected: every case at its default size
-        cases.append((lambda: metrics_connections(4000), metrics_connections_line))
+    chosen = {
+        "metrics": (args.metrics_connections, 4000, metrics_connections, metrics_connections_line),
+        "streams": (args.streams, 200, idle_streams, idle_streams_line),
+        "connections": (args.grpc_connections, 2000, grpc_connections, grpc_connections_line),
+        "flapping": (args.flappers, 4, flapping, flapping_line),
+    }
+    none = all(size is None for size, *_ in chosen.values())  # none selected: every case, default sizes
+    cases: list[tuple[Callable[[], dict[str, Any]], Callable[[dict[str, Any]], str]]] = [
+        (lambda f=fn, n=(size if size is not None else default): f(n), line)  # type: ignore[misc]
+        for size, default, fn, line in chosen.values()
+        if size is not None or none
+    ]
     results = []
     for run, line in cases:
         result = run()

@@ -60,6 +60,10 @@ class Config:
     keepalive_s: float = 10.0
     """The server pings each connection this often (0: off); one that does not answer is closed."""
     keepalive_timeout_s: float = 5.0
+    max_connections: int = 256
+    """Connections each socket accepts at once; more are closed at once (one user cannot take them all)."""
+    stream_lifetime_s: float = 60.0
+    """A stream other than Attach (reflection, health Watch) is cancelled after this long."""
     state_dir: Path = DEFAULT_STATE_DIR
     metrics_address: str | None = DEFAULT_METRICS_ADDRESS
     """None (``--metrics-address off``) disables the metrics endpoint."""
@@ -226,6 +230,8 @@ _FILE_KEYS = {
     "gpu_socket_dir": "gpu_socket_dir",
     "keepalive_s": "keepalive_s",
     "keepalive_timeout_s": "keepalive_timeout_s",
+    "max_connections": "max_connections",
+    "stream_lifetime_s": "stream_lifetime_s",
     "state_dir": "state_dir",
     "metrics_address": "metrics_address",
     "listen": "listen",
@@ -340,6 +346,12 @@ def validate(values: Mapping[str, Any]) -> Config:
     if values.get("keepalive_timeout_s") is not None:
         out["keepalive_timeout_s"] = _float(
             values["keepalive_timeout_s"], "keepalive_timeout_s", minimum=0.1, maximum=600.0
+        )
+    if values.get("max_connections") is not None:
+        out["max_connections"] = _int(values["max_connections"], "max_connections", minimum=4, maximum=65536)
+    if values.get("stream_lifetime_s") is not None:
+        out["stream_lifetime_s"] = _float(
+            values["stream_lifetime_s"], "stream_lifetime_s", minimum=0.1, maximum=86400.0
         )
     metrics = text("metrics_address", "--metrics-address")
     if metrics is not None:

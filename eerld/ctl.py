@@ -118,7 +118,16 @@ def _cmd_pin(ctx: _Context) -> int:
         duration_s=parse_duration_s(a.duration) if a.duration is not None else 0.0,
         reason=a.reason,
     )
-    reply = _admin(ctx).Pin(request, timeout=a.timeout)
+    stub = _admin(ctx)
+    deadline = time.monotonic() + a.timeout
+    while True:  # a GPU whose clock-change budget is spent takes a pin again within a second or two
+        try:
+            reply = stub.Pin(request, timeout=max(0.1, deadline - time.monotonic()))
+            break
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or time.monotonic() + 0.5 > deadline:
+                raise
+            time.sleep(0.5)
     data = clocks_dict(reply.clocks)
     _emit(ctx, data, clocks_text("pinned", data))
     return _EXIT_OK

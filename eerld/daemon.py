@@ -41,7 +41,15 @@ from eerld.control.base import (
 )
 from eerld.control.simple import nearest_supported_mhz
 from eerld.energy import phase_energy, read_counters
-from eerld.errors import ConfigError, Conflict, GpuError, NotFound, Unavailable, ValidationError
+from eerld.errors import (
+    ConfigError,
+    Conflict,
+    Exhausted,
+    GpuError,
+    NotFound,
+    Unavailable,
+    ValidationError,
+)
 from eerld.gpu.base import ClockEventReasons, GpuBackend, GpuClocks, GpuIdentity, GpuUtilization
 from eerld.gpu.observe_only import ObserveOnlyBackend
 from eerld.grants import SHARED_NAME, Grant, GrantSpec
@@ -804,6 +812,12 @@ class Daemon:
                         f"{mem_clock_mhz} MHz is not supported by GPU {index}; "
                         f"supported: {', '.join(str(c) for c in sorted(mems))} MHz",
                     )
+        spent = self._arbiter.over_rate(indices)
+        if spent and not self.dry_run:
+            raise Exhausted(
+                f"GPU {spent[0]} changed clocks more often than its limit allows in the last seconds; "
+                "retry in a second (--max-clock-changes-per-s)"
+            )
         now_unix = self._wall()
         pins = [
             Pin(

@@ -14,6 +14,7 @@ import errno
 import grp
 import importlib
 import os
+import resource
 import signal
 import socket
 import stat
@@ -55,7 +56,8 @@ ADMIN_GROUP_SOCKET_MODE = 0o660
 GRANT_DIR_MODE = 0o711
 """Anyone may reach a socket in it by name (its own mode then decides); nobody may list or write it."""
 GPU_SOCKET_DIR_MODE = 0o700
-"""Root only: a per-GPU socket (mode 0666) is reached only where a CDI spec mounts it into a container."""
+"""Root only: a per-GPU socket (mode 0666, in a 0711 directory of its GPU) is reached only where a CDI spec
+mounts its GPU's directory into a container."""
 PHASE_SERVICE = pb.DESCRIPTOR.services_by_name["PhaseService"].full_name
 ADMIN_SERVICE = pb.DESCRIPTOR.services_by_name["AdminService"].full_name
 ATTACH_METHOD = f"/{PHASE_SERVICE}/Attach"
@@ -69,9 +71,10 @@ MAX_STREAMS_PER_CONNECTION = 8
 """HTTP/2 streams one connection may have open at once (a client needs two: Attach and one call)."""
 MAX_OPEN_STREAMS = 4
 """Streams other than Attach (reflection, health Watch) one socket serves at once."""
-STREAM_LIFETIME_S = 60.0
-"""Such a stream is cancelled after this long: an idle reflection call must not hold a thread forever."""
 IDLE_CONNECTION_S = 300.0
+"""A connection with no call open for this long is closed (a client reconnects by itself)."""
+HANDSHAKE_TIMEOUT_S = 10.0
+"""A TCP client must finish its TLS handshake within this."""
 
 
 def create_backend(config: Config) -> GpuBackend:
@@ -155,7 +158,7 @@ class Endpoint:
 
 
 def server_options(config: Config) -> list[tuple[str, Any]]:
-    """Channel arguments of every server: bounded streams per connection, keepalive, idle connections closed.
+    """Channel arguments of every server: bounded connections and streams, keepalive, idle ones closed.
 
     Keepalive pings from the server find a client that is gone or stuck (a SIGSTOPped process answers no
     ping): its connection closes, its Attach stream ends, and its GPUs return to default clocks.
@@ -166,6 +169,8 @@ def server_options(config: Config) -> list[tuple[str, Any]]:
         ("grpc.so_reuseport", 0),
         ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
         ("grpc.max_connection_idle_ms", int(IDLE_CONNECTION_S * 1000)),
+        ("grpc.max_allowed_incoming_connections", config.max_connections),
+        ("grpc.server_handshake_timeout_ms", int(HANDSHAKE_TIMEOUT_S * 1000)),
         ("grpc.http2.max_ping_strikes", 2),
         ("grpc.http2.min_ping_interval_without_data_ms", 5000),
     ]
@@ -173,6 +178,8 @@ def server_options(config: Config) -> list[tuple[str, Any]]:
         options += [
             ("grpc.keepalive_time_ms", int(config.keepalive_s * 1000)),
             ("grpc.keepalive_timeout_ms", int(config.keepalive_timeout_s * 1000)),
+            # The timeout that applies to the ping actually sent (gRPC's own default is 60 s).
+            ("grpc.http2.ping_timeout_ms", int(config.keepalive_timeout_s * 1000)),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.max_pings_without_data", 0),
         ]
@@ -217,8 +224,8 @@ class Server:
 
     def _build(self, name: str, services: tuple[str, ...], workers: int, servicer: Any) -> Endpoint:
         interceptors: list[Any] = [
-            ErrorMappingInterceptor(self.daemon.rpc_observers, services),
-            StreamGuardInterceptor(MAX_OPEN_STREAMS, STREAM_LIFETIME_S, exempt=(ATTACH_METHOD,)),
+            ErrorMappingInterceptor(self.daemon.rpc_observers, services, workers=workers),
+            StreamGuardInterceptor(MAX_OPEN_STREAMS, self.config.stream_lifetime_s, exempt=(ATTACH_METHOD,)),
         ]
         server = grpc.server(
             ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"eerld-{name[:24]}"),
@@ -265,7 +272,8 @@ class Server:
             return
         directory = grant.socket_path.parent
         if grant.kind is GrantKind.GPU:
-            _ensure_dir(directory, GPU_SOCKET_DIR_MODE, "gpu_socket_dir")
+            _ensure_dir(directory.parent, GPU_SOCKET_DIR_MODE, "gpu_socket_dir")
+            _ensure_dir(directory, GRANT_DIR_MODE, "gpu_socket_dir")
         else:
             _ensure_dir(directory, GRANT_DIR_MODE, "grant_dir")
         workers = min(MAX_GRANT_WORKERS, GRANT_BASE_WORKERS + 2 * len(grant.gpu_uuids))
@@ -461,6 +469,7 @@ def serve(server: Server) -> int:
         log.info("signal", signal=signal.Signals(signum).name)
         stop.set()
 
+    _raise_open_files_limit()
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         server.start()
@@ -471,3 +480,13 @@ def serve(server: Server) -> int:
         for s, handler in previous.items():
             signal.signal(s, handler)
     return 0
+
+
+def _raise_open_files_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit: every socket's connection cap must fit in it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(
+                resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard)
+            )

@@ -33,6 +33,11 @@ from eerld.errors import (
 log = structlog.get_logger("eerld.api")
 
 OWN_SERVICES_PREFIX = "/eerl.v1."
+TARPIT_S = 1.0
+"""A caller over its rate bound waits this long for its refusal, so that a loop of refused calls is slow."""
+MAX_TARPIT_SLOTS = 8
+"""Refusals of one socket held back at once (more are answered at once): the tarpit costs at most this
+many of the socket's own threads (and at most a quarter of them)."""
 INTERNAL_MESSAGE = "internal error in eerld; the daemon's log has the details"
 
 
@@ -96,10 +101,13 @@ class ErrorMappingInterceptor(_InterceptorBase):
     worker socket after their first call on the admin socket.)
     """
 
-    def __init__(self, observers: Sequence[RpcObserver], services: Iterable[str]) -> None:
+    def __init__(
+        self, observers: Sequence[RpcObserver], services: Iterable[str], *, workers: int = 8
+    ) -> None:
         self._observers = observers
         self._prefixes = tuple(f"/{name}/" for name in services)
         self._wrapped: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+        self._tarpit = threading.BoundedSemaphore(max(1, min(MAX_TARPIT_SLOTS, workers // 4)))
 
     def intercept_service(
         self,
@@ -145,11 +153,21 @@ class ErrorMappingInterceptor(_InterceptorBase):
                 return inner(request, context)
             except Exception as e:
                 code, message = self._map(name, e)
+                if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    self._hold_back()
                 context.abort(code, message)
             finally:
                 self._observe(name, code, time.perf_counter() - start)
 
         return call
+
+    def _hold_back(self) -> None:
+        """Delay a rate-bound refusal (a client that loops on refused calls then costs next to nothing)."""
+        if self._tarpit.acquire(blocking=False):
+            try:
+                time.sleep(TARPIT_S)
+            finally:
+                self._tarpit.release()
 
     def _stream(
         self, name: str, inner: Callable[[Any, grpc.ServicerContext], Iterator[Any]]

@@ -400,11 +400,15 @@ class ClockArbiter:
     def _rate_limited(self, slot: _Slot, target_sm: int | None, source: ClockSource, *, force: bool) -> bool:
         """True when a session's lock change on this GPU is over the rate limit (the GPU keeps its clock).
 
-        Resets, pins, forced and retried applications are never limited: they are the fail-safe paths.
+        Every other change (a reset, a pin, a forced or retried application) goes ahead but takes its token,
+        so that resets cannot be used to thrash a GPU between locks. Pins are checked before they are set
+        (:meth:`pins_allowed`).
         """
+        now = self._clock()
         if source is not ClockSource.SESSION or target_sm is None or force or slot.degraded_reason:
+            self._limiter.take(slot.identity.index, now)
             return False
-        if target_sm == slot.applied_sm_mhz or self._limiter.allow(slot.identity.index, self._clock()):
+        if target_sm == slot.applied_sm_mhz or self._limiter.allow(slot.identity.index, now):
             return False
         log.debug(
             "clock_change_rate_limited",
@@ -414,6 +418,11 @@ class ClockArbiter:
             held_sm_clock_mhz=slot.applied_sm_mhz,
         )
         return True
+
+    def over_rate(self, indices: Sequence[int]) -> list[int]:
+        """The GPUs among ``indices`` whose clock-change budget is spent now (a pin would be refused)."""
+        now = self._clock()
+        return [i for i in indices if not self._limiter.available(i, now)]
 
     def _actuate_sm(self, slot: _Slot, target_sm: int | None) -> int | None:
         index, uuid = slot.identity.index, slot.identity.uuid

@@ -6,8 +6,10 @@ the chip, and nothing useful happens faster than a phase. The bucket lets a burs
 generation/training alternation, a restart) and caps the sustained rate per GPU; a change over the limit is
 skipped (the GPU keeps the clock it has), never queued.
 
-Only *session-driven* lock changes are limited. A reset to the default governor and an admin pin are always
-applied at once: they are the fail-safe and the operator's word, and they cannot thrash by themselves.
+Every change takes a token. Session-driven lock changes over the limit are skipped; an admin pin over the
+limit is refused (the admin is told to retry); a reset to the default governor is never held back (it is
+the fail-safe) but still takes its token, so that a client looping open-lock-close cannot thrash a GPU
+through its releases either.
 
 Pure logic: the caller passes the time (monotonic seconds) in.
 """
@@ -62,17 +64,36 @@ class ClockChangeLimiter:
         if not self.enabled:
             return True
         with self._lock:
-            bucket = self._buckets.get(key)
-            if bucket is None:
-                bucket = self._buckets[key] = _Bucket(self._burst, now_s)
-            elapsed_s = max(0.0, now_s - bucket.updated_s)
-            bucket.tokens = min(self._burst, bucket.tokens + elapsed_s * self._rate_per_s)
-            bucket.updated_s = max(bucket.updated_s, now_s)
+            bucket = self._refilled(key, now_s)
             if bucket.tokens >= 1.0:
                 bucket.tokens -= 1.0
                 return True
             self.denied += 1
             return False
+
+    def take(self, key: Hashable, now_s: float) -> None:
+        """Take a token for a change that is made anyway (a reset), going into debt (down to -burst) if
+        there is none: what resets spend, the next locks wait for."""
+        if self.enabled:
+            with self._lock:
+                bucket = self._refilled(key, now_s)
+                bucket.tokens = max(-self._burst, bucket.tokens - 1.0)
+
+    def available(self, key: Hashable, now_s: float) -> bool:
+        """Whether a change on ``key`` would be allowed now (nothing taken)."""
+        if not self.enabled:
+            return True
+        with self._lock:
+            return self._refilled(key, now_s).tokens >= 1.0
+
+    def _refilled(self, key: Hashable, now_s: float) -> _Bucket:
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = _Bucket(self._burst, now_s)
+        elapsed_s = max(0.0, now_s - bucket.updated_s)
+        bucket.tokens = min(self._burst, bucket.tokens + elapsed_s * self._rate_per_s)
+        bucket.updated_s = max(bucket.updated_s, now_s)
+        return bucket
 
     def forget(self, key: Hashable) -> None:
         """Drop ``key``'s bucket (a revoked grant's), so that the buckets stay bounded."""

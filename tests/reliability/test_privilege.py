@@ -4,6 +4,7 @@ certificate, the hardware by a per-GPU clock-change rate limit."""
 from __future__ import annotations
 
 import grp
+import io
 import socket
 import subprocess
 from pathlib import Path
@@ -206,7 +207,9 @@ class TestClockChangeRateLimit:
         assert after_one_second == 10
         assert locked_after_close == {}
 
-    def test_an_admin_pin_is_applied_even_when_the_gpus_budget_is_spent(self, sock_dir: Path) -> None:
+    def test_an_admin_pin_on_a_gpu_whose_budget_is_spent_is_refused_until_it_refills(
+        self, sock_dir: Path
+    ) -> None:
         clock = ManualClock()
         fake = FakeGpuBackend(1, clock=clock)
         with (
@@ -221,9 +224,45 @@ class TestClockChangeRateLimit:
                 stub.BeginPhase(pb.BeginPhaseRequest(session_id=sid, kind=kind, iteration=i))
                 stub.EndPhase(pb.EndPhaseRequest(session_id=sid, kind=kind, iteration=i, workload=WORK))
             pin = pb.PinRequest(gpus=[pb.GpuRef(index=0)], sm_clock_mhz=900, reason="maintenance")
+            with pytest.raises(grpc.RpcError) as refused:
+                pb_grpc.AdminServiceStub(admin).Pin(pin, timeout=10)
+            locked_refused = fake.locked()
+            pins_refused = handle.daemon.gpu_status()[0].pin
+            clock.advance(0.2)
             pb_grpc.AdminServiceStub(admin).Pin(pin, timeout=10)
             locked = fake.locked()
+        assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "retry" in refused.value.details()
+        assert (locked_refused, pins_refused) == ({0: 1500}, None)
         assert locked == {0: 900}
+
+    def test_resets_take_from_the_budget_so_an_open_lock_close_loop_cannot_thrash_a_gpu(
+        self, sock_dir: Path
+    ) -> None:
+        """Releases are never held back, but they count: locks wait for what the resets spent."""
+        clock = ManualClock()
+        fake = FakeGpuBackend(1, clock=clock)
+        with (
+            running_daemon(
+                sock_dir, backend=fake, clock=clock, reaper=False, max_clock_changes_per_s=1.0
+            ) as handle,
+            grpc.insecure_channel(f"unix:{handle.socket_path}") as channel,
+        ):
+            stub = pb_grpc.PhaseServiceStub(channel)
+            for _ in range(40):  # one cycle a second: within the socket's session rate
+                clock.advance(1.0)
+                sid = stub.OpenSession(
+                    pb.OpenSessionRequest(job_id="t", gpus=[pb.GpuRef(index=0)])
+                ).session_id
+                stub.BeginPhase(pb.BeginPhaseRequest(session_id=sid, kind=GEN, iteration=0))
+                stub.CloseSession(pb.CloseSessionRequest(session_id=sid))
+            locks, resets = fake.lock_calls(), fake.gpus[0].reset_calls
+            locked = fake.locked()
+        assert resets >= 40  # every release reset the GPU
+        # Without the resets' tokens all 40 locks would pass; with them, once the burst (20 changes) is
+        # spent, the one change a second goes to the releases, which are never held back.
+        assert locks <= 22
+        assert locked == {}
 
 
 def test_the_rate_limit_is_a_token_bucket_per_gpu_that_refills_with_time() -> None:
@@ -259,3 +298,37 @@ def test_with_the_limit_off_every_phase_change_reaches_the_gpu(sock_dir: Path) -
             stub.EndPhase(pb.EndPhaseRequest(session_id=sid, kind=kind, iteration=i, workload=WORK))
         changes = fake.lock_calls()
     assert changes == 50
+
+
+def test_eerlctl_pin_waits_for_a_spent_budget_to_refill_instead_of_failing(sock_dir: Path) -> None:
+    """eerlctl retries a pin refused for the rate limit within its --timeout (the admin's word wins soon)."""
+    from eerld.ctl import main as eerlctl  # noqa: PLC0415
+
+    fake = FakeGpuBackend(1)
+    with (
+        running_daemon(sock_dir, backend=fake, reaper=False, max_clock_changes_per_s=2.0) as handle,
+        grpc.insecure_channel(f"unix:{handle.socket_path}") as worker,
+    ):
+        stub = pb_grpc.PhaseServiceStub(worker)
+        sid = stub.OpenSession(pb.OpenSessionRequest(job_id="t", gpus=[pb.GpuRef(index=0)])).session_id
+        for i in range(40):
+            kind = GEN if i % 2 == 0 else TRAIN
+            stub.BeginPhase(pb.BeginPhaseRequest(session_id=sid, kind=kind, iteration=i))
+            stub.EndPhase(pb.EndPhaseRequest(session_id=sid, kind=kind, iteration=i, workload=WORK))
+        spent = handle.daemon._arbiter.over_rate([0])
+        args = [
+            "--socket",
+            str(handle.admin_socket_path),
+            "--timeout",
+            "20",
+            "pin",
+            "--gpus",
+            "0",
+            "--sm-mhz",
+            "900",
+        ]
+        code = eerlctl(args, out=io.StringIO(), err=io.StringIO())
+        locked = fake.locked()
+    assert spent == [0]
+    assert code == 0
+    assert locked == {0: 900}

@@ -5,10 +5,11 @@ root daemon's boundary is made the way a real local user would make it: a proces
 the kernel checks when it connects to a socket. Everything the attack needs is imported *before* the drop
 (the checkout and its virtual environment may not be readable by that user); nothing privileged is kept.
 
-Input (stdin, JSON): ``{"uid": U, "gid": G, "groups": [...], "target": "unix:/path" | "host:port",
+Input (stdin, one line of JSON): ``{"uid": U, "gid": G, "groups": [...], "target": "unix:/path" | "host:port",
 "tls": {"ca": PEM, "cert": PEM, "key": PEM} | null, "calls": [{"service": S, "method": M,
 "request": {...}, "timeout_s": T}]}``. Output (stdout, JSON): ``{"euid": U, "results": [{"code": NAME,
-"details": TEXT, "response": {...}}]}``, one result per call, in order.
+"details": TEXT, "response": {...}}]}``, one result per call, in order. With ``"hold": {"streams": N,
+"channels": C}`` instead of calls, it holds N idle streams open (see :func:`_hold`) until stdin closes.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+import time
 from typing import Any
 
 import grpc
@@ -23,6 +26,7 @@ from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2_grpc
 
 STUBS: dict[str, Any] = {
     "PhaseService": pb_grpc.PhaseServiceStub,
@@ -71,9 +75,58 @@ def _call(channel: grpc.Channel, call: dict[str, Any]) -> dict[str, Any]:
     return {"code": "OK", "details": "", "response": body}
 
 
+def _hold(target: str, hold: dict[str, Any]) -> dict[str, Any]:
+    """Open ``streams`` reflection and health-watch streams that never send, over ``channels`` connections.
+
+    Prints ``ready`` with what the server did to them after ``settle_s`` (how many it ended at once, and
+    with which codes), then holds the open ones until stdin closes; returns how each one ended.
+    """
+    never = threading.Event()
+
+    def silence() -> Any:
+        never.wait()
+        yield from ()
+
+    channels = [grpc.insecure_channel(target) for _ in range(hold.get("channels", 1))]
+    ended: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def done(call: Any) -> None:
+        with lock:
+            name = call.code().name
+            ended[name] = ended.get(name, 0) + 1
+
+    calls = []
+    for i in range(hold["streams"]):
+        channel = channels[i % len(channels)]
+        if i % 2 == 0:
+            stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+            call = stub.ServerReflectionInfo(silence())
+        else:
+            call = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest())
+        call.add_done_callback(done)
+        calls.append(call)
+    time.sleep(hold.get("settle_s", 2.0))
+    with lock:
+        settled = dict(ended)
+    print(json.dumps({"ready": True, "ended_at_once": settled}), flush=True)
+    sys.stdin.read()  # the test closes stdin when it has measured
+    with lock:
+        final = dict(ended)
+    never.set()
+    for call in calls:
+        call.cancel()
+    for channel in channels:
+        channel.close()
+    return {"ended_at_once": settled, "ended_while_held": final}
+
+
 def main() -> int:
-    spec = json.load(sys.stdin)
+    spec = json.loads(sys.stdin.readline())
     _drop(spec["uid"], spec["gid"], spec.get("groups", []))
+    if "hold" in spec:
+        json.dump({"euid": os.geteuid(), **_hold(spec["target"], spec["hold"])}, sys.stdout)
+        return 0
     results = []
     with _channel(spec["target"], spec.get("tls")) as channel:
         for call in spec["calls"]:

@@ -10,7 +10,8 @@ import grp
 import json
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,7 @@ def run_as(
     spec["calls"] = list(calls)
     done = subprocess.run(
         [sys.executable, str(ATTACKER)],
-        input=json.dumps(spec),
+        input=json.dumps(spec) + "\n",
         capture_output=True,
         text=True,
         timeout=120,
@@ -75,3 +76,38 @@ def reachable_dir(sock_dir: Path) -> Path:
     """A socket directory anyone may traverse, so that only the sockets' own modes decide."""
     sock_dir.chmod(0o755)
     return sock_dir
+
+
+@contextmanager
+def holding_streams(
+    target: str, streams: int, *, channels: int = 1, groups: Sequence[int] = ()
+) -> Iterator[dict[str, int]]:
+    """An attacker (``nobody``) holding ``streams`` idle streams open; yields what ended at once, by code."""
+    spec = {"uid": NOBODY_UID, "gid": NOGROUP_GID, "groups": list(groups), "target": target}
+    spec["hold"] = {"streams": streams, "channels": channels}
+    proc = subprocess.Popen(
+        [sys.executable, str(ATTACKER)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    try:
+        proc.stdin.write(json.dumps(spec) + "\n")
+        proc.stdin.flush()
+        ready = json.loads(proc.stdout.readline() or "{}")
+        if not ready.get("ready"):
+            raise AssertionError(f"attacker failed: {proc.stderr.read() if proc.stderr else ''}")
+        yield ready["ended_at_once"]
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
