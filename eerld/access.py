@@ -46,6 +46,7 @@ from eerld.grants import (
 log = structlog.get_logger("eerld.access")
 
 TENANCIES = ("single", "multi")
+GPU_SOCKET_NAME = "eerld.sock"
 OPENS_PER_GPU_PER_S = 1.0
 """Sessions a socket may open per second and GPU it covers, after a burst of two per GPU (plus eight):
 enough for every rank of a job to (re)open at once, not for a client that opens and closes in a loop."""
@@ -110,8 +111,11 @@ class Access:
         if gpu_socket_dir is not None:
             for g in identities:
                 name = f"gpu-{g.uuid}"
+                # A directory per GPU: a CDI spec bind-mounts the directory, so that a container still
+                # reaches the socket eerld re-creates in it after a restart (a mounted file would not).
+                socket_path = gpu_socket_dir / g.uuid / GPU_SOCKET_NAME
                 self._grants[name] = Grant(
-                    name, GrantKind.GPU, gpu_socket_dir / f"{g.uuid}.sock", (g.uuid,), reason="per-GPU socket"
+                    name, GrantKind.GPU, socket_path, (g.uuid,), reason="per-GPU socket"
                 )
 
     @property

@@ -4,23 +4,52 @@ A container gets its GPUs as CDI devices (Container Device Interface): the NVIDI
 ``k8s.device-plugin.nvidia.com/gpu=<name>`` from the spec it writes itself, the NVIDIA runtime in CDI mode
 and ``nvidia-ctk cdi generate`` use ``nvidia.com/gpu=<name>``; the container runtime applies each device's
 ``containerEdits`` (device nodes, mounts, hooks) from a spec file under ``/var/run/cdi``. eerld serves one
-socket per GPU, ``<socket_dir>/<GPU UUID>.sock``, in a directory only root may enter (``--gpu-socket-dir``);
-a session opened through one may claim that GPU only (:mod:`eerld.grants`). :func:`add_gpu_sockets`
-returns a copy of a spec in which each physical GPU's device also bind-mounts that GPU's socket, at the same
-path, so a container reaches the sockets of its own GPUs and no others:
+socket per GPU, ``<socket_dir>/<GPU UUID>/eerld.sock``: ``socket_dir`` (``--gpu-socket-dir``) is a
+directory only root may enter, each GPU's directory has mode 0711 (anyone may reach the socket by name,
+nobody may list or write it); a session opened through one may claim that GPU only (:mod:`eerld.grants`).
+:func:`add_gpu_sockets` returns a copy of a spec in which each physical GPU's device also bind-mounts that
+GPU's *directory*, read-only, at the same path, so a container reaches the sockets of its own GPUs and no
+others:
 
-- ``GPU-<uuid>`` (``uuid`` naming): that GPU's socket;
-- any other name of a full GPU (``0``, ``gpu0``: ``index`` and ``type-index`` naming): the socket of the
-  UUID-named device with the same GPU device node ``/dev/nvidiaN``;
-- ``all``: every GPU's socket;
+- ``GPU-<uuid>`` (``uuid`` naming): that GPU's directory;
+- any other name of a full GPU (``0``, ``gpu0``: ``index`` and ``type-index`` naming): the directory of
+  the UUID-named device with the same GPU device node ``/dev/nvidiaN``;
+- ``all``: every GPU's directory;
 - MIG devices (``0:1``, ``mig0:1``, ``MIG-<uuid>``, any device with ``/dev/nvidia-caps`` nodes): none.
   Clocks belong to the whole physical GPU, so a container holding one MIG slice must never set the clocks
   under the other slices' tenants; such jobs run without eerl.
 - a device of a shape this module does not know is left as it is, with a warning in the report.
 
-Patching is a sync: eerl's mounts (host path = container path, a ``.sock`` directly under ``socket_dir``)
-that the spec should not have are removed, missing ones added; running it twice changes nothing, and
-:func:`remove_gpu_sockets` restores the spec. The transforms are pure; :func:`main` does the file I/O.
+Why the directory, not the socket: a bind mount holds the inode it was made from. A mounted socket file
+stays the dead one when eerld restarts and binds a new socket; a mounted directory shows whatever eerld
+creates in it, so a running container reaches the restarted eerld (the client reopens its session by
+itself). The mount is ``{"hostPath": <socket_dir>/<uuid>, "containerPath": the same, "options": ["ro",
+"nosuid", "nodev", "bind"]}``: the fields of CDI's ``Mount`` (``specs-go/config.go``; ``type`` is
+optional) become an OCI mount as they are (``pkg/cdi/oci.go``), and runc takes any mount with ``bind`` in
+its options for a bind mount whatever its type (``libcontainer/specconv/spec_linux.go``), creating the
+container's mount point as a directory when the source is one. Read-only keeps a container (root in it
+too) from writing into the host's directory; connecting to a socket needs no write access to the mount.
+
+Which GPUs get a mount, by the command's flags (default: every GPU of the spec):
+
+- ``--only-present`` (what the DaemonSet's sidecar runs): the GPUs whose directory exists in
+  ``socket_dir``. A CDI mount whose source is missing makes the container runtime fail to create the
+  container, and the directories exist once eerld has served their GPUs since the node booted (``/run``
+  is a tmpfs). eerld removes its sockets when it stops, never the directories, so a GPU keeps its mount
+  while eerld restarts: a container created then starts, runs without eerl, and reaches eerld when it is
+  back. Before eerld's first start there is no directory and no mount, and GPU pods start as before.
+- ``--only-serving``: the GPUs whose ``<socket_dir>/<uuid>/eerld.sock`` accepts a connection now. With
+  directory mounts no deployment needs it any more (a mounted directory never makes container creation
+  fail while eerld is restarting); it is kept for checking by hand which sockets eerld serves.
+- ``--remove``: none (the spec as nvidia-ctk wrote it). The sidecar no longer runs it on SIGTERM: a
+  SIGTERM comes with every DaemonSet update as much as with an uninstall, a GPU pod created during an
+  update would then run without eerl for its whole life, and a mount of a directory that exists costs a
+  pod nothing. After an uninstall, run it by hand (docs/deployment.md).
+
+Patching is a sync: eerl's mounts (host path = container path, a GPU UUID directly under ``socket_dir``,
+and the socket files ``<socket_dir>/<name>.sock`` that an older eerl-cdi mounted) that the spec should not
+have are removed, missing ones added; running it twice changes nothing, and :func:`remove_gpu_sockets`
+restores the spec. The transforms are pure; :func:`main` does the file I/O.
 """
 
 from __future__ import annotations
@@ -47,7 +76,9 @@ from eerld.errors import ConfigError
 GPU_KINDS = ("nvidia.com/gpu", "k8s.device-plugin.nvidia.com/gpu")
 """The spec kinds whose devices are workload GPUs: nvidia-ctk's default, and the NVIDIA device plugin's."""
 ALL_DEVICE = "all"
-MOUNT_OPTIONS = ("bind",)
+GPU_SOCKET_NAME = "eerld.sock"
+"""The socket in each GPU's directory (eerld.access.GPU_SOCKET_NAME; not imported, to keep this light)."""
+MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
 MAX_SPEC_BYTES = 16 * 1024 * 1024
 SERVING_PROBE_TIMEOUT_S = 1.0
 _GPU_UUID = re.compile(r"GPU-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
@@ -62,7 +93,7 @@ class CdiPatch:
 
     spec: dict[str, Any]
     mounts: tuple[tuple[str, str], ...]
-    """(device name, socket path) of every eerl mount in ``spec``."""
+    """(device name, GPU directory) of every eerl mount in ``spec``."""
     added: int
     removed: int
     mig_devices: tuple[str, ...]
@@ -89,7 +120,7 @@ class _Device:
 
 
 def add_gpu_sockets(spec: Mapping[str, Any], socket_dir: str) -> dict[str, Any]:
-    """A copy of ``spec`` where each physical GPU's device bind-mounts its eerld socket (see the module)."""
+    """A copy of ``spec`` where each physical GPU's device bind-mounts its GPU directory (see the module)."""
     return patch_spec(spec, socket_dir).spec
 
 
@@ -99,10 +130,11 @@ def remove_gpu_sockets(spec: Mapping[str, Any], socket_dir: str) -> CdiPatch:
 
 
 def patch_spec(spec: Mapping[str, Any], socket_dir: str, *, uuids: Collection[str] | None = None) -> CdiPatch:
-    """Sync the eerl mounts of ``spec``: each GPU's device mounts ``<socket_dir>/<uuid>.sock``.
+    """Sync the eerl mounts of ``spec``: each GPU's device mounts its directory ``<socket_dir>/<uuid>``.
 
-    ``uuids``: only these GPUs get their socket (default: every GPU the spec names); eerl mounts of the
-    others are removed. Raises :class:`ConfigError` when ``spec`` is not a CDI spec of GPUs.
+    ``uuids``: only these GPUs get their directory (default: every GPU the spec names); eerl mounts of the
+    others, and any mount of a socket file an older eerl-cdi added, are removed. Raises :class:`ConfigError`
+    when ``spec`` is not a CDI spec of GPUs.
     """
     check_spec(spec)
     directory = _socket_dir(socket_dir)
@@ -143,7 +175,7 @@ def patch_spec(spec: Mapping[str, Any], socket_dir: str, *, uuids: Collection[st
                 )
                 continue
             chosen = [uuid] if uuid in wanted else []
-        paths = [f"{directory}/{u}.sock" for u in chosen]
+        paths = [f"{directory}/{u}" for u in chosen]
         plus, minus, kept = _sync_mounts(device, directory, paths, warnings)
         added += plus
         removed += minus
@@ -220,16 +252,12 @@ def _sync_mounts(
     removed = 0
     for mount in device.edits.get("mounts", []):
         target = mount.get("containerPath") if isinstance(mount, dict) else None
-        if (
-            isinstance(target, str)
-            and mount.get("hostPath") == target
-            and posixpath.dirname(target) == directory
-            and target.endswith(".sock")
-        ):
-            if target in paths and target not in ours:
+        if isinstance(target, str) and mount.get("hostPath") == target and _is_eerl_path(target, directory):
+            current = mount.get("options") == list(MOUNT_OPTIONS) and "type" not in mount
+            if target in paths and target not in ours and current:
                 ours.append(target)
                 kept.append(mount)
-            else:  # another GPU's socket, or a duplicate
+            else:  # another GPU's, a duplicate, an older eerl-cdi's socket file or options: replaced
                 removed += 1
             continue
         if target in paths and target not in foreign:
@@ -244,6 +272,12 @@ def _sync_mounts(
         else:
             del device.edits["mounts"]
     return len(missing), removed, [p for p in paths if p in ours or p in missing]
+
+
+def _is_eerl_path(target: str, directory: str) -> bool:
+    """Whether ``target`` is an eerl-cdi mount point: a GPU's directory, or an older version's socket file."""
+    parent, name = posixpath.split(target)
+    return parent == directory and (_GPU_UUID.fullmatch(name) is not None or name.endswith(".sock"))
 
 
 # -- YAML and JSON ------------------------------------------------------------------------------------
@@ -332,7 +366,7 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="eerl-cdi",
-        description="Add eerld's per-GPU sockets to an NVIDIA CDI spec: each GPU's device mounts its socket.",
+        description="Give each GPU device of an NVIDIA CDI spec a bind mount of its eerld socket directory.",
     )
     p.add_argument("--nvidia-spec", type=Path, required=True, help="the CDI spec (.yaml or .json) to patch")
     p.add_argument(
@@ -345,23 +379,41 @@ def _parser() -> argparse.ArgumentParser:
     )
     which = p.add_mutually_exclusive_group()
     which.add_argument(
+        "--only-present",
+        action="store_true",
+        help="mount only the GPU directories that exist in --socket-dir (the others' mounts are removed)",
+    )
+    which.add_argument(
         "--only-serving",
         action="store_true",
-        help="mount only the sockets in --socket-dir that accept a connection now (the others' are removed)",
+        help="mount only the GPUs whose socket accepts a connection now (the others' mounts are removed)",
     )
     which.add_argument("--remove", action="store_true", help="remove every eerl mount (restore the spec)")
     return p
 
 
-def serving_gpus(socket_dir: str) -> tuple[str, ...]:
-    """The UUIDs of the GPUs whose socket in ``socket_dir`` accepts a connection now (eerld serves it)."""
+def present_gpus(socket_dir: str) -> tuple[str, ...]:
+    """The UUIDs of the GPUs whose directory is in ``socket_dir`` (eerld made it; it outlives restarts)."""
     try:
         names = sorted(os.listdir(socket_dir))
     except OSError:
         return ()
+    return tuple(n for n in names if _GPU_UUID.fullmatch(n) and _is_dir(os.path.join(socket_dir, n)))
+
+
+def serving_gpus(socket_dir: str) -> tuple[str, ...]:
+    """The UUIDs of the GPUs whose ``<socket_dir>/<uuid>/eerld.sock`` accepts a connection now."""
     return tuple(
-        n[: -len(".sock")] for n in names if n.endswith(".sock") and _accepts(os.path.join(socket_dir, n))
+        u for u in present_gpus(socket_dir) if _accepts(os.path.join(socket_dir, u, GPU_SOCKET_NAME))
     )
+
+
+def _is_dir(path: str) -> bool:
+    """A directory itself, not a symlink to one (eerld makes directories; a link could point anywhere)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _accepts(path: str) -> bool:
@@ -393,6 +445,15 @@ def _read(path: Path) -> tuple[str, os.stat_result]:
         raise ConfigError("not UTF-8 text") from e
 
 
+def _chosen(args: argparse.Namespace) -> tuple[str, ...] | None:
+    """The GPUs to mount by the flags: the present, the serving, none (--remove), or every one (None)."""
+    if args.only_present:
+        return present_gpus(args.socket_dir)
+    if args.only_serving:
+        return serving_gpus(args.socket_dir)
+    return () if args.remove else None
+
+
 def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Run eerl-cdi; return the exit status (0 ok, 1 could not write, 2 bad usage or input)."""
     out = out if out is not None else sys.stdout
@@ -419,7 +480,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
     try:
         text, before = _read(source)
         spec = load_spec(text, fmt)
-        uuids = serving_gpus(args.socket_dir) if args.only_serving else () if args.remove else None
+        uuids = _chosen(args)
         patch = patch_spec(spec, args.socket_dir, uuids=uuids)
     except ConfigError as e:
         err.write(f"Error: {source}: {_one_line(str(e))}\n")
@@ -447,7 +508,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
     verb = "patched" if patch.changed else "unchanged"
     mig = f"; MIG devices without a socket: {', '.join(patch.mig_devices)}" if patch.mig_devices else ""
     err.write(
-        f"eerl-cdi: {target}: {verb}, {len(patch.mounts)} socket mounts "
+        f"eerl-cdi: {target}: {verb}, {len(patch.mounts)} GPU directory mounts "
         f"(+{patch.added} -{patch.removed}){mig}\n"
     )
     return _EXIT_OK

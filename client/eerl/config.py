@@ -33,7 +33,9 @@ from eerl.gpus import GpuId, parse_gpu_list
 DEFAULT_SOCKET_PATH = "/run/eerld/eerld.sock"
 """Where the daemon's shared worker socket lives unless configured otherwise."""
 DEFAULT_RUN_DIR = "/run/eerld"
-"""Where the daemon's sockets live: ``eerld.sock``, ``grants/<name>.sock``, ``gpus/<name>.sock``."""
+"""Where the daemon's sockets live: ``eerld.sock``, ``grants/<name>.sock``, ``gpus/<GPU UUID>/eerld.sock``."""
+_GPU_SOCKET_NAME = "eerld.sock"
+"""The socket in each GPU's directory under ``gpus/`` (the daemon's ``eerld.access.GPU_SOCKET_NAME``)."""
 
 _GRANT_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 """What the daemon accepts as a grant's name (a job id that does not fit cannot have a grant socket)."""
@@ -215,9 +217,12 @@ def discover_sockets(environ: Mapping[str, str] | None = None) -> tuple[tuple[st
     """The worker sockets to use when ``EERL_SOCKET`` is unset, and whether they are scoped.
 
     Under ``EERL_RUN_DIR`` (default ``/run/eerld``), the first that exists of: (a) this job's grant,
-    ``grants/job-<job id>.sock`` (``EERL_JOB_ID``, else ``SLURM_JOB_ID``); (b) every per-GPU socket,
-    ``gpus/*.sock``, sorted (Kubernetes mounts a container exactly its GPUs' sockets); (c) the shared
-    ``eerld.sock``, not scoped, which is also the answer when nothing exists yet.
+    ``grants/job-<job id>.sock`` (``EERL_JOB_ID``, else ``SLURM_JOB_ID``); (b) the per-GPU sockets,
+    ``gpus/<GPU>/eerld.sock`` for every directory ``gpus/<GPU>``, sorted by directory name (Kubernetes
+    mounts into a container exactly its GPUs' directories); (c) the shared ``eerld.sock``, not scoped,
+    which is also the answer when nothing exists yet. In (b) the directory counts, not the socket: while
+    eerld restarts a directory has no socket, and eerld creates the new one in the same directory, where
+    the client's reconnects find it.
     """
     env = os.environ if environ is None else environ
     run_dir = env.get("EERL_RUN_DIR") or DEFAULT_RUN_DIR
@@ -228,11 +233,16 @@ def discover_sockets(environ: Mapping[str, str] | None = None) -> tuple[tuple[st
             return (grant,), True
     gpu_dir = os.path.join(run_dir, "gpus")
     try:
-        names = sorted(name for name in os.listdir(gpu_dir) if name.endswith(".sock"))
+        names = sorted(os.listdir(gpu_dir))
     except OSError:  # absent, or not readable by this user
         names = []
-    if names:
-        return tuple(os.path.join(gpu_dir, name) for name in names), True
+    per_gpu = [
+        os.path.join(gpu_dir, name, _GPU_SOCKET_NAME)
+        for name in names
+        if os.path.isdir(os.path.join(gpu_dir, name))
+    ]
+    if per_gpu:
+        return tuple(per_gpu), True
     return (os.path.join(run_dir, "eerld.sock"),), False
 
 

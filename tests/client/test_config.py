@@ -155,6 +155,11 @@ def _socket_file(path: Path) -> Path:
     return path
 
 
+def _gpu_socket(run_dir: Path, uuid: str) -> Path:
+    """The daemon's socket of one GPU, in that GPU's directory (what CDI mounts into a container)."""
+    return _socket_file(run_dir / "gpus" / uuid / "eerld.sock")
+
+
 class TestDiscovery:
     def test_with_nothing_there_it_is_the_shared_socket(self, tmp_path: Path) -> None:
         assert discover_sockets({"EERL_RUN_DIR": str(tmp_path)}) == ((str(tmp_path / "eerld.sock"),), False)
@@ -162,20 +167,33 @@ class TestDiscovery:
     def test_the_default_run_dir_holds_the_default_socket(self) -> None:
         assert os.path.join(DEFAULT_RUN_DIR, "eerld.sock") == DEFAULT_SOCKET_PATH
 
-    def test_per_gpu_sockets_are_all_used_sorted_and_scoped(self, tmp_path: Path) -> None:
+    def test_per_gpu_sockets_are_all_used_sorted_by_gpu_directory_and_scoped(self, tmp_path: Path) -> None:
         _socket_file(tmp_path / "eerld.sock")
-        for name in ("gpu-GPU-bb.sock", "gpu-GPU-aa.sock", "README"):
-            _socket_file(tmp_path / "gpus" / name)
+        for uuid in ("GPU-bb", "GPU-aa"):
+            _gpu_socket(tmp_path, uuid)
+        _socket_file(tmp_path / "gpus" / "README")
         config = ClientConfig.from_env({"EERL_RUN_DIR": str(tmp_path)})
         assert config.socket_paths == (
-            str(tmp_path / "gpus/gpu-GPU-aa.sock"),
-            str(tmp_path / "gpus/gpu-GPU-bb.sock"),
+            str(tmp_path / "gpus/GPU-aa/eerld.sock"),
+            str(tmp_path / "gpus/GPU-bb/eerld.sock"),
         )
         assert config.scoped
 
+    def test_a_gpu_directory_counts_while_its_socket_is_gone(self, tmp_path: Path) -> None:
+        """eerld restarting: the mounted directory has no socket yet; the client waits for it there."""
+        (tmp_path / "gpus" / "GPU-aa").mkdir(parents=True)
+        found = discover_sockets({"EERL_RUN_DIR": str(tmp_path)})
+        assert found == ((str(tmp_path / "gpus/GPU-aa/eerld.sock"),), True)
+
+    def test_socket_files_directly_in_gpus_are_not_per_gpu_sockets(self, tmp_path: Path) -> None:
+        """The old layout, gpus/<uuid>.sock, is no longer served: the shared socket is the answer."""
+        _socket_file(tmp_path / "gpus" / "GPU-aa.sock")
+        found = discover_sockets({"EERL_RUN_DIR": str(tmp_path)})
+        assert found == ((str(tmp_path / "eerld.sock"),), False)
+
     def test_the_jobs_grant_wins_over_per_gpu_sockets(self, tmp_path: Path) -> None:
         grant = _socket_file(tmp_path / "grants" / "job-4711.sock")
-        _socket_file(tmp_path / "gpus" / "gpu-GPU-aa.sock")
+        _gpu_socket(tmp_path, "GPU-aa")
         config = ClientConfig.from_env({"EERL_RUN_DIR": str(tmp_path), "EERL_JOB_ID": "4711"})
         assert (config.socket_paths, config.scoped) == ((str(grant),), True)
 
@@ -197,6 +215,6 @@ class TestDiscovery:
         assert found == ((str(tmp_path / "run" / "eerld.sock"),), False)
 
     def test_eerl_socket_wins_over_discovery(self, tmp_path: Path) -> None:
-        _socket_file(tmp_path / "gpus" / "gpu-GPU-aa.sock")
+        _gpu_socket(tmp_path, "GPU-aa")
         config = ClientConfig.from_env({"EERL_RUN_DIR": str(tmp_path), "EERL_SOCKET": "/x.sock"})
         assert (config.socket_paths, config.scoped) == (("/x.sock",), False)

@@ -105,6 +105,24 @@ class TestScopedSockets:
                 with session.phase("training", iteration=0):
                     assert _wait(lambda: fake.locked() == {0: 1500, 1: 1500, 2: 1500})
 
+    def test_a_job_started_while_eerld_is_away_reaches_it_through_the_gpu_directories(
+        self, socket_dir: Path
+    ) -> None:
+        """The GPU directories outlive eerld: a job discovers them while eerld is down, and claims its GPUs
+        through the sockets the next eerld creates in them."""
+        gpu_dir = socket_dir / "gpus"
+        with running_daemon(socket_dir, backend=FakeGpuBackend(2), tenancy="multi", gpu_socket_dir=gpu_dir):
+            pass
+        config = _discovered(socket_dir)
+        assert config.socket_paths == tuple(str(p / "eerld.sock") for p in sorted(gpu_dir.iterdir()))
+        with eerl.connect(job_id="k8s-job", config=config) as session:
+            assert not session.wait_until_connected(0.2)
+            with running_daemon(
+                socket_dir, backend=FakeGpuBackend(2), tenancy="multi", gpu_socket_dir=gpu_dir
+            ) as handle:
+                assert session.wait_until_connected(10)
+                assert [s.gpu_indices for s in handle.daemon.sessions()] == [(0, 1)]
+
     def test_a_job_finds_its_grant_and_claims_the_grants_gpus(self, socket_dir: Path) -> None:
         fake = FakeGpuBackend(4)
         with running_daemon(socket_dir, backend=fake, tenancy="multi") as handle:

@@ -1,4 +1,4 @@
-"""eerl-cdi: the NVIDIA CDI spec, patched so that each GPU's device bind-mounts that GPU's eerld socket."""
+"""eerl-cdi: the NVIDIA CDI spec, patched so that each GPU's device bind-mounts its eerld socket directory."""
 
 from __future__ import annotations
 
@@ -15,7 +15,18 @@ from typing import Any
 import pytest
 import yaml
 
-from eerld.cdi import add_gpu_sockets, dump_spec, load_spec, main, patch_spec, remove_gpu_sockets
+from eerld import access
+from eerld.cdi import (
+    GPU_SOCKET_NAME,
+    add_gpu_sockets,
+    dump_spec,
+    load_spec,
+    main,
+    patch_spec,
+    present_gpus,
+    remove_gpu_sockets,
+    serving_gpus,
+)
 from eerld.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,6 +35,7 @@ SOCKET_DIR = "/run/eerld/gpus"
 GPU0 = "GPU-6f8b2a3e-1c4d-4b5e-9a7f-0e1d2c3b4a59"
 GPU1 = "GPU-0d3c9e8a-7b21-4f6c-8e5d-a1b2c3d4e5f6"
 MIG = "MIG-3e1f5c7a-9b2d-5e4f-8a6c-b7d8e9f0a1b2"
+OPTIONS = ["ro", "nosuid", "nodev", "bind"]
 
 
 def nvidia_spec() -> dict[str, Any]:
@@ -44,13 +56,20 @@ def device(spec: dict[str, Any], name: str) -> dict[str, Any]:
     return found  # type: ignore[no-any-return]
 
 
-def sockets(spec: dict[str, Any], name: str) -> list[str]:
+def mounted(spec: dict[str, Any], name: str) -> list[str]:
+    """The container paths under SOCKET_DIR that the device mounts."""
     mounts = device(spec, name)["containerEdits"].get("mounts", [])
     return [m["containerPath"] for m in mounts if m["containerPath"].startswith(SOCKET_DIR + "/")]
 
 
-def sock(uuid: str, directory: str = SOCKET_DIR) -> str:
-    return f"{directory}/{uuid}.sock"
+def gpu_dir(uuid: str, directory: str = SOCKET_DIR) -> str:
+    return f"{directory}/{uuid}"
+
+
+def old_mount(uuid: str) -> dict[str, Any]:
+    """The mount of a GPU's socket file, as the previous eerl-cdi added it."""
+    path = f"{SOCKET_DIR}/{uuid}.sock"
+    return {"hostPath": path, "containerPath": path, "options": ["bind"]}
 
 
 def run(*argv: str) -> tuple[int, str, str]:
@@ -69,14 +88,19 @@ def spec_file(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def gpu_sockets(short_tmp: Path) -> Iterator[Path]:
-    """A socket directory where eerld serves GPU 0 and GPU 1's socket is stale (no daemon behind it)."""
+    """eerld's socket directory: GPU 0's socket is served, GPU 1's is stale (eerld restarting), and
+    there are a GPU directory the spec does not name, a symlink named as a GPU and a stray file."""
     directory = short_tmp / "gpus"
     directory.mkdir(mode=0o700)
+    for uuid in (GPU0, GPU1, "GPU-11111111-2222-3333-4444-555555555555"):
+        (directory / uuid).mkdir(mode=0o711)
+    (directory / "GPU-99999999-2222-3333-4444-555555555555").symlink_to(directory / GPU0)
+    (directory / "README").touch()
     live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    live.bind(sock(GPU0, str(directory)))
+    live.bind(str(directory / GPU0 / GPU_SOCKET_NAME))
     live.listen()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stale:
-        stale.bind(sock(GPU1, str(directory)))
+        stale.bind(str(directory / GPU1 / GPU_SOCKET_NAME))
     try:
         yield directory
     finally:
@@ -92,24 +116,28 @@ class TestFixture:
 
 
 class TestAddGpuSockets:
-    def test_a_uuid_named_gpu_bind_mounts_its_own_socket_at_the_same_path(self) -> None:
-        """GPU-<uuid> gets {hostPath, containerPath: <dir>/<uuid>.sock, options: [bind]} and nothing else."""
+    def test_a_uuid_named_gpu_bind_mounts_its_own_directory_read_only_at_the_same_path(self) -> None:
+        """GPU-<uuid> gets {hostPath = containerPath = <dir>/<uuid>, a read-only bind, no type}, no more."""
         mounts = device(add_gpu_sockets(nvidia_spec(), SOCKET_DIR), GPU0)["containerEdits"]["mounts"]
-        assert mounts == [{"hostPath": sock(GPU0), "containerPath": sock(GPU0), "options": ["bind"]}]
+        assert mounts == [{"hostPath": gpu_dir(GPU0), "containerPath": gpu_dir(GPU0), "options": OPTIONS}]
 
-    def test_an_index_named_gpu_gets_the_socket_of_the_gpu_with_its_device_node(self) -> None:
+    def test_the_socket_in_each_gpu_directory_is_the_one_eerld_serves(self) -> None:
+        """eerl-cdi's name of the socket in a GPU's directory is eerld's."""
+        assert GPU_SOCKET_NAME == access.GPU_SOCKET_NAME
+
+    def test_an_index_named_gpu_gets_the_directory_of_the_gpu_with_its_device_node(self) -> None:
         """ "0" shares /dev/nvidia0 with GPU0's UUID-named device, "1" /dev/nvidia1 with GPU1's."""
         spec = add_gpu_sockets(nvidia_spec(), SOCKET_DIR)
-        assert (sockets(spec, "0"), sockets(spec, "1")) == ([sock(GPU0)], [sock(GPU1)])
+        assert (mounted(spec, "0"), mounted(spec, "1")) == ([gpu_dir(GPU0)], [gpu_dir(GPU1)])
 
-    def test_all_gets_every_gpus_socket(self) -> None:
-        """The "all" device mounts the sockets of both full GPUs."""
-        assert sockets(add_gpu_sockets(nvidia_spec(), SOCKET_DIR), "all") == [sock(GPU0), sock(GPU1)]
+    def test_all_gets_every_gpus_directory(self) -> None:
+        """The "all" device mounts the directories of both full GPUs."""
+        assert mounted(add_gpu_sockets(nvidia_spec(), SOCKET_DIR), "all") == [gpu_dir(GPU0), gpu_dir(GPU1)]
 
     def test_mig_devices_get_no_socket(self) -> None:
-        """Neither name of the MIG device mounts a socket, and the report lists both."""
+        """Neither name of the MIG device mounts anything, and the report lists both."""
         patch = patch_spec(nvidia_spec(), SOCKET_DIR)
-        assert (sockets(patch.spec, "2:0"), sockets(patch.spec, MIG)) == ([], [])
+        assert (mounted(patch.spec, "2:0"), mounted(patch.spec, MIG)) == ([], [])
         assert patch.mig_devices == ("2:0", MIG)
 
     def test_only_mounts_change_and_the_input_is_left_alone(self) -> None:
@@ -133,22 +161,56 @@ class TestAddGpuSockets:
         patched = add_gpu_sockets(nvidia_spec(), SOCKET_DIR)
         assert remove_gpu_sockets(patched, SOCKET_DIR).spec == nvidia_spec()
 
-    def test_only_the_named_gpus_keep_their_sockets(self) -> None:
+    def test_socket_file_mounts_of_the_previous_version_are_replaced_by_directory_mounts(self) -> None:
+        """A spec with the old <dir>/<uuid>.sock mounts, patched again, has only the directory mounts."""
+        spec = nvidia_spec()
+        for name, uuids in (
+            ("0", [GPU0]),
+            (GPU0, [GPU0]),
+            ("1", [GPU1]),
+            (GPU1, [GPU1]),
+            ("all", [GPU0, GPU1]),
+        ):
+            device(spec, name)["containerEdits"]["mounts"] = [old_mount(u) for u in uuids]
+        patch = patch_spec(spec, SOCKET_DIR)
+        assert patch.spec == add_gpu_sockets(nvidia_spec(), SOCKET_DIR)
+        assert (patch.added, patch.removed) == (6, 6)
+
+    def test_remove_takes_out_the_previous_versions_socket_file_mounts_too(self) -> None:
+        """--remove on a spec the previous version patched gives back the spec nvidia-ctk wrote."""
+        spec = nvidia_spec()
+        device(spec, GPU0)["containerEdits"]["mounts"] = [old_mount(GPU0)]
+        assert remove_gpu_sockets(spec, SOCKET_DIR).spec == nvidia_spec()
+
+    def test_a_directory_mount_with_other_options_is_brought_up_to_date(self) -> None:
+        """An eerl mount of the right directory with plain ["bind"] becomes the read-only bind."""
+        spec = nvidia_spec()
+        path = gpu_dir(GPU0)
+        device(spec, GPU0)["containerEdits"]["mounts"] = [
+            {"hostPath": path, "containerPath": path, "options": ["bind"]}
+        ]
+        patch = patch_spec(spec, SOCKET_DIR)
+        assert device(patch.spec, GPU0)["containerEdits"]["mounts"] == [
+            {"hostPath": path, "containerPath": path, "options": OPTIONS}
+        ]
+        assert (patch.added, patch.removed) == (6, 1)  # GPU0's, and the five other devices' mounts
+
+    def test_only_the_named_gpus_keep_their_directories(self) -> None:
         """With uuids={GPU1}, GPU0's mounts go from "0", its UUID device and "all"; GPU1's stay."""
         patch = patch_spec(add_gpu_sockets(nvidia_spec(), SOCKET_DIR), SOCKET_DIR, uuids={GPU1})
-        assert [sockets(patch.spec, n) for n in ("0", GPU0, "1", GPU1, "all")] == [
+        assert [mounted(patch.spec, n) for n in ("0", GPU0, "1", GPU1, "all")] == [
             [],
             [],
-            [sock(GPU1)],
-            [sock(GPU1)],
-            [sock(GPU1)],
+            [gpu_dir(GPU1)],
+            [gpu_dir(GPU1)],
+            [gpu_dir(GPU1)],
         ]
         assert (patch.added, patch.removed) == (0, 3)
 
     def test_the_device_plugins_spec_is_patched_too(self) -> None:
-        """The device plugin's kind with UUID names only: each GPU mounts its socket, the MIG device none."""
+        """The device plugin's kind with UUID names only: each GPU mounts its directory, MIG none."""
         spec = add_gpu_sockets(plugin_spec(), SOCKET_DIR)
-        assert [sockets(spec, n) for n in (GPU0, GPU1, MIG)] == [[sock(GPU0)], [sock(GPU1)], []]
+        assert [mounted(spec, n) for n in (GPU0, GPU1, MIG)] == [[gpu_dir(GPU0)], [gpu_dir(GPU1)], []]
 
     def test_an_index_name_without_a_uuid_twin_is_left_as_is_with_a_warning(self) -> None:
         """A spec named by index only cannot be matched to sockets: unchanged, one warning per device."""
@@ -164,17 +226,17 @@ class TestAddGpuSockets:
         device(spec, "1")["containerEdits"] = ["not", "edits"]
         patch = patch_spec(spec, SOCKET_DIR)
         assert device(patch.spec, "1")["containerEdits"] == ["not", "edits"]
-        assert sockets(patch.spec, GPU1) == [sock(GPU1)]
+        assert mounted(patch.spec, GPU1) == [gpu_dir(GPU1)]
         assert any(w.startswith("1: ") for w in patch.warnings)
 
-    def test_someone_elses_mount_at_a_socket_path_is_kept_and_reported(self) -> None:
-        """A mount of another source at GPU0's socket path stays the only one there, with a warning."""
+    def test_someone_elses_mount_at_a_gpu_directory_is_kept_and_reported(self) -> None:
+        """A mount of another source at GPU0's directory stays the only one there, with a warning."""
         spec = nvidia_spec()
-        other = {"hostPath": "/somewhere/else.sock", "containerPath": sock(GPU0)}
+        other = {"hostPath": "/somewhere/else", "containerPath": gpu_dir(GPU0)}
         device(spec, GPU0)["containerEdits"]["mounts"] = [other]
         patch = patch_spec(spec, SOCKET_DIR)
         assert device(patch.spec, GPU0)["containerEdits"]["mounts"] == [other]
-        assert any("/somewhere/else.sock" in w for w in patch.warnings)
+        assert any("/somewhere/else" in w for w in patch.warnings)
 
     @pytest.mark.parametrize(
         "spec",
@@ -269,30 +331,56 @@ class TestCommand:
         )
         assert (code, load_spec(spec_file.read_text(), "yaml")) == (0, nvidia_spec())
 
-    def test_only_serving_mounts_the_sockets_that_answer(self, spec_file: Path, gpu_sockets: Path) -> None:
-        """GPU0's socket accepts a connection, GPU1's is stale: only GPU0's devices mount a socket."""
+    def test_only_present_mounts_the_gpu_directories_that_exist(
+        self, spec_file: Path, gpu_sockets: Path
+    ) -> None:
+        """GPU0 and GPU1 have their directory (GPU1's socket is stale: eerld restarting): both are mounted."""
+        directory = str(gpu_sockets)
+        code, out, _ = run("--nvidia-spec", str(spec_file), "--socket-dir", directory, "--only-present")
+        assert (code, load_spec(out, "yaml")) == (0, add_gpu_sockets(nvidia_spec(), directory))
+
+    def test_only_present_leaves_out_a_gpu_without_its_directory(
+        self, spec_file: Path, short_tmp: Path
+    ) -> None:
+        """Only GPU1's directory exists (GPU0's was never made): GPU0's devices mount nothing."""
+        directory = short_tmp / "gpus"
+        directory.mkdir(mode=0o700)
+        (directory / GPU1).mkdir(mode=0o711)
+        code, out, _ = run("--nvidia-spec", str(spec_file), "--socket-dir", str(directory), "--only-present")
+        assert (code, load_spec(out, "yaml")) == (
+            0,
+            patch_spec(nvidia_spec(), str(directory), uuids={GPU1}).spec,
+        )
+
+    def test_only_serving_mounts_the_gpus_whose_socket_answers(
+        self, spec_file: Path, gpu_sockets: Path
+    ) -> None:
+        """GPU0's <uuid>/eerld.sock accepts a connection, GPU1's is stale: only GPU0's devices mount."""
         directory = str(gpu_sockets)
         code, out, _ = run("--nvidia-spec", str(spec_file), "--socket-dir", directory, "--only-serving")
         spec = load_spec(out, "yaml")
         assert code == 0
-        assert [
+        has_mounts = [
             device(spec, n)["containerEdits"].get("mounts", []) != [] for n in ("0", GPU0, "1", GPU1)
-        ] == [
-            True,
-            True,
-            False,
-            False,
         ]
+        assert has_mounts == [True, True, False, False]
         assert [m["hostPath"] for m in device(spec, "all")["containerEdits"]["mounts"]] == [
-            sock(GPU0, directory)
+            gpu_dir(GPU0, directory)
         ]
 
-    def test_only_serving_without_a_socket_directory_mounts_nothing(
-        self, spec_file: Path, tmp_path: Path
+    def test_a_gpu_is_present_by_its_own_directory_and_serving_by_its_socket(self, gpu_sockets: Path) -> None:
+        """Present: GPU-named real directories (no symlink, no stray file); serving: their socket answers."""
+        other = "GPU-11111111-2222-3333-4444-555555555555"
+        assert present_gpus(str(gpu_sockets)) == tuple(sorted((GPU0, GPU1, other)))
+        assert serving_gpus(str(gpu_sockets)) == (GPU0,)
+
+    @pytest.mark.parametrize("flag", ["--only-present", "--only-serving"])
+    def test_without_a_socket_directory_nothing_is_mounted(
+        self, spec_file: Path, tmp_path: Path, flag: str
     ) -> None:
-        """No socket directory (eerld not running): the spec comes out without any eerl mount."""
+        """No socket directory (eerld never ran): the spec comes out without any eerl mount."""
         absent = str(tmp_path / "absent")
-        code, out, _ = run("--nvidia-spec", str(spec_file), "--socket-dir", absent, "--only-serving")
+        code, out, _ = run("--nvidia-spec", str(spec_file), "--socket-dir", absent, flag)
         assert (code, load_spec(out, "yaml")) == (0, nvidia_spec())
 
     @pytest.mark.parametrize(
@@ -332,6 +420,7 @@ class TestCommand:
             ["--nvidia-spec", "/nonexistent/nvidia.yaml", "--socket-dir", SOCKET_DIR],
             ["--nvidia-spec", str(FIXTURE), "--socket-dir", "relative/gpus"],
             ["--nvidia-spec", str(FIXTURE), "--socket-dir", SOCKET_DIR, "--remove", "--only-serving"],
+            ["--nvidia-spec", str(FIXTURE), "--socket-dir", SOCKET_DIR, "--only-present", "--only-serving"],
         ],
     )
     def test_bad_usage_exits_2_with_one_error_line(self, argv: list[str]) -> None:

@@ -6,7 +6,6 @@ import os
 import posixpath
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -190,10 +189,11 @@ class TestCdiSidecar:
         assert (security["privileged"], security["allowPrivilegeEscalation"]) == (False, False)
         assert security["capabilities"] == {"drop": ["ALL"]}
 
-    def test_its_script_mounts_the_serving_sockets_and_removes_them_on_sigterm(
+    def test_its_script_mounts_the_present_gpu_directories_and_keeps_them_on_sigterm(
         self, tmp_path: Path, short_tmp: Path
     ) -> None:
-        """Run for real: GPU0's live socket is mounted, GPU1's stale one is not; SIGTERM restores the spec."""
+        """Run for real: GPU0's directory (its socket gone) is mounted, GPU1's (never made) is not; SIGTERM
+        ends the loop at once and leaves the mounts."""
         gpu0 = "GPU-6f8b2a3e-1c4d-4b5e-9a7f-0e1d2c3b4a59"
         gpu1 = "GPU-0d3c9e8a-7b21-4f6c-8e5d-a1b2c3d4e5f6"
         fixture = Path(__file__).parent / "data/nvidia-cdi.yaml"
@@ -201,6 +201,7 @@ class TestCdiSidecar:
         shutil.copyfile(fixture, spec_path)
         sockets = short_tmp / "gpus"
         sockets.mkdir(mode=0o700)
+        (sockets / gpu0).mkdir(mode=0o711)  # eerld served GPU0 and stopped: its socket is gone, not its dir
         bin_dir = tmp_path / "bin"
         bin_dir.mkdir()
         (bin_dir / "eerl-cdi").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m eerld.cdi "$@"\n')
@@ -212,26 +213,25 @@ class TestCdiSidecar:
             "EERL_GPU_SOCKET_DIR": str(sockets),
             "PYTHONPATH": os.pathsep.join(sys.path),
         }
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stale:
-            stale.bind(str(sockets / f"{gpu1}.sock"))
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as live:
-            live.bind(str(sockets / f"{gpu0}.sock"))
-            live.listen()
-            script = subprocess.Popen(self.sidecar()["command"], env=env, stdout=subprocess.PIPE, text=True)
-            try:
-                deadline = time.monotonic() + 60
-                while f"{gpu0}.sock" not in spec_path.read_text() and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                patched = load_spec(spec_path.read_text(), "yaml")
-                script.send_signal(signal.SIGTERM)
-                stdout, _ = script.communicate(timeout=60)
-            finally:
-                if script.poll() is None:
-                    script.kill()
-                    script.wait()
+        script = subprocess.Popen(self.sidecar()["command"], env=env, stdout=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while f"{sockets}/{gpu0}" not in spec_path.read_text() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            patched = load_spec(spec_path.read_text(), "yaml")
+            started = time.monotonic()
+            script.send_signal(signal.SIGTERM)
+            stdout, _ = script.communicate(timeout=60)
+            stopped_s = time.monotonic() - started
+        finally:
+            if script.poll() is None:
+                script.kill()
+                script.wait()
         original = load_spec(fixture.read_text(), "yaml")
         assert patched == patch_spec(original, str(sockets), uuids={gpu0}).spec
-        assert (script.returncode, load_spec(spec_path.read_text(), "yaml")) == (0, original)
+        assert f"{sockets}/{gpu1}" not in str(patched)
+        assert (script.returncode, load_spec(spec_path.read_text(), "yaml")) == (0, patched)
+        assert stopped_s < float(self.env()["EERL_CDI_PERIOD_S"])  # no wait for the next round
         assert "patched" in stdout
 
 

@@ -172,16 +172,16 @@ class TestGrants:
 
 @contextmanager
 def mounted(sockets: list[Path], directory: Path) -> Iterator[list[Path]]:
-    """Bind-mount sockets into ``directory``, as a CDI spec mounts a container's GPU sockets into it."""
+    """Bind-mount the sockets' GPU directories into ``directory``, as a CDI spec does for a container."""
     directory.mkdir(mode=0o755)
-    targets = [directory / p.name for p in sockets]
+    targets = [directory / p.parent.name for p in sockets]
     done: list[Path] = []
     try:
         for source, target in zip(sockets, targets, strict=True):
-            target.touch()
-            subprocess.run(["mount", "--bind", str(source), str(target)], check=True)
+            target.mkdir()
+            subprocess.run(["mount", "--bind", str(source.parent), str(target)], check=True)
             done.append(target)
-        yield targets
+        yield [t / p.name for t, p in zip(targets, sockets, strict=True)]
     finally:
         for target in done:
             subprocess.run(["umount", str(target)], check=False)
@@ -197,8 +197,9 @@ class TestPerGpuSockets:
         ) as handle:
             sockets = [Path(g.grant.socket_path) for g in handle.daemon.grants()[1:]]
             modes = [stat.S_IMODE(p.stat().st_mode) for p in sockets]
-            dir_mode = stat.S_IMODE(sockets[0].parent.stat().st_mode)
+            dir_mode = stat.S_IMODE(sockets[0].parent.parent.stat().st_mode)
             unmounted = run_as(f"unix:{sockets[2]}", [open_call(2)])[0]
+            gpu_dirs = [stat.S_IMODE(p.parent.stat().st_mode) for p in sockets]
             with mounted(sockets[:2], reachable_dir / "container") as (gpu0, gpu1):
                 ticket = run_as(f"unix:{gpu1}", [call("PhaseService", "IssueClaimTicket")])[0]
                 token = ticket.response["ticket"]
@@ -210,11 +211,26 @@ class TestPerGpuSockets:
             held = holders(handle)
         assert modes == [0o666] * 4
         assert dir_mode == 0o700
+        assert gpu_dirs == [0o711] * 4
         assert unmounted.code == "UNAVAILABLE"
         assert [g["index"] for g in ticket.response["gpus"]] == [1]
         assert [o.code for o in refused] == ["PERMISSION_DENIED", "PERMISSION_DENIED"]
         assert [o.code for o in used] == ["OK", "PERMISSION_DENIED"]  # a ticket works once
         assert held == {0: "job-a", 1: "job-a"}
+
+    def test_a_mounted_gpu_directory_reaches_the_socket_of_a_restarted_daemon(
+        self, reachable_dir: Path
+    ) -> None:
+        """A container keeps its mount across an eerld restart: the new socket appears in the mounted dir."""
+        gpu_dir = reachable_dir / "gpus"
+        with running_daemon(reachable_dir, reaper=False, tenancy="multi", gpu_socket_dir=gpu_dir) as handle:
+            socket = Path(handle.daemon.grants()[1].grant.socket_path)
+        with mounted([socket], reachable_dir / "container") as (in_container,):
+            stopped = in_container.exists()
+            with running_daemon(reachable_dir, reaper=False, tenancy="multi", gpu_socket_dir=gpu_dir):
+                outcome = run_as(f"unix:{in_container}", [open_call(0)])[0]
+        assert not stopped  # a stopped daemon removes its sockets
+        assert outcome.code == "OK"
 
 
 def session(name: str, role: GpuRole, gpu: int, authority: frozenset[int]) -> Session:
