@@ -22,6 +22,11 @@ import time
 from typing import Any
 
 import grpc
+
+# grpc imports these lazily, on the first channel: after the drop the checkout may not be readable.
+import grpc._channel
+import grpc._interceptor
+import grpc._utilities
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 from google.protobuf import json_format
@@ -36,7 +41,8 @@ STUBS: dict[str, Any] = {
 MESSAGES: dict[str, Any] = {"Health": health_pb2}
 
 
-def _drop(uid: int, gid: int, groups: list[int]) -> None:
+def drop_privileges(uid: int, gid: int, groups: list[int]) -> None:
+    """Become ``uid``/``gid`` with ``groups`` (everything needed is imported already)."""
     os.setgroups(groups)
     os.setgid(gid)
     os.setuid(uid)
@@ -123,7 +129,7 @@ def _hold(target: str, hold: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> int:
     spec = json.loads(sys.stdin.readline())
-    _drop(spec["uid"], spec["gid"], spec.get("groups", []))
+    drop_privileges(spec["uid"], spec["gid"], spec.get("groups", []))
     if "hold" in spec:
         json.dump({"euid": os.geteuid(), **_hold(spec["target"], spec["hold"])}, sys.stdout)
         return 0
