@@ -107,6 +107,7 @@ class TestDaemonDies:
             assert session.flush(PATIENCE_S)
             first = session.session_id
             with session.phase("training", iteration=0):
+                assert session.flush(PATIENCE_S)  # the begin reached the first daemon before it stops
                 fake.stop()
                 fake.start()
                 assert fake.wait_for(lambda f: len(f.live_sessions()) == 1, PATIENCE_S)
