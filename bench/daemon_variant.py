@@ -35,8 +35,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from eerl.phases import ControllerState  # noqa: E402
+
 from eerld.config import load_config  # noqa: E402 - after the path set-up above
-from eerld.control.base import ControllerState  # noqa: E402
 from eerld.daemon import BeganPhase, Daemon, EndedPhase  # noqa: E402
 from eerld.gpu.base import GpuBackend  # noqa: E402
 from eerld.logging import configure_logging  # noqa: E402

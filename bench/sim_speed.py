@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # running as `python bench/sim_speed.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
-from eerld.control.base import PhaseKind  # noqa: E402
+from eerl.phases import PhaseKind  # noqa: E402
+
 from eerld.sim.evaluate import run_fixed  # noqa: E402
 from eerld.sim.scenario import load_scenario  # noqa: E402
 from eerld.sim.sweep import sweep  # noqa: E402

@@ -19,10 +19,11 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
+from eerl.control.registry import CONTROLLER_NAMES, DEFAULT_CONTROLLER
+from eerl.phases import PhaseKind
+
 from eerld import files
 from eerld.clocks.ratelimit import DEFAULT_MAX_CHANGES_PER_S
-from eerld.control.base import PhaseKind
-from eerld.control.registry import CONTROLLER_NAMES, DEFAULT_CONTROLLER
 from eerld.errors import ConfigError
 from eerld.sim.profiles import builtin_profile
 

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import grpc
-from eerl.phases import KIND_TO_PB, PhaseKind
+from eerl._pb_enums import KIND_TO_PB
+from eerl.phases import PhaseKind
 from eerl.v1 import eerl_pb2, eerl_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 

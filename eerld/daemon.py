@@ -21,6 +21,10 @@ from pathlib import Path
 from typing import TypeVar
 
 import structlog
+from eerl.control.base import ControllerFactory, ControllerSettings, Decision, PhaseObservation, PhaseSnapshot
+from eerl.control.clocks import nearest_supported_mhz, nearest_supported_text
+from eerl.errors import ValidationError as ControllerSettingsError
+from eerl.phases import ControllerState, ExecutionMode, GpuRole, PhaseKind, Workload
 
 from eerld import files
 from eerld.access import Access
@@ -28,18 +32,6 @@ from eerld.clocks.arbiter import APPLY_TIMEOUT_S, AppliedClock, ClockArbiter, Cl
 from eerld.clocks.ledger import Ledger
 from eerld.clocks.pins import Pin, PinStore, pin_problem
 from eerld.clocks.ratelimit import DEFAULT_MAX_CHANGES_PER_S, ClockChangeLimiter
-from eerld.control.base import (
-    ControllerFactory,
-    ControllerSettings,
-    ControllerState,
-    Decision,
-    ExecutionMode,
-    PhaseKind,
-    PhaseObservation,
-    PhaseSnapshot,
-    Workload,
-)
-from eerld.control.simple import nearest_supported_mhz
 from eerld.energy import phase_energy, read_counters
 from eerld.errors import (
     ConfigError,
@@ -53,7 +45,7 @@ from eerld.errors import (
 from eerld.gpu.base import ClockEventReasons, GpuBackend, GpuClocks, GpuIdentity, GpuUtilization
 from eerld.gpu.observe_only import ObserveOnlyBackend
 from eerld.grants import SHARED_NAME, Grant, GrantSpec
-from eerld.sessions import ActivePhase, GpuRole, GpuSelector, Session, SessionRegistry, SessionSpec
+from eerld.sessions import ActivePhase, GpuSelector, Session, SessionRegistry, SessionSpec
 
 log = structlog.get_logger("eerld.daemon")
 _T = TypeVar("_T")
@@ -383,10 +375,9 @@ class Daemon:
         for kind, mhz in self._fixed_clocks_mhz.items():
             for index, supported in self._supported.items():
                 if supported and mhz not in supported:
-                    nearest = sorted(supported, key=lambda c: abs(c - mhz))[:2]
                     raise ConfigError(
                         f"--fixed-clocks: {kind.value}={mhz} MHz is not supported by GPU {index}; "
-                        f"nearest supported: {', '.join(str(c) for c in sorted(nearest))} MHz"
+                        + nearest_supported_text(supported, mhz)
                     )
 
     def start(self) -> None:
@@ -536,11 +527,15 @@ class Daemon:
             fixed_clocks_mhz={k: v for k, v in self._fixed_clocks_mhz.items() if k in kinds},
         )
         now_s = self._clock()
+        try:
+            controller = self._controller_factory(settings)
+        except ControllerSettingsError as e:  # the controller's own error tree, in the daemon's words
+            raise ValidationError(e.field, e.problem) from e
         session = Session(
             SessionRegistry.new_session_id(),
             spec,
             indices,
-            self._controller_factory(settings),
+            controller,
             supported_sm_clocks_mhz=supported,
             throughput_threshold=threshold,
             lease_ttl_s=spec.lease_ttl_s or self._default_lease_ttl_s,
@@ -795,11 +790,10 @@ class Daemon:
         for index in indices:
             supported = self._supported[index]
             if supported and sm_clock_mhz not in supported:
-                nearest = sorted(sorted(supported, key=lambda c: abs(c - sm_clock_mhz))[:2])
                 raise ValidationError(
                     "sm_clock_mhz",
                     f"{sm_clock_mhz} MHz is not supported by GPU {index}; "
-                    f"nearest supported: {', '.join(str(c) for c in nearest)} MHz",
+                    + nearest_supported_text(supported, sm_clock_mhz),
                 )
             if mem_clock_mhz:
                 try:

@@ -37,11 +37,12 @@ from pathlib import Path
 from typing import IO, Any
 
 import grpc
+from eerl._pb_enums import KIND_FROM_PB, KIND_TO_PB, STATE_FROM_PB
+from eerl.phases import ControllerState, PhaseKind
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
 from eerld.config import load_config
-from eerld.control.base import ControllerState, PhaseKind
 from eerld.errors import ConfigError, EerlError
 from eerld.gpu.sim import SimBackend, create_sim_backend, open_sim_device
 from eerld.logging import configure_logging
@@ -65,16 +66,6 @@ _PARENT_ENV = "EERL_DEMO_PARENT_PID"
 _PR_SET_PDEATHSIG = 1
 
 _DAEMON_LAUNCHER = "import sys; from eerld.livedemo import serve_daemon; sys.exit(serve_daemon(sys.argv[1:]))"
-_STATE_NAMES = {
-    pb.CONTROLLER_STATE_BASELINE: ControllerState.BASELINE,
-    pb.CONTROLLER_STATE_EXPLORING: ControllerState.EXPLORING,
-    pb.CONTROLLER_STATE_COMMITTED: ControllerState.COMMITTED,
-    pb.CONTROLLER_STATE_RETUNING: ControllerState.RETUNING,
-    pb.CONTROLLER_STATE_FIXED: ControllerState.FIXED,
-    pb.CONTROLLER_STATE_OFF: ControllerState.OFF,
-}
-_KIND_TO_PB = {PhaseKind.GENERATION: pb.PHASE_KIND_GENERATION, PhaseKind.TRAINING: pb.PHASE_KIND_TRAINING}
-_KIND_FROM_PB = {v: k for k, v in _KIND_TO_PB.items()}
 
 
 # ---- the daemon, with simulated time -----------------------------------------------------------------------
@@ -290,7 +281,7 @@ class Admin:
         """The controller's decisions for a session (oldest first), or [] when the call fails."""
         request = pb.GetDecisionsRequest(session_id=session_id, limit=limit)
         if kind is not None:
-            request.kind = _KIND_TO_PB[kind]
+            request.kind = KIND_TO_PB[kind]
         try:
             reply: pb.GetDecisionsResponse = self._stub.GetDecisions(request, timeout=RPC_TIMEOUT_S)
         except grpc.RpcError:
@@ -309,7 +300,7 @@ def _session_id(status: pb.StatusResponse | None) -> str:
 
 
 def _state(decisions: list[pb.Decision]) -> ControllerState | None:
-    return _STATE_NAMES.get(decisions[-1].state) if decisions else None
+    return STATE_FROM_PB.get(decisions[-1].state) if decisions else None
 
 
 # ---- the demo ----------------------------------------------------------------------------------------------
@@ -649,16 +640,16 @@ class LiveDemo:
         if session is None:
             return ["  controller: no Status from eerld at the end of the run"]
         for phase in session.phases:
-            kind = _KIND_FROM_PB.get(phase.kind)
+            kind = KIND_FROM_PB.get(phase.kind)
             if kind is None:
                 continue
-            state = _STATE_NAMES.get(phase.state, ControllerState.OFF).value
+            state = STATE_FROM_PB.get(phase.state, ControllerState.OFF).value
             clock = f"{phase.sm_clock_mhz} MHz" if phase.sm_clock_mhz else "default"
             commit = next(
                 (
                     d.iteration
                     for d in record.decisions
-                    if _KIND_FROM_PB.get(d.kind) is kind and d.state == pb.CONTROLLER_STATE_COMMITTED
+                    if KIND_FROM_PB.get(d.kind) is kind and d.state == pb.CONTROLLER_STATE_COMMITTED
                 ),
                 None,
             )

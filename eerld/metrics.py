@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from wsgiref.simple_server import WSGIRequestHandler
 
+from eerl.phases import ControllerState, PhaseKind
 from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -52,7 +53,6 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from eerld.control.base import ControllerState, PhaseKind
 from eerld.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -30,6 +30,7 @@ from typing import Any
 
 import grpc
 import structlog
+from eerl.control.registry import controller_factory
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -39,7 +40,6 @@ from eerld.api.interceptors import ErrorMappingInterceptor, StreamGuardIntercept
 from eerld.api.reflection import REFLECTION_SERVICES, enable_reflection
 from eerld.api.servicers import AdminServicer, PhaseServicer
 from eerld.config import Config
-from eerld.control.registry import controller_factory
 from eerld.daemon import Daemon
 from eerld.errors import ConfigError
 from eerld.gpu.base import GpuBackend

@@ -7,34 +7,19 @@ and takes time as an argument, so the rules can be tested without a daemon.
 
 from __future__ import annotations
 
-import enum
 import secrets
 import threading
 from collections import deque
 from dataclasses import dataclass, field
 
-from eerld.control.base import Controller, Decision, ExecutionMode, PhaseKind
+from eerl.control.base import Controller, Decision
+from eerl.phases import ExecutionMode, GpuRole, PhaseKind
+
 from eerld.energy import CounterReading
 from eerld.errors import Conflict, NotFound, ValidationError
 
 SESSION_ID_BYTES = 24
 RECENT_WINDOW = 8
-
-
-class GpuRole(enum.StrEnum):
-    """Which phases run on a session's GPUs."""
-
-    BOTH = "both"
-    GENERATION = "generation"
-    TRAINING = "training"
-
-    def kinds(self) -> tuple[PhaseKind, ...]:
-        """The phase kinds a session with this role runs."""
-        if self is GpuRole.GENERATION:
-            return (PhaseKind.GENERATION,)
-        if self is GpuRole.TRAINING:
-            return (PhaseKind.TRAINING,)
-        return (PhaseKind.GENERATION, PhaseKind.TRAINING)
 
 
 @dataclass(frozen=True, slots=True)

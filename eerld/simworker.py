@@ -35,8 +35,8 @@ from typing import Any, TextIO
 
 import eerl
 import numpy as np
+from eerl.phases import ExecutionMode, PhaseKind, Workload
 
-from eerld.control.base import ExecutionMode, PhaseKind, Workload
 from eerld.energy import phase_energy, read_counters
 from eerld.errors import ConfigError, EerlError
 from eerld.gpu.sim import SimBackend, SimDevice, open_sim_device

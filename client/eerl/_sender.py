@@ -41,9 +41,10 @@ from dataclasses import dataclass, field
 import grpc
 
 from eerl._channel import make_channel, refused_by_kernel
+from eerl._pb_enums import KIND_TO_PB
 from eerl._validate import Finding, Problem, check_iteration, check_workload
 from eerl.config import ClientConfig
-from eerl.phases import KIND_TO_PB, PhaseKind, Workload
+from eerl.phases import PhaseKind, Workload
 from eerl.v1 import eerl_pb2, eerl_pb2_grpc
 
 logger = logging.getLogger("eerl")

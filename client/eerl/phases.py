@@ -1,4 +1,9 @@
-"""The vocabulary of a session: phase kinds, execution modes, GPU roles and token workloads."""
+"""The vocabulary of a session: phase kinds, execution modes, GPU roles, token workloads, controller states.
+
+The one definition of these nouns: the client, the pure controller (:mod:`eerl.control`) and the daemon
+(eerld) all import them from here, so a phase kind is the same type on every side. Their wire values are
+in :mod:`eerl._pb_enums`; this module imports no protobuf.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,6 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from eerl.errors import ConfigError
-from eerl.v1 import eerl_pb2
 
 
 class PhaseKind(enum.StrEnum):
@@ -53,19 +57,25 @@ class GpuRole(enum.StrEnum):
     GENERATION = "generation"
     TRAINING = "training"
 
+    def kinds(self) -> tuple[PhaseKind, ...]:
+        """The phase kinds a session with this role runs."""
+        if self is GpuRole.GENERATION:
+            return (PhaseKind.GENERATION,)
+        if self is GpuRole.TRAINING:
+            return (PhaseKind.TRAINING,)
+        return (PhaseKind.GENERATION, PhaseKind.TRAINING)
 
-# Their wire values, derived from the generated enums by name (``PhaseKind.TRAINING`` →
-# ``PHASE_KIND_TRAINING``), so a member the proto lacks fails at import rather than at the first RPC.
-KIND_TO_PB: dict[PhaseKind, eerl_pb2.PhaseKind.ValueType] = {
-    kind: eerl_pb2.PhaseKind.Value(f"PHASE_KIND_{kind.name}") for kind in PhaseKind
-}
-KIND_FROM_PB: dict[eerl_pb2.PhaseKind.ValueType, PhaseKind] = {v: k for k, v in KIND_TO_PB.items()}
-MODE_TO_PB: dict[ExecutionMode, eerl_pb2.ExecutionMode.ValueType] = {
-    mode: eerl_pb2.ExecutionMode.Value(f"EXECUTION_MODE_{mode.name}") for mode in ExecutionMode
-}
-ROLE_TO_PB: dict[GpuRole, eerl_pb2.GpuRole.ValueType] = {
-    role: eerl_pb2.GpuRole.Value(f"GPU_ROLE_{role.name}") for role in GpuRole
-}
+
+class ControllerState(enum.StrEnum):
+    """What a clock controller is doing for one phase kind."""
+
+    BASELINE = "baseline"
+    EXPLORING = "exploring"
+    COMMITTED = "committed"
+    RETUNING = "retuning"
+    FIXED = "fixed"
+    OFF = "off"
+
 
 _E = TypeVar("_E", bound=enum.StrEnum)
 
@@ -81,12 +91,12 @@ def parse_enum(enum_type: type[_E], value: str | _E, name: str) -> _E:
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """The token workload of one phase, as the worker knows it. Zero means unknown.
+    """The token workload of one phase: what makes two phases comparable. Zero means unknown.
 
     ``tokens``: tokens the phase processed (generated tokens for generation; prompt + response tokens
     trained on for training). ``valid_tokens``: response tokens of the responses trained on (the figure
-    of merit's denominator). ``sequences``: responses. ``max_response_tokens``: the longest response.
-    ``prompt_tokens``: prompt tokens.
+    of merit's denominator). ``sequences``: responses. ``max_response_tokens``: the longest response
+    (decode steps). ``prompt_tokens``: prompt tokens (prefill).
     """
 
     tokens: int = 0

@@ -20,8 +20,9 @@ from types import TracebackType
 
 import grpc
 
+from eerl._pb_enums import KIND_FROM_PB
 from eerl.config import ClientConfig
-from eerl.phases import KIND_FROM_PB, PhaseKind, Workload
+from eerl.phases import PhaseKind, Workload
 from eerl.v1 import eerl_pb2, eerl_pb2_grpc
 
 

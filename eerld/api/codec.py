@@ -11,11 +11,20 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from eerl._pb_enums import (
+    KIND_FROM_PB,
+    KIND_TO_PB,
+    MODE_FROM_PB,
+    MODE_TO_PB,
+    ROLE_FROM_PB,
+    ROLE_TO_PB,
+    STATE_TO_PB,
+)
+from eerl.phases import ControllerState, ExecutionMode, GpuRole, PhaseKind, Workload
 from eerl.v1 import eerl_pb2 as pb
 
 from eerld.clocks.arbiter import AppliedClock, ClockSource
 from eerld.clocks.pins import Pin
-from eerld.control.base import ControllerState, ExecutionMode, PhaseKind, Workload
 from eerld.daemon import (
     DaemonView,
     DecisionView,
@@ -27,7 +36,7 @@ from eerld.daemon import (
 )
 from eerld.errors import ValidationError
 from eerld.grants import MAX_UNIX_ID, NAME_RULE, GrantSpec, is_grant_name
-from eerld.sessions import GpuRole, GpuSelector, SessionSpec
+from eerld.sessions import GpuSelector, SessionSpec
 
 MAX_SESSION_ID_CHARS = 128
 MAX_TEXT_CHARS = 256
@@ -46,24 +55,6 @@ MAX_GRANT_DURATION_S = 366 * 24 * 3600.0
 
 _TOKEN = re.compile(r"[A-Za-z0-9_-]+")
 
-_KINDS = {pb.PHASE_KIND_GENERATION: PhaseKind.GENERATION, pb.PHASE_KIND_TRAINING: PhaseKind.TRAINING}
-_KINDS_OUT = {v: k for k, v in _KINDS.items()}
-_MODES = {pb.EXECUTION_MODE_SYNC: ExecutionMode.SYNC, pb.EXECUTION_MODE_ASYNC: ExecutionMode.ASYNC}
-_MODES_OUT = {v: k for k, v in _MODES.items()}
-_ROLES = {
-    pb.GPU_ROLE_BOTH: GpuRole.BOTH,
-    pb.GPU_ROLE_GENERATION: GpuRole.GENERATION,
-    pb.GPU_ROLE_TRAINING: GpuRole.TRAINING,
-}
-_ROLES_OUT = {v: k for k, v in _ROLES.items()}
-_STATES_OUT = {
-    ControllerState.BASELINE: pb.CONTROLLER_STATE_BASELINE,
-    ControllerState.EXPLORING: pb.CONTROLLER_STATE_EXPLORING,
-    ControllerState.COMMITTED: pb.CONTROLLER_STATE_COMMITTED,
-    ControllerState.RETUNING: pb.CONTROLLER_STATE_RETUNING,
-    ControllerState.FIXED: pb.CONTROLLER_STATE_FIXED,
-    ControllerState.OFF: pb.CONTROLLER_STATE_OFF,
-}
 _SOURCES_OUT = {
     ClockSource.DEFAULT: pb.CLOCK_SOURCE_DEFAULT,
     ClockSource.SESSION: pb.CLOCK_SOURCE_SESSION,
@@ -96,9 +87,9 @@ def phase_kind(value: int, field: str = "kind") -> PhaseKind:
     """A required phase kind."""
     if value == pb.PHASE_KIND_UNSPECIFIED:
         raise ValidationError(field, "required (PHASE_KIND_GENERATION or PHASE_KIND_TRAINING)")
-    if value not in _KINDS:
+    if value not in KIND_FROM_PB:
         raise ValidationError(field, f"unknown phase kind {value}")
-    return _KINDS[pb.PhaseKind.ValueType(value)]
+    return KIND_FROM_PB[pb.PhaseKind.ValueType(value)]
 
 
 def optional_phase_kind(value: int, field: str = "kind") -> PhaseKind | None:
@@ -191,14 +182,14 @@ def open_session(req: pb.OpenSessionRequest) -> SessionSpec:
     )
     if req.mode == pb.EXECUTION_MODE_UNSPECIFIED:
         mode = ExecutionMode.SYNC
-    elif req.mode in _MODES:
-        mode = _MODES[req.mode]
+    elif req.mode in MODE_FROM_PB:
+        mode = MODE_FROM_PB[req.mode]
     else:
         raise ValidationError("mode", f"unknown execution mode {req.mode}")
     if req.role == pb.GPU_ROLE_UNSPECIFIED:
         role = GpuRole.BOTH
-    elif req.role in _ROLES:
-        role = _ROLES[req.role]
+    elif req.role in ROLE_FROM_PB:
+        role = ROLE_FROM_PB[req.role]
     else:
         raise ValidationError("role", f"unknown GPU role {req.role}")
     if mode is ExecutionMode.ASYNC and role is GpuRole.BOTH:
@@ -331,12 +322,12 @@ def decisions(req: pb.GetDecisionsRequest) -> tuple[str | None, PhaseKind | None
 
 def kind_out(kind: PhaseKind | None) -> pb.PhaseKind.ValueType:
     """Domain phase kind → proto enum."""
-    return _KINDS_OUT[kind] if kind is not None else pb.PHASE_KIND_UNSPECIFIED
+    return KIND_TO_PB[kind] if kind is not None else pb.PHASE_KIND_UNSPECIFIED
 
 
 def state_out(state: ControllerState) -> pb.ControllerState.ValueType:
     """Domain controller state → proto enum."""
-    return _STATES_OUT.get(state, pb.CONTROLLER_STATE_UNSPECIFIED)
+    return STATE_TO_PB.get(state, pb.CONTROLLER_STATE_UNSPECIFIED)
 
 
 def clock_out(c: AppliedClock) -> pb.GpuClock:
@@ -425,8 +416,8 @@ def session_out(s: SessionView) -> pb.SessionInfo:
         rank=s.rank,
         world_size=s.world_size,
         gpu_indices=list(s.gpu_indices),
-        mode=_MODES_OUT[s.mode],
-        role=_ROLES_OUT[s.role],
+        mode=MODE_TO_PB[s.mode],
+        role=ROLE_TO_PB[s.role],
         current_phase=kind_out(s.current_phase),
         iteration=s.iteration,
         phases=[_phase_status_out(p) for p in s.phases],

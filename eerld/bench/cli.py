@@ -19,16 +19,27 @@ from pathlib import Path
 from typing import Never
 
 import numpy as np
-from tqdm import tqdm
+from eerl.control.eerl import create_eerl_controller
+from eerl.phases import ExecutionMode, PhaseKind
 
 from eerld.bench.headroom import Headroom, headroom
-from eerld.bench.plots import pareto_plot, timeline_plot
 from eerld.bench.report import ControllerReport, exploration_cost_j, final_states
 from eerld.bench.runner import KINDS, Progress, ScenarioRun
-from eerld.control.base import ExecutionMode, PhaseKind
-from eerld.control.eerl import create_eerl_controller
 from eerld.errors import EerlError
 from eerld.sim.scenario import Scenario, builtin_scenario_names, load_scenario
+
+MISSING_EXTRA_ERROR = "Error: eerl-bench needs its extra: pip install 'eerld[bench]'"
+_BENCH_EXTRA = frozenset({"tqdm", "matplotlib"})
+"""The distributions of the ``bench`` extra (the base wheel installs eerl-bench, not these)."""
+_missing_extra: str | None = None
+try:
+    from tqdm import tqdm
+
+    from eerld.bench.plots import pareto_plot, timeline_plot
+except ModuleNotFoundError as missing:  # main() says which extra to install, without a traceback
+    if missing.name not in _BENCH_EXTRA:
+        raise
+    _missing_extra = missing.name
 
 
 def _updater(bar: tqdm[Never]) -> Progress:
@@ -362,6 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``eerl-bench``; returns the exit code."""
+    if _missing_extra is not None:
+        print(MISSING_EXTRA_ERROR, file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     if not 0.0 < args.threshold <= 1.0:

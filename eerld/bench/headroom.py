@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from eerl.phases import ExecutionMode, PhaseKind
 
 from eerld.bench.runner import FloatArray, ScenarioRun
-from eerld.control.base import ExecutionMode, PhaseKind
 from eerld.errors import ValidationError
 
 _GEN, _TRAIN = PhaseKind.GENERATION, PhaseKind.TRAINING

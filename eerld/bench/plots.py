@@ -10,10 +10,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import numpy.typing as npt
+from eerl.phases import ControllerState
 from matplotlib.patches import Rectangle
 
 from eerld.bench.runner import KINDS, OnlineRun, RunTotals
-from eerld.control.base import ControllerState
 
 _STATE_COLOURS = {
     ControllerState.BASELINE: "#dddddd",

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from eerl.phases import ControllerState, PhaseKind
+
 from eerld.bench.runner import OnlineRun, RunTotals
-from eerld.control.base import ControllerState, PhaseKind
 
 
 @dataclass(frozen=True, slots=True)

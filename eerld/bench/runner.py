@@ -13,15 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
+from eerl.control.base import Controller, ControllerSettings, PhaseObservation
+from eerl.phases import ControllerState, ExecutionMode, PhaseKind
 
-from eerld.control.base import (
-    Controller,
-    ControllerSettings,
-    ControllerState,
-    ExecutionMode,
-    PhaseKind,
-    PhaseObservation,
-)
 from eerld.sim.evaluate import (
     IterationSample,
     PhaseOutcome,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from eerl.control.clocks import nearest_supported_text
 
 from eerld import files
 from eerld.errors import ConfigError, Unavailable
@@ -98,10 +99,8 @@ def pin_problem(pin: Pin, supported_sm_mhz: Sequence[int], supported_mem_mhz: Se
     """Why ``pin`` cannot be applied to a GPU with these supported clocks ("" when it can; an empty list:
     not known, so not checked), in the words of the Pin RPC's validation."""
     if supported_sm_mhz and pin.sm_clock_mhz not in supported_sm_mhz:
-        nearest = sorted(sorted(supported_sm_mhz, key=lambda c: abs(c - pin.sm_clock_mhz))[:2])
-        return (
-            f"sm_clock_mhz: {pin.sm_clock_mhz} MHz is not supported by the GPU; "
-            f"nearest supported: {', '.join(str(c) for c in nearest)} MHz"
+        return f"sm_clock_mhz: {pin.sm_clock_mhz} MHz is not supported by the GPU; " + nearest_supported_text(
+            supported_sm_mhz, pin.sm_clock_mhz
         )
     if pin.mem_clock_mhz and supported_mem_mhz and pin.mem_clock_mhz not in supported_mem_mhz:
         return (

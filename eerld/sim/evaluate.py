@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+from eerl.phases import ExecutionMode, PhaseKind, Workload
 
-from eerld.control.base import ExecutionMode, PhaseKind, Workload
 from eerld.errors import InvalidArgument
 from eerld.sim import physics
 from eerld.sim.profiles import GpuProfile

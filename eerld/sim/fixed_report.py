@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from eerl.phases import PhaseKind
 
-from eerld.control.base import PhaseKind
 from eerld.errors import EerlError
 from eerld.sim.evaluate import (
     ProgressCallback,

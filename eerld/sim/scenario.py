@@ -12,16 +12,18 @@ import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import eerld
-from eerld.control.base import ExecutionMode, PhaseKind
+from eerl.phases import ExecutionMode, PhaseKind
+
 from eerld.errors import ConfigError
 from eerld.sim.profiles import GpuProfile, builtin_profile
 
-SCENARIO_DIR = Path(eerld.__file__).resolve().parents[1] / "bench" / "scenarios"
-"""Where a bare scenario name (``sync-h100``) is looked up."""
+SCENARIO_DIR = Path(str(resources.files("eerld.sim").joinpath("scenarios")))
+"""Where a bare scenario name (``sync-h100``) is looked up: ``eerld/sim/scenarios/``, package data that the
+wheel installs with the code (eerld is installed as files, never zipped, so the resource is a directory)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,12 +220,12 @@ class Scenario:
 
 
 def builtin_scenario_names() -> tuple[str, ...]:
-    """Names of the scenario files shipped in bench/scenarios, sorted."""
+    """Names of the scenario files shipped in the package (eerld/sim/scenarios), sorted."""
     return tuple(sorted(p.stem for p in SCENARIO_DIR.glob("*.toml")))
 
 
 def resolve_scenario_path(path_or_name: str | Path) -> Path:
-    """A bare name (no suffix, no separator) means bench/scenarios/NAME.toml; anything else is a path."""
+    """A bare name (no suffix, no separator) means the built-in NAME.toml; anything else is a path."""
     text = str(path_or_name)
     if isinstance(path_or_name, str) and "/" not in text and not text.endswith(".toml"):
         candidate = SCENARIO_DIR / f"{text}.toml"

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from eerl.phases import ExecutionMode, PhaseKind
 
-from eerld.control.base import ExecutionMode, PhaseKind
 from eerld.sim.evaluate import (
     ProgressCallback,
     RunFigures,

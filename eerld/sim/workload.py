@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+from eerl.phases import Workload
 
-from eerld.control.base import Workload
 from eerld.sim.scenario import GenerationSpec, TrainingSpec
 
 FloatArray = npt.NDArray[np.float64]

@@ -11,10 +11,9 @@ from pathlib import Path
 import eerl
 import grpc
 import pytest
-from eerl import ClientConfig
+from eerl import ClientConfig, PhaseKind
 from eerl.v1 import eerl_pb2, eerl_pb2_grpc
 
-from eerld.control.base import PhaseKind as DaemonPhaseKind
 from eerld.testing import DaemonHandle, FakeGpuBackend, running_daemon
 
 from .conftest import SimDaemon
@@ -39,10 +38,10 @@ class TestRealDaemon:
                     p.report(tokens=130 + i, valid_tokens=100 + i, sequences=4)
             assert session.flush(5)
         assert [(r.kind, r.iteration, r.tokens, r.valid_tokens, r.job_id) for r in sim_daemon.records] == [
-            (DaemonPhaseKind.GENERATION, 0, 100, 0, "job-real"),
-            (DaemonPhaseKind.TRAINING, 0, 130, 100, "job-real"),
-            (DaemonPhaseKind.GENERATION, 1, 101, 0, "job-real"),
-            (DaemonPhaseKind.TRAINING, 1, 131, 101, "job-real"),
+            (PhaseKind.GENERATION, 0, 100, 0, "job-real"),
+            (PhaseKind.TRAINING, 0, 130, 100, "job-real"),
+            (PhaseKind.GENERATION, 1, 101, 0, "job-real"),
+            (PhaseKind.TRAINING, 1, 131, 101, "job-real"),
         ]
 
     def test_a_gpu_named_by_uuid_is_the_daemons_gpu_of_that_uuid(self, sim_daemon: SimDaemon) -> None:
@@ -73,8 +72,8 @@ class TestRealDaemon:
             assert session.flush(5)
             assert session.stats().opens == 2
         assert [(r.kind, r.iteration, r.tokens) for r in sim_daemon.records] == [
-            (DaemonPhaseKind.GENERATION, 0, 5),
-            (DaemonPhaseKind.GENERATION, 1, 6),
+            (PhaseKind.GENERATION, 0, 5),
+            (PhaseKind.GENERATION, 1, 6),
         ]
 
 

@@ -1,4 +1,5 @@
-"""The package's promises: a small public API, and ``import eerl`` pulls in only grpcio and protobuf."""
+"""The package's promises: a small public API, ``import eerl`` pulls in only grpcio and protobuf, and its
+controller (``eerl.control``) runs without eerld."""
 
 from __future__ import annotations
 
@@ -56,6 +57,27 @@ def test_the_hooks_import_without_their_frameworks() -> None:
     code = (
         "import sys, json, eerl.integrations.verl, eerl.integrations.openrlhf;"
         f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(loaded.stdout) == []
+
+
+def test_the_controller_imports_nothing_from_the_daemon() -> None:
+    """eerl.control runs in an RL job without eerld installed: loading all of it never loads eerld."""
+    modules = "base, budget, clocks, curve, eerl, predictor, registry, simple"
+    code = (
+        f"import sys, json; from eerl.control import {modules};"
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'eerld'})))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(loaded.stdout) == []
+
+
+def test_the_controller_interface_needs_no_numpy() -> None:
+    """The protocol, the clock grid and the fixed/off controllers load without the [control] extra."""
+    code = (
+        "import sys, json; from eerl.control import base, clocks, simple;"
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'numpy'})))"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(loaded.stdout) == []

@@ -12,8 +12,7 @@ import tempfile
 import eerl
 import eerl.integrations.trl
 import pytest
-
-from eerld.control.base import PhaseKind
+from eerl.phases import PhaseKind
 
 from .conftest import SimDaemon
 

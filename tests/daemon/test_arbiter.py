@@ -10,16 +10,16 @@ from typing import Any
 
 import grpc
 import pytest
+from eerl.control.simple import create_fixed_controller
+from eerl.phases import ExecutionMode, GpuRole, PhaseKind
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
 from eerld.clocks.arbiter import ClockArbiter
 from eerld.clocks.ledger import Ledger
-from eerld.control.base import ExecutionMode, PhaseKind
-from eerld.control.simple import create_fixed_controller
 from eerld.daemon import Daemon
 from eerld.errors import GpuLost, NoPermission, NotSupported
-from eerld.sessions import GpuRole, GpuSelector, SessionSpec
+from eerld.sessions import GpuSelector, SessionSpec
 from eerld.testing import FakeGpuBackend, ManualClock
 from tests.security.test_failsafes import fill, tmpfs
 

@@ -14,14 +14,13 @@ from pathlib import Path
 
 import grpc
 import pytest
+from eerl.phases import PhaseKind
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from eerld.config import Config, load_config
-from eerld.control.base import PhaseKind
-from eerld.control.registry import controller_factory
 from eerld.errors import ConfigError
 from eerld.gpu.base import GpuBackend
 from eerld.gpu.sim import create_sim_backend
@@ -155,10 +154,6 @@ class TestConfig:
         assert err.startswith("Error: ")
         assert err.count("\n") == 1
         assert names in err
-
-    def test_an_unknown_controller_name_is_a_config_error(self):
-        with pytest.raises(ConfigError, match="unknown controller"):
-            controller_factory("magic")
 
 
 class TestResetClocks:

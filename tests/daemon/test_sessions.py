@@ -4,23 +4,18 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from eerl.control.base import ControllerSettings, Decision, PhaseObservation
+from eerl.control.simple import OffController
+from eerl.phases import ControllerState, ExecutionMode, GpuRole, PhaseKind, Workload
 from eerl.v1 import eerl_pb2 as pb
+from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
-from eerld.control.base import (
-    ControllerSettings,
-    ControllerState,
-    Decision,
-    ExecutionMode,
-    PhaseKind,
-    PhaseObservation,
-    Workload,
-)
-from eerld.control.simple import OffController
 from eerld.daemon import Daemon
+from eerld.errors import BackendFailure
 from eerld.gpu.sim import create_sim_backend
 from eerld.gpu.sim_clock import VirtualClock
 from eerld.server import backend_clock
-from eerld.sessions import GpuRole, GpuSelector, SessionSpec
+from eerld.sessions import GpuSelector, SessionSpec
 from eerld.sim.profiles import builtin_profile
 from eerld.testing import FakeGpuBackend, ManualClock
 
@@ -251,6 +246,22 @@ class TestObservations:
         daemon.end_phase(sid, PhaseKind.GENERATION, 0, Workload(tokens=10))
         assert controllers[0].clocks == [held]
         daemon.shutdown()
+
+
+class TestControllerErrors:
+    def test_a_gpu_without_known_clocks_refuses_an_online_session_as_invalid_argument(
+        self, start_daemon, fake: FakeGpuBackend
+    ):
+        """The controller's own ValidationError reaches the caller as the daemon's, naming the field."""
+        fake.fail(0, "supported_sm_clocks_mhz", BackendFailure("query failed"))
+        with (
+            start_daemon(controller="eerl", fixed_clocks="") as daemon,
+            grpc.insecure_channel(f"unix:{daemon.socket_path}") as channel,
+            pytest.raises(grpc.RpcError) as e,
+        ):
+            open_session(pb_grpc.PhaseServiceStub(channel), 0)
+        assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "supported_sm_clocks_mhz: must name at least one clock" in e.value.details()
 
 
 class FixedRecording(RecordingController):

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from eerl import ClientConfig, connect
+from eerl.phases import PhaseKind, Workload
 from eerl.testing import FakeDaemon, RecordedPhase
 
-from eerld.control.base import PhaseKind, Workload
 from eerld.gpu.sim import VirtualClock, create_sim_backend
 from eerld.livedemo import locked_gpus
 from eerld.sim.evaluate import sample_iteration

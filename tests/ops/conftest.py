@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from eerl.phases import PhaseKind
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from eerld.control.base import PhaseKind
 from eerld.metrics import EerlMetrics, MetricsServer, start_metrics_server
 from tests.ops.fakes import FakeAdminServer, FakeMetricsSource, start_fake_admin
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from eerl.phases import ControllerState, PhaseKind
 from eerl.v1 import eerl_pb2, eerl_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from eerld.control.base import ControllerState, PhaseKind
 from eerld.metrics import (
     DaemonSample,
     GpuSample,

@@ -1,4 +1,4 @@
-"""Deployment files: the systemd unit, Slurm scripts, Dockerfile."""
+"""Deployment files: the systemd unit, Slurm scripts, Dockerfile and its constraints."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ import re
 import socket
 import stat
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from eerld.config import load_config
 from tests.ops.conftest import require_tool
@@ -230,3 +233,58 @@ class TestDockerfile:
             for source in sources:
                 assert (ROOT / source).exists(), source
                 assert source.rstrip("/") in included, source
+
+    def test_every_pip_step_is_pinned(self) -> None:
+        """Each pip step installs from constraints.txt or from the built wheels only; the wheels build with
+        the pinned backend rather than an isolated, unpinned one."""
+        steps = re.findall(r"pip (install|wheel) ([^\n]*)", self.dockerfile())
+        assert [verb for verb, _ in steps] == ["install", "wheel", "install"]
+        for verb, flags in steps:
+            assert "--constraint constraints.txt" in flags or "--no-index" in flags, (verb, flags)
+            if verb == "wheel":
+                assert "--no-build-isolation" in flags
+
+
+def declared_requirements() -> list[Requirement]:
+    """What eerld (base, bench and demo extras), its eerl-client (and the extras it asks for) and both wheel
+    builds require."""
+    root = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    client = tomllib.loads((ROOT / "client/pyproject.toml").read_text())
+    extras = root["project"]["optional-dependencies"]
+    wanted = [*root["project"]["dependencies"], *extras["bench"], *extras["demo"]]
+    wanted += [*root["build-system"]["requires"], *client["build-system"]["requires"]]
+    requirements = []
+    for requirement in map(Requirement, wanted):
+        if canonicalize_name(requirement.name) != "eerl-client":
+            requirements.append(requirement)
+            continue
+        requirements += map(Requirement, client["project"]["dependencies"])
+        for extra in requirement.extras:
+            requirements += map(Requirement, client["project"]["optional-dependencies"][extra])
+    return requirements
+
+
+class TestConstraints:
+    def pins(self) -> dict[str, str]:
+        lines = (ROOT / "constraints.txt").read_text().splitlines()
+        pins = {}
+        for line in lines:
+            if line and not line.startswith("#"):
+                name, sep, version = line.partition("==")
+                assert sep, f"not an exact pin: {line}"
+                pins[canonicalize_name(name)] = version
+        return pins
+
+    def test_every_declared_dependency_is_pinned_within_its_range(self) -> None:
+        """Every requirement of the two pyproject files has an exact pin in constraints.txt that it accepts
+        (tests/ops/test_packaging.py proves that the indirect ones are pinned too)."""
+        pins = self.pins()
+        for requirement in declared_requirements():
+            name = canonicalize_name(requirement.name)
+            assert name in pins, f"{name} is not in constraints.txt: run `make constraints`"
+            accepted = requirement.specifier.contains(pins[name], prereleases=True)
+            assert accepted, f"{requirement} does not accept the pin {pins[name]}: run `make constraints`"
+
+    def test_the_local_projects_are_not_pinned(self) -> None:
+        """eerld and eerl-client come from the checkout's wheels, never from an index."""
+        assert {"eerld", "eerl-client"}.isdisjoint(self.pins())

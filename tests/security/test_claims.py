@@ -16,13 +16,14 @@ from pathlib import Path
 
 import grpc
 import pytest
+from eerl.control.base import ControllerSettings
+from eerl.control.simple import OffController
+from eerl.phases import ExecutionMode, GpuRole
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
-from eerld.control.base import ControllerSettings, ExecutionMode
-from eerld.control.simple import OffController
 from eerld.grants import MULTI_TENANT_REFUSAL
-from eerld.sessions import GpuRole, Session, SessionRegistry, SessionSpec
+from eerld.sessions import Session, SessionRegistry, SessionSpec
 from eerld.testing import DaemonHandle, FakeGpuBackend, ManualClock, running_daemon
 from tests.security.conftest import NOBODY_UID, SOCKET_GROUP, call, run_as, socket_group_gid
 

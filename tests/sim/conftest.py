@@ -47,9 +47,7 @@ def reference_sweep(reference: Scenario) -> SweepResult:
 @pytest.fixture
 def write_scenario(tmp_path: Path):  # type: ignore[no-untyped-def]
     """Write a scenario file from the reference text with some lines replaced; returns its path."""
-    reference_text = (
-        Path(__file__).resolve().parents[2] / "bench" / "scenarios" / "sync-h100.toml"
-    ).read_text()
+    reference_text = Path(load_scenario("sync-h100").source).read_text()  # the packaged file
 
     def write(replacements: dict[str, str] | None = None, append: str = "", name: str = "bad.toml") -> Path:
         text = reference_text

@@ -7,8 +7,8 @@ Power figures are the spec's H100 numbers mapped onto each profile's span from i
 from __future__ import annotations
 
 import numpy as np
+from eerl.phases import PhaseKind
 
-from eerld.control.base import PhaseKind
 from eerld.sim.evaluate import clock_grid, evaluate_phase, sample_iteration
 from eerld.sim.scenario import Scenario
 from eerld.sim.sweep import SweepResult

@@ -6,8 +6,8 @@ import dataclasses
 
 import numpy as np
 import pytest
+from eerl.phases import PhaseKind
 
-from eerld.control.base import PhaseKind
 from eerld.errors import InvalidArgument
 from eerld.sim.evaluate import evaluate_phase, iteration_totals, run_fixed, sample_iteration
 from eerld.sim.scenario import Scenario

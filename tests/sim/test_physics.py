@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from eerl.phases import PhaseKind
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eerld.control.base import PhaseKind
 from eerld.sim import physics
 from eerld.sim.evaluate import clock_grid, evaluate_phase, power_capped_index, sample_iteration
 from eerld.sim.profiles import BUILTIN_PROFILES, GB200, H100_SXM, GpuProfile

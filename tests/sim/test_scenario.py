@@ -6,8 +6,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from eerl.phases import ExecutionMode, PhaseKind
 
-from eerld.control.base import ExecutionMode, PhaseKind
 from eerld.errors import ConfigError
 from eerld.sim.scenario import builtin_scenario_names, load_scenario, scenario_fields
 

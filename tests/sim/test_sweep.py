@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from eerl.phases import PhaseKind
 
-from eerld.control.base import PhaseKind
 from eerld.sim.evaluate import run_fixed
 from eerld.sim.scenario import Scenario
 from eerld.sim.sweep import SweepResult, sweep

@@ -6,8 +6,8 @@ import dataclasses
 
 import numpy as np
 import pytest
+from eerl.phases import PhaseKind
 
-from eerld.control.base import PhaseKind
 from eerld.sim.evaluate import evaluate_phase, sample_iteration
 from eerld.sim.scenario import Scenario
 from eerld.sim.workload import draw_rollout

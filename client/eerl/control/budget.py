@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from eerld.control.base import PhaseKind
+from eerl.phases import PhaseKind
 
 FloatArray = npt.NDArray[np.float64]
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from eerl.control.base import ControllerSettings
 
-from eerld.control.base import ControllerSettings
-from tests.control.synthetic import GRID_MHZ
+from tests.client.control.synthetic import GRID_MHZ
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from eerld.control.base import PhaseKind, Workload
+from eerl.phases import PhaseKind, Workload
 
 _RIDGE = 2e-3
 """Ridge strength on relative features (typical batch-to-batch variation is a few percent)."""

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from eerld.control.base import PhaseKind, Workload
-from eerld.control.predictor import BaselinePredictor
+from eerl.control.predictor import BaselinePredictor
+from eerl.phases import PhaseKind, Workload
 
 SEQUENCES = 1024
 PROMPT = 512

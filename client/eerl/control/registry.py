@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from eerld.control.base import ControllerFactory
-from eerld.control.eerl import create_eerl_controller
-from eerld.control.simple import create_fixed_controller, create_off_controller
-from eerld.errors import ConfigError
+from eerl.control.base import ControllerFactory
+from eerl.control.eerl import create_eerl_controller
+from eerl.control.simple import create_fixed_controller, create_off_controller
+from eerl.errors import ConfigError
 
 CONTROLLER_NAMES = ("eerl", "fixed", "off")
 DEFAULT_CONTROLLER = "eerl"

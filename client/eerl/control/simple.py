@@ -1,7 +1,7 @@
 """The two controllers that need no learning: ``fixed`` (configured clocks per phase) and ``off`` (meters).
 
 ``fixed`` serves a user who already knows good clocks; ``off`` lets eerld meter energy per phase with the
-default governor in charge. Both are pure, like every controller (see :mod:`eerld.control.base`).
+default governor in charge. Both are pure, like every controller (see :mod:`eerl.control.base`).
 """
 
 from __future__ import annotations
@@ -9,22 +9,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
-from eerld.control.base import (
-    ControllerSettings,
-    ControllerState,
-    Decision,
-    PhaseKind,
-    PhaseObservation,
-    PhaseSnapshot,
-    Workload,
-)
+from eerl.control.base import ControllerSettings, Decision, PhaseObservation, PhaseSnapshot
+from eerl.control.clocks import nearest_supported_mhz
+from eerl.phases import ControllerState, PhaseKind, Workload
 
 HISTORY_LIMIT = 1000
-
-
-def nearest_supported_mhz(supported_mhz: Sequence[int], wanted_mhz: int) -> int:
-    """The supported clock closest to ``wanted_mhz`` (ties go to the lower clock)."""
-    return min(supported_mhz, key=lambda c: (abs(c - wanted_mhz), c))
 
 
 class _HistoryController:

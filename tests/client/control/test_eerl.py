@@ -5,22 +5,15 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from eerl.control.base import Controller, ControllerSettings, PhaseObservation
+from eerl.control.eerl import EerlConfig, EerlController, create_eerl_controller
+from eerl.errors import ValidationError
+from eerl.phases import ControllerState, ExecutionMode, PhaseKind, Workload
 from hypothesis import HealthCheck, Phase, given
 from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
-from eerld.control.base import (
-    Controller,
-    ControllerSettings,
-    ControllerState,
-    ExecutionMode,
-    PhaseKind,
-    PhaseObservation,
-    Workload,
-)
-from eerld.control.eerl import EerlConfig, EerlController, create_eerl_controller
-from eerld.errors import ValidationError
-from tests.control.synthetic import (
+from tests.client.control.synthetic import (
     GRID_MHZ,
     KINDS,
     SyntheticJob,

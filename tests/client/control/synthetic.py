@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from eerl.control.base import Controller, PhaseObservation
+from eerl.phases import PhaseKind, Workload
 
-from eerld.control.base import Controller, PhaseKind, PhaseObservation, Workload
 from eerld.sim import physics
 from eerld.sim.profiles import H100_SXM
 

@@ -1,4 +1,4 @@
-"""The controller interface shared by the daemon (real time) and the benchmark (virtual time).
+"""The controller interface shared by the daemon (real time), the benchmark (virtual time) and RL jobs.
 
 A controller is pure: it never sleeps, reads a clock, or touches a GPU. Time comes in as ``now_s``
 (seconds on any monotonic scale the driver chooses) and decisions go out as values. The daemon creates
@@ -17,52 +17,11 @@ A controller ignores observations it cannot use; it never decides for a kind it 
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-
-class PhaseKind(enum.StrEnum):
-    """The two phases of an RL iteration."""
-
-    GENERATION = "generation"
-    TRAINING = "training"
-
-
-class ExecutionMode(enum.StrEnum):
-    """Generation and training alternate on the same GPUs (sync) or run at once on two pools (async)."""
-
-    SYNC = "sync"
-    ASYNC = "async"
-
-
-class ControllerState(enum.StrEnum):
-    """What a controller is doing for one phase kind."""
-
-    BASELINE = "baseline"
-    EXPLORING = "exploring"
-    COMMITTED = "committed"
-    RETUNING = "retuning"
-    FIXED = "fixed"
-    OFF = "off"
-
-
-@dataclass(frozen=True, slots=True)
-class Workload:
-    """The token workload of a phase: what makes two phases comparable.
-
-    ``tokens``: generated tokens (generation) or prompt + response tokens trained on (training);
-    ``valid_tokens``: response tokens of the valid responses (the figure of merit's denominator);
-    ``sequences``: responses in the phase; ``max_response_tokens``: the longest response (decode steps);
-    ``prompt_tokens``: prompt tokens (prefill). Zero means unknown.
-    """
-
-    tokens: int
-    valid_tokens: int = 0
-    sequences: int = 0
-    max_response_tokens: int = 0
-    prompt_tokens: int = 0
+from eerl.phases import ControllerState, ExecutionMode, PhaseKind, Workload
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ Per phase kind the controller goes through four states:
   triggers a re-tune;
 * RETUNING — the same fine search, restricted to a window around the committed clock.
 
-The allocation spends the throughput threshold over the whole iteration (see :mod:`eerld.control.budget`).
+The allocation spends the throughput threshold over the whole iteration (see :mod:`eerl.control.budget`).
 Everything here is pure: time and observations come in as arguments.
 """
 
@@ -26,21 +26,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from eerld.control.base import (
-    Controller,
-    ControllerSettings,
-    ControllerState,
-    Decision,
-    ExecutionMode,
-    PhaseKind,
-    PhaseObservation,
-    PhaseSnapshot,
-    Workload,
-)
-from eerld.control.budget import Allocation, KindOptions, allocate_async, allocate_sync
-from eerld.control.curve import ClockCurve, Trial
-from eerld.control.predictor import BaselinePredictor, workload_features
-from eerld.errors import ValidationError
+from eerl.control.base import Controller, ControllerSettings, Decision, PhaseObservation, PhaseSnapshot
+from eerl.control.budget import Allocation, KindOptions, allocate_async, allocate_sync
+from eerl.control.clocks import nearest_supported_mhz
+from eerl.control.curve import ClockCurve, Trial
+from eerl.control.predictor import BaselinePredictor, workload_features
+from eerl.errors import ValidationError
+from eerl.phases import ControllerState, ExecutionMode, PhaseKind, Workload
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,7 +234,7 @@ class EerlController:
         clocks: list[int] = []
         target = self._max_mhz * self._config.coarse_start_fraction
         while target >= self._clocks[0]:
-            snapped = _nearest(self._clocks, target)
+            snapped = nearest_supported_mhz(self._clocks, target)
             if not clocks or snapped < clocks[-1]:
                 clocks.append(snapped)
             target *= self._config.coarse_factor
@@ -253,7 +245,7 @@ class EerlController:
         clocks: list[int] = []
         target = clock_mhz / self._config.coarse_factor
         while target < self._max_mhz:
-            snapped = _nearest(self._clocks, target)
+            snapped = nearest_supported_mhz(self._clocks, target)
             if snapped > (clocks[-1] if clocks else clock_mhz):
                 clocks.append(snapped)
             target /= self._config.coarse_factor
@@ -770,7 +762,10 @@ class EerlController:
         track.window = (int(center - span), int(center + span))
         track.floor_mhz = 0
         track.trials_in_search = 0
-        edges = {_nearest(self._fine, center - span), _nearest(self._fine, center + span)} - {center}
+        edges = {
+            nearest_supported_mhz(self._fine, center - span),
+            nearest_supported_mhz(self._fine, center + span),
+        } - {center}
         track.coarse = [center, *sorted(edges)] if track.committed_mhz is not None else sorted(edges)
         track.coarse_stopped = False
         track.min_energy_ratio = np.inf
@@ -801,10 +796,6 @@ def _median_shift(values: list[float], window: int, floor: float) -> float | Non
     scale = max(1.4826 * float(np.median(np.abs(before - np.median(before)))), 0.003)
     bound = max(floor, 5.0 * 1.25 * scale * float(np.sqrt(1.0 / window + 1.0 / len(before))))
     return shift if abs(shift) > bound else None
-
-
-def _nearest(clocks: Sequence[int], target: float) -> int:
-    return min(clocks, key=lambda c: abs(c - target))
 
 
 def _fine_grid(clocks: tuple[int, ...], step_mhz: float) -> tuple[int, ...]:

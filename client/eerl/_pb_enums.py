@@ -1,0 +1,31 @@
+"""The one table between the session nouns (:mod:`eerl.phases`) and their wire values (``eerl.v1``).
+
+Used by the client's sender, eerld's codec and eerlctl. Each table is derived from the generated enums by
+name (``PhaseKind.TRAINING`` → ``PHASE_KIND_TRAINING``), so a member the proto lacks fails at import
+rather than at the first RPC; each ``*_FROM_PB`` is its ``*_TO_PB`` reversed (``UNSPECIFIED`` is in
+neither: what it means is the caller's to say).
+"""
+
+from __future__ import annotations
+
+from eerl.phases import ControllerState, ExecutionMode, GpuRole, PhaseKind
+from eerl.v1 import eerl_pb2
+
+KIND_TO_PB: dict[PhaseKind, eerl_pb2.PhaseKind.ValueType] = {
+    kind: eerl_pb2.PhaseKind.Value(f"PHASE_KIND_{kind.name}") for kind in PhaseKind
+}
+KIND_FROM_PB: dict[eerl_pb2.PhaseKind.ValueType, PhaseKind] = {v: k for k, v in KIND_TO_PB.items()}
+MODE_TO_PB: dict[ExecutionMode, eerl_pb2.ExecutionMode.ValueType] = {
+    mode: eerl_pb2.ExecutionMode.Value(f"EXECUTION_MODE_{mode.name}") for mode in ExecutionMode
+}
+MODE_FROM_PB: dict[eerl_pb2.ExecutionMode.ValueType, ExecutionMode] = {v: k for k, v in MODE_TO_PB.items()}
+ROLE_TO_PB: dict[GpuRole, eerl_pb2.GpuRole.ValueType] = {
+    role: eerl_pb2.GpuRole.Value(f"GPU_ROLE_{role.name}") for role in GpuRole
+}
+ROLE_FROM_PB: dict[eerl_pb2.GpuRole.ValueType, GpuRole] = {v: k for k, v in ROLE_TO_PB.items()}
+STATE_TO_PB: dict[ControllerState, eerl_pb2.ControllerState.ValueType] = {
+    state: eerl_pb2.ControllerState.Value(f"CONTROLLER_STATE_{state.name}") for state in ControllerState
+}
+STATE_FROM_PB: dict[eerl_pb2.ControllerState.ValueType, ControllerState] = {
+    v: k for k, v in STATE_TO_PB.items()
+}
