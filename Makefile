@@ -41,7 +41,7 @@ $(STAMP): $(DEPS) | $(BIN)/python
 setup: $(STAMP)
 
 demo: $(DEMO_STAMP)
-	$(BIN)/python -m eerld.livedemo
+	$(BIN)/python -m demo
 
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py
@@ -49,13 +49,16 @@ proto: $(STAMP)
 check-proto: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py --check
 
+# The Python of the repository: the daemon, the client, the tests and the tools (demo, benchmarks, soak).
+PY_PATHS := eerld client/eerl tests demo perf soak scripts
+
 fmt: $(STAMP)
-	$(BIN)/ruff format eerld client/eerl tests bench scripts
-	$(BIN)/ruff check --fix eerld client/eerl tests bench scripts
+	$(BIN)/ruff format $(PY_PATHS)
+	$(BIN)/ruff check --fix $(PY_PATHS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check eerld client/eerl tests bench scripts
-	$(BIN)/ruff format --check eerld client/eerl tests bench scripts
+	$(BIN)/ruff check $(PY_PATHS)
+	$(BIN)/ruff format --check $(PY_PATHS)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -67,10 +70,10 @@ pytest: $(STAMP)
 test: check-proto lint typecheck pytest
 
 bench: $(STAMP)
-	$(BIN)/python bench/run_all.py
+	$(BIN)/python -m perf
 
 soak: $(STAMP)
-	$(BIN)/python bench/soak.py
+	$(BIN)/python -m soak
 
 # A clean resolve of what the image and the demo install (eerld, eerl-client, the bench extra) and of the
 # wheel build backend, frozen; keeps the header comment of constraints.txt. Resolve with CPython 3.11, the

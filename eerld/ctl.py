@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import grpc
-from eerl._pb_enums import KIND_TO_PB
 from eerl.phases import PhaseKind
 from eerl.v1 import eerl_pb2, eerl_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -40,6 +39,7 @@ from eerld.ctl_args import (
     parse_uid,
     parse_until_s,
 )
+from eerld.ctl_client import AdminClient
 from eerld.ctl_completion import COMMANDS, completion_script
 from eerld.ctl_format import (
     clocks_dict,
@@ -71,11 +71,11 @@ class CtlError(EerlError):
 
 @dataclass(frozen=True, slots=True)
 class _Context:
-    """What every command needs: the parsed arguments, a stub factory, and the output streams."""
+    """What every command needs: the parsed arguments, an admin-client factory, and the output stream."""
 
     args: argparse.Namespace
     out: TextIO
-    connect: Callable[[], grpc.Channel]
+    connect: Callable[[], AdminClient]
 
 
 def _gpu_refs(selection: GpuSelection) -> list[eerl_pb2.GpuRef]:
@@ -95,14 +95,14 @@ def _shown(ctx: _Context, data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _admin(ctx: _Context) -> eerl_pb2_grpc.AdminServiceStub:
-    return eerl_pb2_grpc.AdminServiceStub(ctx.connect())
+    return ctx.connect().stub
 
 
 # --------------------------------------------------------------------------- commands
 
 
 def _cmd_status(ctx: _Context) -> int:
-    reply = _admin(ctx).Status(eerl_pb2.StatusRequest(), timeout=ctx.args.timeout)
+    reply = ctx.connect().status(timeout_s=ctx.args.timeout)
     data = _shown(ctx, status_dict(reply))
     _emit(ctx, data, status_text(data, time.time()))
     return _EXIT_OK
@@ -144,22 +144,21 @@ def _cmd_unpin(ctx: _Context) -> int:
 
 
 def _cmd_sessions(ctx: _Context) -> int:
-    reply = _admin(ctx).ListSessions(eerl_pb2.ListSessionsRequest(), timeout=ctx.args.timeout)
-    data = _shown(ctx, {"sessions": [session_dict(s) for s in reply.sessions]})
+    sessions = ctx.connect().sessions(timeout_s=ctx.args.timeout)
+    data = _shown(ctx, {"sessions": [session_dict(s) for s in sessions]})
     _emit(ctx, data, sessions_table(data["sessions"]))
     return _EXIT_OK
 
 
 def _cmd_decisions(ctx: _Context) -> int:
     a = ctx.args
-    kind = KIND_TO_PB[PhaseKind(a.phase)] if a.phase is not None else eerl_pb2.PHASE_KIND_UNSPECIFIED
+    kind = PhaseKind(a.phase) if a.phase is not None else None
     if a.limit is not None and a.limit < 0:
         raise ValidationError("--limit", "must not be negative")
     prefix = (a.session or "").rstrip("…")
     # The tables show token prefixes, so --session takes a prefix: filter here, not in the daemon.
-    request = eerl_pb2.GetDecisionsRequest(kind=kind, limit=0 if prefix else a.limit or 0)
-    reply = _admin(ctx).GetDecisions(request, timeout=a.timeout)
-    decisions = [decision_dict(d) for d in reply.decisions if d.session_id.startswith(prefix)]
+    replies = ctx.connect().decisions(kind=kind, limit=0 if prefix else a.limit or 0, timeout_s=a.timeout)
+    decisions = [decision_dict(d) for d in replies if d.session_id.startswith(prefix)]
     if prefix and not decisions:
         raise CtlError(f"no decisions of a session whose id starts with {prefix!r}")
     if prefix and a.limit:
@@ -234,7 +233,7 @@ def _cmd_grants(ctx: _Context) -> int:
 
 
 def _cmd_health(ctx: _Context) -> int:
-    stub = health_pb2_grpc.HealthStub(ctx.connect())
+    stub = health_pb2_grpc.HealthStub(ctx.connect().channel)
     reply = stub.Check(health_pb2.HealthCheckRequest(service=ctx.args.service), timeout=ctx.args.timeout)
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
     _emit(ctx, {"service": ctx.args.service, "status": status}, status)
@@ -245,7 +244,7 @@ def _cmd_version(ctx: _Context) -> int:
     if not ctx.args.json:  # the client's version shows even when the daemon cannot be reached
         ctx.out.write(f"eerlctl {__version__}\n")
         ctx.out.flush()
-    reply = _admin(ctx).Status(eerl_pb2.StatusRequest(), timeout=ctx.args.timeout)
+    reply = ctx.connect().status(timeout_s=ctx.args.timeout)
     if ctx.args.json:
         data = {"eerlctl": __version__, "eerld": reply.daemon.version, "backend": reply.daemon.backend}
         ctx.out.write(json.dumps(data, indent=2) + "\n")
@@ -353,15 +352,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _target(socket: str) -> str:
-    """A gRPC target for the socket path (full targets such as ``unix:///…`` pass through)."""
-    return (
-        socket
-        if socket.startswith(("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:"))
-        else f"unix:{socket}"
-    )
-
-
 def _explain_rpc_error(error: grpc.RpcError, socket: str, timeout_s: float) -> str:
     """One line that says what went wrong and what to do about it."""
     code: grpc.StatusCode = error.code()
@@ -391,12 +381,12 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
     except SystemExit as e:  # argparse already printed usage or help
         return e.code if isinstance(e.code, int) else _EXIT_USAGE
     socket = args.socket or os.environ.get("EERLCTL_SOCKET") or DEFAULT_ADMIN_SOCKET
-    channels: list[grpc.Channel] = []
+    clients: list[AdminClient] = []
 
-    def connect() -> grpc.Channel:
-        channel = grpc.insecure_channel(_target(socket))
-        channels.append(channel)
-        return channel
+    def connect() -> AdminClient:
+        client = AdminClient(socket)
+        clients.append(client)
+        return client
 
     handler, _ = _COMMANDS[args.command]
     try:
@@ -414,8 +404,8 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
         if args.debug:
             traceback.print_exc(file=err)
     finally:
-        for channel in channels:
-            channel.close()
+        for client in clients:
+            client.close()
     err.write(f"Error: {message}\n")
     return _EXIT_ERROR
 

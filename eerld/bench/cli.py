@@ -3,7 +3,7 @@
 eerl-bench controller --scenario NAME|FILE [--threshold 0.95] [--iterations N] [--json OUT] [--timeline PNG]
 eerl-bench sweep --scenario NAME|FILE [--threshold 0.95] [--iterations N] [--plot PNG]
 eerl-bench headroom --scenario NAME|FILE [--threshold 0.95] [--regimes 150,...]
-eerl-bench all [--threshold 0.95] [--iterations N] [--out-dir bench/results] [--markdown docs/results.md]
+eerl-bench all [--threshold 0.95] [--iterations N] [--out-dir docs/results] [--markdown docs/results.md]
 """
 
 from __future__ import annotations
@@ -275,7 +275,7 @@ def _cmd_all(args: argparse.Namespace) -> int:
             "Savings are of GPU energy per valid training token against the default governor over the\n"
             "whole run (idle waits included); the oracle is the best fixed clock pair of the exhaustive\n"
             "sweep that meets the threshold; capture = online savings / oracle savings; runtime is the\n"
-            "wall time of the whole comparison. Per-scenario JSON and timelines: `bench/results/`.\n"
+            "wall time of the whole comparison. Per-scenario JSON and timelines: `docs/results/`.\n"
             "The controller: `docs/algorithm.md`.\n\n" + table
         )
     return 0
@@ -365,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     room.set_defaults(handler=_cmd_headroom)
     every = commands.add_parser("all", help="every built-in scenario; writes JSON, timelines and a table")
     common(every, scenario=False)
-    every.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    every.add_argument("--out-dir", type=Path, default=Path("docs/results"))
     every.add_argument("--markdown", type=Path, default=None, help="write the results table here")
     every.set_defaults(handler=_cmd_all)
     return parser

@@ -1,6 +1,6 @@
 """Energy counters sampled in the background, so that a phase event never waits on a counter read.
 
-Measured on an H200 (driver 580, ``bench/real_gpu.py``): one ``nvmlDeviceGetTotalEnergyConsumption``
+Measured on an H200 (driver 580, ``perf/real_gpu.py``): one ``nvmlDeviceGetTotalEnergyConsumption``
 call takes about 3 ms (p99 16 ms) while clock, power and utilisation reads take 5-10 µs, and the
 counter itself changes only every ~100 ms. Read on the RPC path, it made BeginPhase + EndPhase cost
 ~9 ms on one GPU, and it grows with every GPU of a session (reads are per GPU).

@@ -1,8 +1,8 @@
 """Fixed-clock comparison: a scenario under the default governor and at chosen clock pairs, as a table,
 and the calibration figures of docs/simulator.md (``python -m eerld.sim.fixed_report``).
 
-Used by ``python -m eerld.demo``; every figure states its baseline (the default governor on the same
-iterations, which see the same workload and noise by construction).
+Every figure states its baseline (the default governor on the same iterations, which see the same
+workload and noise by construction).
 """
 
 from __future__ import annotations

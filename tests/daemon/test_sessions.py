@@ -12,8 +12,7 @@ from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
 from eerld.daemon import Daemon
 from eerld.errors import BackendFailure
-from eerld.gpu.sim import create_sim_backend
-from eerld.gpu.sim_clock import VirtualClock
+from eerld.gpu.sim import VirtualClock, create_sim_backend
 from eerld.server import backend_clock
 from eerld.sessions import GpuSelector, SessionSpec
 from eerld.sim.profiles import builtin_profile

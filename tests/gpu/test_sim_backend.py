@@ -19,10 +19,10 @@ from eerld.errors import (
     NoPermission,
     NotSupported,
 )
-from eerld.gpu import sim_model
 from eerld.gpu.base import ClockEventReasons, GpuBackend
 from eerld.gpu.sim import FAULTABLE_METHODS, SimBackend, VirtualClock, create_sim_backend
-from eerld.gpu.sim_store import decode_state, encode_state
+from eerld.gpu.sim import model as sim_model
+from eerld.gpu.sim.store import decode_state, encode_state
 from eerld.sim import physics
 from eerld.sim.profiles import builtin_profile
 from tests.gpu.sim_fixtures import (

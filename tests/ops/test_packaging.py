@@ -115,6 +115,17 @@ class TestInstalledWheels:
         assert (done.returncode, done.stderr) == (0, "")
         assert done.stdout.startswith(f"usage: {command}")
 
+    def test_the_wheel_holds_the_daemon_with_its_sim_backend_and_none_of_the_checkouts_tools(
+        self, installed: Installed
+    ) -> None:
+        """eerld.gpu.sim imports from the wheel; demo, perf and soak (the checkout's tools) are not in it."""
+        probe = (
+            "import importlib.util as u, eerld.gpu.sim as s; "
+            "print(s.create_sim_backend.__module__, [n for n in ('demo', 'perf', 'soak') if u.find_spec(n)])"
+        )
+        done = installed.run("python", "-c", probe)
+        assert (done.returncode, done.stdout.strip()) == (0, "eerld.gpu.sim.backend []"), done.stderr
+
     def test_bench_without_its_extra_says_which_to_install(self, installed: Installed) -> None:
         """Without the bench extra, eerl-bench prints one line naming the extra and exits 2, no traceback."""
         done = installed.run("eerl-bench", "controller", "--scenario", "sync-h100", "--iterations", "20")

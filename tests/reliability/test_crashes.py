@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import soak_kills
+
+from soak import kills
 
 pytestmark = pytest.mark.slow
 
@@ -13,7 +14,7 @@ def test_clients_killed_mid_phase_have_their_gpus_reset_by_the_end_of_their_stre
 
     How fast it comes (the 2 s bound) is a figure of `make soak`, not an assertion here.
     """
-    result = soak_kills.client_kills(5, lease_ttl_s=3600.0)
+    result = kills.client_kills(5, lease_ttl_s=3600.0)
     assert result["problems"] == []
     assert result["kills"] == 5
     assert result["leaked_locks"] == 0
@@ -21,7 +22,7 @@ def test_clients_killed_mid_phase_have_their_gpus_reset_by_the_end_of_their_stre
 
 
 def test_after_each_daemon_kill_no_gpu_is_left_locked_the_ledger_is_intact_and_clients_carry_on() -> None:
-    result = soak_kills.daemon_kills(3)
+    result = kills.daemon_kills(3)
     assert result["problems"] == []
     assert result["workers_alive_at_end"] == result["clients"]
     assert result["leaked_locks_at_end"] == 0
@@ -29,5 +30,5 @@ def test_after_each_daemon_kill_no_gpu_is_left_locked_the_ledger_is_intact_and_c
 
 
 def test_a_process_killed_while_rewriting_the_ledger_leaves_a_readable_ledger() -> None:
-    result = soak_kills.ledger_write_kills(3)
+    result = kills.ledger_write_kills(3)
     assert result["corrupt"] == 0

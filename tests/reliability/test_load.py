@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import soak_load
+
+from soak import load
 
 pytestmark = pytest.mark.slow
 
@@ -12,7 +13,7 @@ EVENTS = 100
 
 
 def test_every_event_of_concurrent_clients_is_booked_once_to_its_own_session() -> None:
-    result = soak_load.run_load(CLIENTS, EVENTS)
+    result = load.run_load(CLIENTS, EVENTS)
     assert result["mismatches"] == []
     assert result["rpc_errors"] == 0
     assert result["events_sent"] == CLIENTS * EVENTS

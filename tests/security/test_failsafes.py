@@ -19,7 +19,6 @@ import errno
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,12 +35,7 @@ from eerld.errors import NoPermission
 from eerld.gpu.sim import SimBackend, create_sim_backend, open_sim_device
 from eerld.sim.profiles import builtin_profile
 from eerld.testing import FakeGpuBackend, ManualClock, running_daemon
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-if str(BENCH) not in sys.path:  # the real-process harness of the reliability soak
-    sys.path.insert(0, str(BENCH))
-
-from soak_common import REPO, DaemonProcess  # noqa: E402 - after the path set-up above
+from soak.daemon import REPO, DaemonProcess
 
 GEN = pb.PHASE_KIND_GENERATION
 GPUS = 3

@@ -1,0 +1,181 @@
+"""The soak's daemon: a real ``eerld`` process on the sim backend, and what an outside observer checks.
+
+:class:`DaemonProcess` starts ``python -m eerld.main --backend sim`` in a directory, kills it like the real
+thing and restarts it on the same state; after each blow the soak (:mod:`soak`) and the tests
+(tests/reliability, tests/security) check from outside: the sim GPUs' locks (read from the shared state
+file, as one would read the hardware), the ledger on disk, the daemon's own view over the admin socket.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from eerl.v1 import eerl_pb2 as pb
+
+from eerld.clocks.ledger import LEDGER_FILE, Ledger
+from eerld.ctl_client import AdminClient
+from eerld.gpu.sim import SimDevice, open_sim_device
+
+REPO = Path(__file__).resolve().parents[1]
+"""The checkout: every process the soak starts runs from it (``python -m eerld.main``, ``-m soak.worker``)."""
+GEN, TRAIN = pb.PHASE_KIND_GENERATION, pb.PHASE_KIND_TRAINING
+PATIENCE_S = 60.0
+"""How long to wait for something that must happen (generous: the machine is shared and noisy)."""
+STREAM_RESET_BOUND_S = 2.0
+"""The daemon's promise: a stream-bound client's GPUs are back on default within 2 s of its death."""
+
+
+def wait_for(condition: Callable[[], bool], what: str, patience_s: float = PATIENCE_S) -> float:
+    """Poll ``condition`` until true; return the seconds it took; AssertionError after ``patience_s``."""
+    t0 = time.monotonic()
+    while not condition():
+        if time.monotonic() - t0 > patience_s:
+            raise AssertionError(f"timed out after {patience_s:.0f} s waiting for {what}")
+        time.sleep(0.01)
+    return time.monotonic() - t0
+
+
+@dataclass
+class DaemonProcess:
+    """``python -m eerld.main`` on the sim backend in ``directory``; restartable on the same state."""
+
+    directory: Path
+    gpus: int
+    sim_state: bool = True
+    fixed_clocks: str = "generation=1200,training=1500"
+    lease_ttl_s: float = 10.0
+    extra_args: list[str] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    @property
+    def socket_path(self) -> Path:
+        return self.directory / "w.sock"
+
+    @property
+    def admin_socket_path(self) -> Path:
+        return self.directory / "a.sock"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.directory / "state"
+
+    @property
+    def state_file(self) -> Path:
+        return self.directory / "sim.state"
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / "eerld.log"
+
+    def args(self) -> list[str]:
+        args = [
+            sys.executable,
+            "-m",
+            "eerld.main",
+            "--backend=sim",
+            f"--sim-gpus={self.gpus}",
+            "--sim-speedup=10",
+            f"--socket={self.socket_path}",
+            f"--admin-socket={self.admin_socket_path}",
+            f"--state-dir={self.state_dir}",
+            "--tenancy=single",
+            "--controller=fixed",
+            f"--fixed-clocks={self.fixed_clocks}",
+            "--metrics-address=off",
+            "--log-format=json",
+            f"--lease-ttl={self.lease_ttl_s}",
+            *self.extra_args,
+        ]
+        if self.sim_state:
+            args.append(f"--sim-state={self.state_file}")
+        return args
+
+    def start(self) -> None:
+        """Start and wait until both sockets answer."""
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(self.args(), cwd=REPO, stdout=log, stderr=log)
+        self.starts += 1
+        wait_for(self._serving, "eerld to serve")
+
+    def _serving(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            tail = self.log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"eerld exited with {self.proc.returncode}:\n{tail}")
+        if not self.admin_socket_path.exists():
+            return False
+        try:
+            self.status(timeout_s=2.0)
+        except grpc.RpcError:
+            return False
+        return True
+
+    def status(self, timeout_s: float = 10.0) -> pb.StatusResponse:
+        """The daemon's Status over the admin socket (grpc.RpcError when it does not answer)."""
+        with AdminClient(self.admin_socket_path) as admin:
+            return admin.status(timeout_s=timeout_s)
+
+    def sessions(self) -> list[pb.SessionInfo]:
+        """The daemon's open sessions over the admin socket."""
+        with AdminClient(self.admin_socket_path) as admin:
+            return admin.sessions(timeout_s=10.0)
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown path runs, locks stay on the (simulated) hardware."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> int:
+        """SIGTERM and wait; return the exit code."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc is not None else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def device(self) -> SimDevice:
+        """The simulated GPUs as an outside observer (a worker, nvidia-smi) sees them."""
+        return open_sim_device(self.state_file)
+
+    def ledger_entries(self) -> dict[int, str]:
+        """The ledger on disk (ConfigError if it is corrupt): locked GPU index -> owner kind."""
+        return {i: e.owner for i, e in Ledger(self.state_dir).entries().items()}
+
+    def ledger_bytes(self) -> bytes:
+        path = self.state_dir / LEDGER_FILE
+        return path.read_bytes() if path.exists() else b""
+
+
+def locked_gpus(device: SimDevice, gpus: int) -> dict[int, int]:
+    """SM clock locks in force on the sim GPUs, by index."""
+    out: dict[int, int] = {}
+    for index in range(gpus):
+        lock = device.observe(index).sm_lock_mhz
+        if lock is not None:
+            out[index] = lock
+    return out
+
+
+def owned_gpus(status: pb.StatusResponse) -> set[int]:
+    """GPUs the daemon says a session holds or a pin holds."""
+    owned: set[int] = set()
+    for gpu in status.gpus:
+        if gpu.owner.session_id or gpu.owner.HasField("pin"):
+            owned.add(gpu.info.index)
+    return owned
