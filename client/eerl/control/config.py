@@ -1,0 +1,41 @@
+"""The EE-RL controller's tuning: one frozen record that every part of :mod:`eerl.control.eerl` reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class EerlConfig:
+    """Tuning of the controller; the defaults are what the bench figures were measured with."""
+
+    baseline_phases: int = 4
+    coarse_factor: float = 0.88
+    """Each coarse trial is this fraction of the previous clock."""
+    coarse_start_fraction: float = 0.77
+    """The first coarse trial, as a fraction of the top clock."""
+    fine_step_fraction: float = 0.022
+    """Fine candidates are spaced this fraction of the maximum clock apart (snapped to the grid)."""
+    commit_samples: int = 3
+    max_exploration_phases: int = 24
+    planning_margin: float = 0.006
+    """Plan for threshold + margin, so that predictor error rarely pushes the run below the threshold."""
+    energy_stop_margin: float = 0.01
+    control_interval_phases: int = 60
+    refine_interval_phases: int = 20
+    """A committed allocation is re-checked against all trials (its own phases included) this often."""
+    drift_ratio_band: float = 0.04
+    drift_feature_band: float = 0.12
+    step_feature_band: float = 0.5
+    """A workload shift this large is a new regime: re-baseline on several default phases from scratch."""
+    monitor_window: int = 10
+    rebaseline_phases: int = 3
+    retune_window_steps: int = 3
+    refine_surplus: float = 0.006
+    """A commit this far above the planned threshold may move for energy (gain > switch_gain_with_surplus)."""
+    switch_gain_with_surplus: float = 0.004
+    max_refine_backoff: int = 8
+    """A refine that ends no better than where it started doubles the refine interval, up to this factor:
+    on a stationary workload the estimates of neighbours and of the commit then stop trading places."""
+    history: int = 512
+    predictor_window: int = 24

@@ -1,0 +1,197 @@
+"""The monitor: watching a committed kind, re-validating its baseline and detecting drift.
+
+Every committed phase is judged against the predictor. Now and then a default-governor *control phase*
+re-validates the predictor: a miss beyond its band must be confirmed by a second one before anything
+changes. Drift is judged on medians of the last few phases, so a single outlier never flips a commit: the
+workload leaving its band (the tokens; for generation also the longest response) is a *step* when the
+newest phases lie far from the newest default phases, else gradual *drift*; time or energy ratios leaving
+theirs is drift the predictor cannot see. The monitor only says what it saw; :mod:`eerl.control.retune`
+decides what to do about it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from eerl.control.config import EerlConfig
+from eerl.control.predictor import BaselinePredictor, workload_features
+from eerl.control.state import MonitorState
+from eerl.phases import PhaseKind, Workload
+
+WATCHED_FEATURES: dict[PhaseKind, tuple[int, ...]] = {
+    PhaseKind.GENERATION: (0, 1),  # tokens, longest response
+    PhaseKind.TRAINING: (0,),  # tokens
+}
+"""Per kind, the workload features (indices into :func:`workload_features`) whose shifts are drift."""
+
+SHIFT_HISTORY = 32
+"""Recent relative shifts kept per watched feature."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadStep:
+    """A watched feature moved far beyond its band: a new regime."""
+
+    feature: int
+    shift: float
+    """The newest phase's feature against the newest default phases', relative."""
+
+    @property
+    def reason(self) -> str:
+        """The verdict's words."""
+        return f"workload stepped ({self.shift:+.0%}): re-baseline, then re-tune"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadDrift:
+    """A watched feature left its band gradually: the predictor can follow it."""
+
+    feature: int
+
+    @property
+    def reason(self) -> str:
+        """The verdict's words."""
+        return "workload left its band: control phase, then re-check the allocation"
+
+
+@dataclass(frozen=True, slots=True)
+class RatioDrift:
+    """The committed clock's time or energy ratio left its band (None: that ratio did not)."""
+
+    time_shift: float | None
+    energy_shift: float | None
+
+    @property
+    def reason(self) -> str:
+        """The verdict's words."""
+        return (
+            f"ratios left their band (time {self.time_shift or 0.0:+.3f}, "
+            f"energy {self.energy_shift or 0.0:+.3f}): control phase, then re-tune"
+        )
+
+
+Drift = WorkloadStep | WorkloadDrift | RatioDrift
+
+
+def control_due(monitor: MonitorState, config: EerlConfig) -> bool:
+    """Time for a control phase on the default governor."""
+    return monitor.since_control >= config.control_interval_phases
+
+
+def judge_control_phase(
+    monitor: MonitorState,
+    error: float | None,
+    error_fraction: float,
+    *,
+    at_default: bool,
+    config: EerlConfig,
+) -> bool:
+    """Judge a committed kind's default phase; True when it confirms a miss of the predictor.
+
+    ``error`` is the phase's relative duration error as predicted beforehand. A kind committed
+    ``at_default`` runs default phases all along; only every control interval's one is a control phase.
+    A miss beyond max(3 × the predictor's error, 4%) asks for a second control phase at once; a second
+    miss of the same sign confirms it.
+    """
+    if at_default and not control_due(monitor, config):
+        monitor.since_control += 1
+        return False
+    monitor.since_control = 0
+    band = max(3.0 * error_fraction, 0.04)
+    if error is None or abs(error) <= band:
+        monitor.control_miss_sign = 0
+        return False
+    sign = 1 if error > 0 else -1
+    if monitor.control_miss_sign != sign:
+        # One miss may be an outlier: confirm with another control phase before acting.
+        monitor.control_miss_sign = sign
+        monitor.since_control = config.control_interval_phases
+        return False
+    monitor.control_miss_sign = 0
+    return True
+
+
+def watch(
+    monitor: MonitorState,
+    predictor: BaselinePredictor,
+    kind: PhaseKind,
+    workload: Workload,
+    *,
+    time_ratio: float,
+    energy_ratio: float,
+    config: EerlConfig,
+) -> Drift | None:
+    """Take a committed phase's ratios and workload; the drift they show, if any (medians: outliers cannot).
+
+    When the workload moved, the monitor asks for a control phase and starts its shift windows afresh.
+    """
+    monitor.recent_time.append(time_ratio)
+    monitor.recent_energy.append(energy_ratio)
+    means = predictor.feature_means()
+    features = workload_features(kind, workload)
+    watched = WATCHED_FEATURES[kind]
+    if means is not None:
+        for index in watched:
+            shift = float(features[index] / means[index] - 1.0) if means[index] > 0 else 0.0
+            monitor.recent_shift.setdefault(index, deque(maxlen=SHIFT_HISTORY)).append(shift)
+    window = config.monitor_window
+    spread = predictor.feature_spread()
+    # The watched feature furthest outside its band (tokens; for generation also the longest response,
+    # which a raised response cap moves while the token count barely does).
+    moved: tuple[float, int] | None = None
+    for index in watched:
+        band = config.drift_feature_band
+        if spread is not None:
+            band = max(band, 2.5 * float(spread[index]))
+        recent = list(monitor.recent_shift.get(index, ()))[-window:]
+        median_shift_now = float(np.median(recent)) if recent else 0.0
+        if len(recent) >= window and abs(median_shift_now) > band:
+            excess = abs(median_shift_now) / band
+            if moved is None or excess > moved[0]:
+                moved = (excess, index)
+    if moved is not None:
+        index = moved[1]
+        monitor.since_control = config.control_interval_phases
+        monitor.recent_shift.clear()
+        # Judge the size of the move on the newest phases against the newest default phases: when the
+        # window's median first leaves the band after a step, half the window still holds the old
+        # regime, and under drift the window's mean lags far behind the last control phase.
+        newest_shift = 0.0
+        latest = predictor.newest_feature_means(config.rebaseline_phases)
+        if latest is not None and latest[index] > 0:
+            newest_shift = float(features[index] / latest[index] - 1.0)
+        if abs(newest_shift) > config.step_feature_band:
+            return WorkloadStep(index, newest_shift)
+        return WorkloadDrift(index)
+    time_shift = median_shift(list(monitor.recent_time), window, config.drift_ratio_band)
+    energy_shift = median_shift(list(monitor.recent_energy), window, config.drift_ratio_band)
+    if time_shift is not None or energy_shift is not None:
+        return RatioDrift(time_shift, energy_shift)
+    return None
+
+
+def median_shift(values: list[float], window: int, floor: float) -> float | None:
+    """The shift of the last ``window`` values' median from the earlier ones', when it is significant.
+
+    Significant: beyond ``floor`` and beyond five robust standard errors (robust scale of the earlier
+    values). Medians on both sides: a single outlier moves neither.
+    """
+    if len(values) < 2 * window:
+        return None
+    before = np.asarray(values[:-window])
+    recent = np.asarray(values[-window:])
+    shift = float(np.median(recent) - np.median(before))
+    scale = max(1.4826 * float(np.median(np.abs(before - np.median(before)))), 0.003)
+    bound = max(floor, 5.0 * 1.25 * scale * float(np.sqrt(1.0 / window + 1.0 / len(before))))
+    return shift if abs(shift) > bound else None
+
+
+def reset_for_commit(monitor: MonitorState) -> None:
+    """A fresh commit: its control interval starts now and drift is judged on its own phases only."""
+    monitor.since_control = 0
+    monitor.recent_time.clear()
+    monitor.recent_energy.clear()
+    monitor.recent_shift.clear()

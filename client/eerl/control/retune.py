@@ -1,0 +1,182 @@
+"""Refine and re-tune: moving a committed allocation when the evidence or the workload says so.
+
+* The *refine* re-checks the committed allocation every refine interval against all trials so far
+  (committed phases keep adding trials at the committed clocks, so its estimate sharpens): when it now
+  looks below the threshold, or leaves clear throughput unused while a neighbouring allocation saves
+  clearly more, the kinds that would move re-tune locally, with the model alone (their trials are kept).
+  A re-tune started for energy alone that commits no better than where it started doubles the interval
+  (up to ``max_refine_backoff``): on a stationary job the estimates would otherwise keep trading places.
+* The *responses* to what the monitor saw: gradual workload drift re-checks the allocation after a control
+  phase; a step, ratio drift or a confirmed control-phase miss re-baselines and then re-tunes around the
+  committed clock with fresh trials (:func:`start_retune`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from eerl.control.base import PhaseObservation
+from eerl.control.baseline import schedule_rebaseline
+from eerl.control.budget import Allocation
+from eerl.control.config import EerlConfig
+from eerl.control.grid import ClockGrid
+from eerl.control.monitor import Drift, WorkloadDrift
+from eerl.control.plan import Planner
+from eerl.control.search import restart_descent, start_local, start_model_local
+from eerl.control.state import KindTrack, MonitorState, RefinePace
+from eerl.phases import ControllerState, PhaseKind
+
+SHORT_TOLERANCE = 0.005
+"""A committed allocation this far below the threshold must move."""
+
+
+@dataclass(frozen=True, slots=True)
+class RefineMove:
+    """The refine's verdict: these kinds move, because the commit is short or a neighbour saves more."""
+
+    moving: tuple[PhaseKind, ...]
+    short: bool
+    """Below the threshold (else: moving for energy)."""
+    gain: float
+    """Energy ratio the best allocation saves over the committed one."""
+
+    @property
+    def reason(self) -> str:
+        """The verdict's words."""
+        why = "below the threshold" if self.short else f"{self.gain:.1%} more energy than a neighbour"
+        return f"refine: the committed allocation is {why} by all trials so far; re-tune locally"
+
+
+def refine_interval(pace: RefinePace, config: EerlConfig) -> int:
+    """Committed phases between two refines."""
+    return config.refine_interval_phases * pace.backoff
+
+
+def take_refine_turn(monitor: MonitorState, pace: RefinePace, config: EerlConfig) -> bool:
+    """True (and the count restarts) when the committed phases since the last refine fill the interval."""
+    if monitor.since_refine >= refine_interval(pace, config):
+        monitor.since_refine = 0
+        return True
+    return False
+
+
+def refine_move(
+    current: Allocation,
+    best: Allocation,
+    committed_mhz: Mapping[PhaseKind, int | None],
+    *,
+    target: float,
+    planned_threshold: float,
+    config: EerlConfig,
+) -> RefineMove | None:
+    """The refine's rule: move when the commit is short, or has surplus and a neighbour saves clearly more.
+
+    Energy alone moves a commit only when it leaves clear throughput unused (else it would flap).
+    """
+    short = current.throughput_ratio < target - SHORT_TOLERANCE
+    gain = current.energy_ratio - best.energy_ratio
+    moving = tuple(k for k, clock in committed_mhz.items() if best.sm_clock_mhz.get(k) != clock)
+    surplus = current.throughput_ratio > planned_threshold + config.refine_surplus
+    if not moving or not (short or (surplus and gain > config.switch_gain_with_surplus)):
+        return None
+    return RefineMove(moving, short, gain)
+
+
+def refine(
+    tracks: Sequence[KindTrack],
+    planner: Planner,
+    pace: RefinePace,
+    grid: ClockGrid,
+    *,
+    iteration: int,
+    config: EerlConfig,
+) -> str | None:
+    """Re-check a committed allocation with everything measured since, and move it locally if needed.
+
+    Judged against a fresh baseline only: a kind whose last default phase is older than a refine interval
+    asks for a control phase first (and a refine right after it).
+    """
+    if any(t.state is not ControllerState.COMMITTED for t in tracks):
+        return None
+    current, best = planner.committed_and_best(tracks, iteration)
+    move = refine_move(
+        current,
+        best,
+        {t.kind: t.committed_mhz for t in tracks},
+        target=planner.target,
+        planned_threshold=planner.threshold(tracks),
+        config=config,
+    )
+    if move is None:
+        return None
+    stale = [
+        t for t in tracks if iteration - t.baseline.last_default_iteration > config.refine_interval_phases
+    ]
+    if stale:
+        # Judge against a fresh baseline first: a stale predictor under drift skews every ratio.
+        for track in stale:
+            track.monitor.since_control = config.control_interval_phases
+            track.monitor.since_refine = config.refine_interval_phases - 2
+        return None
+    for track in tracks:
+        if track.kind in move.moving:
+            track.state = ControllerState.RETUNING
+            epoch = iteration - config.refine_interval_phases * 3
+            start_model_local(track.search, grid, track.committed_mhz, epoch)
+    # Only an energy-driven move is judged by its outcome; a commit below the threshold must move.
+    pace.from_energy = None if move.short else current.energy_ratio
+    return move.reason
+
+
+def judge_refine_outcome(pace: RefinePace, plan: Allocation, config: EerlConfig) -> None:
+    """At a commit: back off the refine when the re-tune it started commits no better than it left."""
+    if pace.from_energy is None:
+        return
+    if plan.energy_ratio > pace.from_energy - config.switch_gain_with_surplus:
+        pace.backoff = min(2 * pace.backoff, config.max_refine_backoff)
+    else:
+        pace.backoff = 1
+    pace.from_energy = None
+
+
+def respond_to_drift(track: KindTrack, drift: Drift, pace: RefinePace, config: EerlConfig) -> str:
+    """Act on the monitor's drift verdict; the reason.
+
+    Gradual drift: the predictor follows the workload and the clock curve (ratios against the predicted
+    default) stays valid, so the monitor's control phase refreshes the baseline and the refine re-checks
+    the allocation right after it, at the normal pace. A step or ratio drift: re-baseline, then re-tune.
+    """
+    if isinstance(drift, WorkloadDrift):
+        pace.backoff = 1
+        track.monitor.since_refine = config.refine_interval_phases - 1
+        return drift.reason
+    # A new regime, or ratios the predictor cannot explain: the old default phases would mislead it.
+    track.state = ControllerState.RETUNING
+    schedule_rebaseline(track.baseline, config.rebaseline_phases)
+    return drift.reason
+
+
+def respond_to_control_miss(track: KindTrack, obs: PhaseObservation, error: float, config: EerlConfig) -> str:
+    """Two control phases missed the predictor alike: this one counts as the first re-baseline phase."""
+    schedule_rebaseline(track.baseline, config.rebaseline_phases - 1)
+    track.state = ControllerState.RETUNING
+    track.baseline.predictor.add(obs.workload, obs.duration_s, obs.energy_j, force=True)
+    return f"two control phases off by {error:+.1%}: re-baseline, then re-tune"
+
+
+def start_retune(track: KindTrack, grid: ClockGrid, pace: RefinePace, iteration: int) -> None:
+    """After a re-baseline: search again around the committed clock, with trials from now on only.
+
+    A kind committed at the default has nothing to be local around: it explores again from the top. The
+    changed workload resets the refine's pace (the next refines judge fresh estimates).
+    """
+    track.state = ControllerState.RETUNING
+    track.curve.discount(keep_after_iteration=iteration - 1)
+    pace.backoff = 1
+    pace.from_energy = None
+    if track.committed_mhz is None:
+        track.state = ControllerState.EXPLORING
+        restart_descent(track.search, grid, iteration)
+        return
+    start_local(track.search, grid, track.committed_mhz, iteration)

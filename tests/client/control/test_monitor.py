@@ -1,0 +1,143 @@
+"""The monitor: control phases that re-validate the predictor, and drift judged on medians."""
+
+from __future__ import annotations
+
+from eerl.control.monitor import (
+    Drift,
+    RatioDrift,
+    WorkloadDrift,
+    WorkloadStep,
+    control_due,
+    judge_control_phase,
+    median_shift,
+    watch,
+)
+from eerl.control.state import KindTrack, MonitorState
+from eerl.phases import ControllerState, PhaseKind, Workload
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.client.control.parts import CONFIG, fitted_track, workload
+
+
+def _judge(monitor: MonitorState, error: float | None, *, at_default: bool = False) -> bool:
+    return judge_control_phase(monitor, error, 0.01, at_default=at_default, config=CONFIG)
+
+
+def _committed(kind: PhaseKind = PhaseKind.TRAINING) -> KindTrack:
+    return fitted_track(kind, ControllerState.COMMITTED)
+
+
+def _watch(
+    track: KindTrack, work: Workload, time_ratio: float = 1.0, energy_ratio: float = 0.8
+) -> Drift | None:
+    return watch(
+        track.monitor,
+        track.baseline.predictor,
+        track.kind,
+        work,
+        time_ratio=time_ratio,
+        energy_ratio=energy_ratio,
+        config=CONFIG,
+    )
+
+
+class TestControlPhases:
+    def test_a_control_phase_is_due_every_control_interval(self) -> None:
+        """After 60 committed phases the next one runs on the default governor."""
+        assert not control_due(MonitorState(since_control=59), CONFIG)
+        assert control_due(MonitorState(since_control=60), CONFIG)
+
+    def test_a_control_phase_within_the_band_confirms_the_predictor(self) -> None:
+        """A 3% error (band: max(3 × 1%, 4%)) restarts the interval and clears a pending miss."""
+        monitor = MonitorState(since_control=60, control_miss_sign=1)
+        assert not _judge(monitor, 0.03)
+        assert (monitor.since_control, monitor.control_miss_sign) == (0, 0)
+
+    def test_one_miss_asks_for_a_second_control_phase_at_once(self) -> None:
+        """A single miss may be an outlier: it changes nothing but makes the next phase a control phase."""
+        monitor = MonitorState(since_control=60)
+        assert not _judge(monitor, 0.10)
+        assert monitor.control_miss_sign == 1
+        assert control_due(monitor, CONFIG)
+
+    def test_a_second_miss_of_the_same_sign_confirms(self) -> None:
+        """Two control phases off alike confirm the miss."""
+        monitor = MonitorState(since_control=60)
+        _judge(monitor, -0.10)
+        assert _judge(monitor, -0.12)
+        assert monitor.control_miss_sign == 0
+
+    def test_misses_of_opposite_signs_do_not_confirm(self) -> None:
+        """Off one way then the other is noise, not a biased predictor."""
+        monitor = MonitorState(since_control=60)
+        _judge(monitor, 0.10)
+        assert not _judge(monitor, -0.10)
+        assert monitor.control_miss_sign == -1
+
+    def test_a_kind_committed_at_the_default_judges_only_each_intervals_phase(self) -> None:
+        """Committed at the default every phase is a default phase; only the due one is judged."""
+        monitor = MonitorState(since_control=10)
+        assert not _judge(monitor, 0.5, at_default=True)
+        assert (monitor.since_control, monitor.control_miss_sign) == (11, 0)
+
+    @given(st.floats(-2.0, 2.0))
+    def test_a_single_control_phase_never_confirms_a_miss(self, error: float) -> None:
+        """Whatever one control phase measured, it alone never confirms a miss."""
+        assert not _judge(MonitorState(since_control=60), error)
+
+
+class TestDrift:
+    def test_a_stationary_committed_kind_shows_no_drift(self) -> None:
+        """Thirty phases like the baseline's, at steady ratios, are no drift."""
+        track = _committed()
+        assert all(_watch(track, workload()) is None for _ in range(30))
+
+    def test_the_tokens_doubling_is_a_step_once_the_window_median_shows_it(self) -> None:
+        """Ten phases with twice the tokens: the tenth reports a step of +100%, not earlier ones."""
+        track = _committed()
+        verdicts = [_watch(track, workload(tokens=2_000_000)) for _ in range(CONFIG.monitor_window)]
+        assert verdicts[:-1] == [None] * (CONFIG.monitor_window - 1)
+        assert verdicts[-1] == WorkloadStep(0, 1.0)
+        assert verdicts[-1].reason == "workload stepped (+100%): re-baseline, then re-tune"
+        assert control_due(track.monitor, CONFIG)
+        assert track.monitor.recent_shift == {}
+
+    def test_a_moderate_move_of_the_tokens_is_gradual_drift(self) -> None:
+        """Tokens 20% up (beyond the 12% band, within the 50% step band) are drift the predictor follows."""
+        track = _committed()
+        verdicts = [_watch(track, workload(tokens=1_200_000)) for _ in range(CONFIG.monitor_window)]
+        assert verdicts[-1] == WorkloadDrift(0)
+
+    def test_generation_also_watches_its_longest_response(self) -> None:
+        """A raised response cap (longest response ×2, same tokens) is a generation step."""
+        track = _committed(PhaseKind.GENERATION)
+        verdicts = [_watch(track, workload(longest=16384)) for _ in range(CONFIG.monitor_window)]
+        assert verdicts[-1] == WorkloadStep(1, 1.0)
+
+    def test_ratios_leaving_their_band_are_drift(self) -> None:
+        """Ten phases 10% slower than the ten before are ratio drift, with the time shift named."""
+        track = _committed()
+        for _ in range(CONFIG.monitor_window):
+            assert _watch(track, workload(), time_ratio=1.0) is None
+        verdicts = [_watch(track, workload(), time_ratio=1.1) for _ in range(CONFIG.monitor_window)]
+        assert verdicts[:-1] == [None] * (CONFIG.monitor_window - 1)
+        drift = verdicts[-1]
+        assert isinstance(drift, RatioDrift)
+        assert drift.time_shift is not None
+        assert abs(drift.time_shift - 0.1) < 1e-9
+        assert drift.energy_shift is None
+
+    def test_no_shift_is_judged_before_two_windows(self) -> None:
+        """Fewer than two windows of values say nothing, however far apart."""
+        assert median_shift([1.0] * 10 + [2.0] * 9, 10, 0.04) is None
+
+    @given(
+        position=st.integers(0, 19),
+        outlier=st.one_of(st.floats(0.0, 0.9), st.floats(1.1, 100.0)),
+    )
+    def test_a_single_outlier_is_never_drift(self, position: int, outlier: float) -> None:
+        """Among twenty steady ratios, one far off anywhere moves neither median."""
+        values = [1.0] * 20
+        values[position] = outlier
+        assert median_shift(values, 10, 0.04) is None

@@ -1,0 +1,34 @@
+"""Async slack: a pool's time budget from its peer pool's recent phases."""
+
+from __future__ import annotations
+
+import pytest
+from eerl.control.slack import PeerSlack
+
+
+class TestPeerSlack:
+    def test_the_peers_time_is_the_median_of_its_last_five_phases(self) -> None:
+        """One slow peer phase moves nothing; older phases drop out."""
+        slack = PeerSlack(active=True)
+        for duration_s in (100.0, 100.0, 10.0, 12.0, 11.0, 50.0, 13.0):
+            slack.observe_peer(duration_s)
+        assert slack.peer_duration_s() == 12.0
+
+    def test_a_peer_phase_that_took_no_time_is_ignored(self) -> None:
+        """Before any real peer phase there is no peer time."""
+        slack = PeerSlack(active=True)
+        slack.observe_peer(0.0)
+        assert slack.peer_duration_s() is None
+
+    def test_a_waiting_pool_may_slow_down_to_its_peers_time(self) -> None:
+        """A 10 s pool whose peer takes 20 s may take up to 20 s over the threshold."""
+        slack = PeerSlack(active=True)
+        slack.observe_peer(20.0)
+        assert slack.time_cap(10.0, 0.95) == pytest.approx(20.0 / (0.95 * 10.0))
+
+    def test_without_a_slower_peer_the_threshold_alone_is_the_budget(self) -> None:
+        """A pool that gates the iteration (or has no peer yet) spends the threshold only."""
+        slack = PeerSlack(active=True)
+        assert slack.time_cap(10.0, 0.95) == pytest.approx(1 / 0.95)
+        slack.observe_peer(5.0)
+        assert slack.time_cap(10.0, 0.95) == pytest.approx(1 / 0.95)
