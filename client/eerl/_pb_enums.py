@@ -1,4 +1,5 @@
-"""The one table between the session nouns (:mod:`eerl.phases`) and their wire values (``eerl.v1``).
+"""The one table between the session nouns (:mod:`eerl.phases`, :mod:`eerl.directives`) and their wire
+values (``eerl.v1``).
 
 Used by the client's sender, eerld's codec and eerlctl. Each table is derived from the generated enums by
 name (``PhaseKind.TRAINING`` → ``PHASE_KIND_TRAINING``), so a member the proto lacks fails at import
@@ -8,6 +9,7 @@ neither: what it means is the caller's to say).
 
 from __future__ import annotations
 
+from eerl.directives import DirectivePurpose, DirectiveVerdict
 from eerl.phases import ControllerState, ExecutionMode, GpuRole, PhaseKind
 from eerl.v1 import eerl_pb2
 
@@ -28,4 +30,18 @@ STATE_TO_PB: dict[ControllerState, eerl_pb2.ControllerState.ValueType] = {
 }
 STATE_FROM_PB: dict[eerl_pb2.ControllerState.ValueType, ControllerState] = {
     v: k for k, v in STATE_TO_PB.items()
+}
+PURPOSE_TO_PB: dict[DirectivePurpose, eerl_pb2.DirectivePurpose.ValueType] = {
+    purpose: eerl_pb2.DirectivePurpose.Value(f"DIRECTIVE_PURPOSE_{purpose.name}")
+    for purpose in DirectivePurpose
+}
+PURPOSE_FROM_PB: dict[eerl_pb2.DirectivePurpose.ValueType, DirectivePurpose] = {
+    v: k for k, v in PURPOSE_TO_PB.items()
+}
+VERDICT_TO_PB: dict[DirectiveVerdict, eerl_pb2.DirectiveVerdict.ValueType] = {
+    verdict: eerl_pb2.DirectiveVerdict.Value(f"DIRECTIVE_VERDICT_{verdict.name}")
+    for verdict in DirectiveVerdict
+}
+VERDICT_FROM_PB: dict[eerl_pb2.DirectiveVerdict.ValueType, DirectiveVerdict] = {
+    v: k for k, v in VERDICT_TO_PB.items()
 }

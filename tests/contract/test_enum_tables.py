@@ -6,6 +6,7 @@ import enum
 
 import pytest
 from eerl import _pb_enums
+from eerl.directives import DirectivePurpose, DirectiveVerdict
 from eerl.phases import ControllerState, ExecutionMode, GpuRole, PhaseKind
 from eerl.v1 import eerl_pb2
 
@@ -14,10 +15,14 @@ TABLES = [
     (ExecutionMode, eerl_pb2.ExecutionMode, _pb_enums.MODE_TO_PB, _pb_enums.MODE_FROM_PB),
     (GpuRole, eerl_pb2.GpuRole, _pb_enums.ROLE_TO_PB, _pb_enums.ROLE_FROM_PB),
     (ControllerState, eerl_pb2.ControllerState, _pb_enums.STATE_TO_PB, _pb_enums.STATE_FROM_PB),
+    (DirectivePurpose, eerl_pb2.DirectivePurpose, _pb_enums.PURPOSE_TO_PB, _pb_enums.PURPOSE_FROM_PB),
+    (DirectiveVerdict, eerl_pb2.DirectiveVerdict, _pb_enums.VERDICT_TO_PB, _pb_enums.VERDICT_FROM_PB),
 ]
 
 
-@pytest.mark.parametrize(("noun", "wire", "to_pb", "from_pb"), TABLES, ids=["kind", "mode", "role", "state"])
+@pytest.mark.parametrize(
+    ("noun", "wire", "to_pb", "from_pb"), TABLES, ids=["kind", "mode", "role", "state", "purpose", "verdict"]
+)
 class TestEnumTables:
     def test_every_member_has_the_wire_value_of_its_name(self, noun, wire, to_pb, from_pb) -> None:
         """Each member maps to the proto value whose name ends in the member's name."""

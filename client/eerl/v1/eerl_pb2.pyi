@@ -163,12 +163,97 @@ CLOCK_SOURCE_ADMIN_PIN: ClockSource.ValueType  # 3
 """An administrator's pin, which beats any session."""
 Global___ClockSource: _TypeAlias = ClockSource  # noqa: Y015
 
-@_typing.final
-class GpuRef(_message.Message):
+class _DirectivePurpose:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DirectivePurposeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DirectivePurpose.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DIRECTIVE_PURPOSE_UNSPECIFIED: _DirectivePurpose.ValueType  # 0
+    DIRECTIVE_PURPOSE_TRIAL: _DirectivePurpose.ValueType  # 1
+    """A candidate clock the job-level controller is trying. Counted against the daemon's trial budget."""
+    DIRECTIVE_PURPOSE_COMMITTED: _DirectivePurpose.ValueType  # 2
+    """The clock the job-level controller committed to. A later fallback of this phase kind uses it."""
+    DIRECTIVE_PURPOSE_CONTROL: _DirectivePurpose.ValueType  # 3
+    """A control phase (e.g. the default governor, to measure the baseline)."""
+
+class DirectivePurpose(_DirectivePurpose, metaclass=_DirectivePurposeEnumTypeWrapper):
     """A GPU named by its index on the node or by its UUID ("GPU-...").
     UUIDs are stable across containers, where indices are renumbered.
+    Why a job-level directive was issued (multi-node job mode; docs/multinode.md).
     """
 
+DIRECTIVE_PURPOSE_UNSPECIFIED: DirectivePurpose.ValueType  # 0
+DIRECTIVE_PURPOSE_TRIAL: DirectivePurpose.ValueType  # 1
+"""A candidate clock the job-level controller is trying. Counted against the daemon's trial budget."""
+DIRECTIVE_PURPOSE_COMMITTED: DirectivePurpose.ValueType  # 2
+"""The clock the job-level controller committed to. A later fallback of this phase kind uses it."""
+DIRECTIVE_PURPOSE_CONTROL: DirectivePurpose.ValueType  # 3
+"""A control phase (e.g. the default governor, to measure the baseline)."""
+Global___DirectivePurpose: _TypeAlias = DirectivePurpose  # noqa: Y015
+
+class _DirectiveVerdict:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DirectiveVerdictEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DirectiveVerdict.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DIRECTIVE_VERDICT_UNSPECIFIED: _DirectiveVerdict.ValueType  # 0
+    DIRECTIVE_VERDICT_ACCEPTED: _DirectiveVerdict.ValueType  # 1
+    """Applied as asked (an admin pin or the power limit may still hold the GPU lower; see clocks)."""
+    DIRECTIVE_VERDICT_MISSING: _DirectiveVerdict.ValueType  # 2
+    """The BeginPhase of a job-mode session carried no directive."""
+    DIRECTIVE_VERDICT_NOT_JOB_MODE: _DirectiveVerdict.ValueType  # 3
+    """The session is not in job mode: the daemon's own controller decides."""
+    DIRECTIVE_VERDICT_STALE_INCARNATION: _DirectiveVerdict.ValueType  # 4
+    """The directive's incarnation is older than the newest this daemon has seen for the job."""
+    DIRECTIVE_VERDICT_STALE_EPOCH: _DirectiveVerdict.ValueType  # 5
+    """The directive's plan epoch is older than one already accepted for the job."""
+    DIRECTIVE_VERDICT_WRONG_PHASE: _DirectiveVerdict.ValueType  # 6
+    """The directive names another iteration or phase kind than the BeginPhase it rides on."""
+    DIRECTIVE_VERDICT_OFF_GRID: _DirectiveVerdict.ValueType  # 7
+    """The clock is not on every GPU's supported grid (never snapped)."""
+    DIRECTIVE_VERDICT_BELOW_FLOOR: _DirectiveVerdict.ValueType  # 8
+    """The clock is below the admin's floor for job directives."""
+    DIRECTIVE_VERDICT_TRIAL_BUDGET: _DirectiveVerdict.ValueType  # 9
+    """The session's trial budget for the current window is spent."""
+    DIRECTIVE_VERDICT_RATE_LIMITED: _DirectiveVerdict.ValueType  # 10
+    """The GPU's clock-change rate limit refused the change."""
+    DIRECTIVE_VERDICT_BAD_PURPOSE: _DirectiveVerdict.ValueType  # 11
+    """The purpose is UNSPECIFIED or unknown."""
+
+class DirectiveVerdict(_DirectiveVerdict, metaclass=_DirectiveVerdictEnumTypeWrapper):
+    """The daemon's verdict on a phase's directive. Anything but ACCEPTED means the phase runs at the
+    fallback: the last accepted committed clock of that phase kind, else the default governor — never a trial.
+    """
+
+DIRECTIVE_VERDICT_UNSPECIFIED: DirectiveVerdict.ValueType  # 0
+DIRECTIVE_VERDICT_ACCEPTED: DirectiveVerdict.ValueType  # 1
+"""Applied as asked (an admin pin or the power limit may still hold the GPU lower; see clocks)."""
+DIRECTIVE_VERDICT_MISSING: DirectiveVerdict.ValueType  # 2
+"""The BeginPhase of a job-mode session carried no directive."""
+DIRECTIVE_VERDICT_NOT_JOB_MODE: DirectiveVerdict.ValueType  # 3
+"""The session is not in job mode: the daemon's own controller decides."""
+DIRECTIVE_VERDICT_STALE_INCARNATION: DirectiveVerdict.ValueType  # 4
+"""The directive's incarnation is older than the newest this daemon has seen for the job."""
+DIRECTIVE_VERDICT_STALE_EPOCH: DirectiveVerdict.ValueType  # 5
+"""The directive's plan epoch is older than one already accepted for the job."""
+DIRECTIVE_VERDICT_WRONG_PHASE: DirectiveVerdict.ValueType  # 6
+"""The directive names another iteration or phase kind than the BeginPhase it rides on."""
+DIRECTIVE_VERDICT_OFF_GRID: DirectiveVerdict.ValueType  # 7
+"""The clock is not on every GPU's supported grid (never snapped)."""
+DIRECTIVE_VERDICT_BELOW_FLOOR: DirectiveVerdict.ValueType  # 8
+"""The clock is below the admin's floor for job directives."""
+DIRECTIVE_VERDICT_TRIAL_BUDGET: DirectiveVerdict.ValueType  # 9
+"""The session's trial budget for the current window is spent."""
+DIRECTIVE_VERDICT_RATE_LIMITED: DirectiveVerdict.ValueType  # 10
+"""The GPU's clock-change rate limit refused the change."""
+DIRECTIVE_VERDICT_BAD_PURPOSE: DirectiveVerdict.ValueType  # 11
+"""The purpose is UNSPECIFIED or unknown."""
+Global___DirectiveVerdict: _TypeAlias = DirectiveVerdict  # noqa: Y015
+
+@_typing.final
+class GpuRef(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     INDEX_FIELD_NUMBER: _builtins.int
@@ -205,6 +290,7 @@ class GpuInfo(_message.Message):
     PCI_BUS_ID_FIELD_NUMBER: _builtins.int
     MIN_SM_CLOCK_MHZ_FIELD_NUMBER: _builtins.int
     MAX_SM_CLOCK_MHZ_FIELD_NUMBER: _builtins.int
+    SUPPORTED_SM_CLOCKS_MHZ_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     """NVML index on this node."""
     uuid: _builtins.str
@@ -217,6 +303,10 @@ class GpuInfo(_message.Message):
     """Lowest supported SM clock."""
     max_sm_clock_mhz: _builtins.int
     """Highest supported SM clock."""
+    @_builtins.property
+    def supported_sm_clocks_mhz(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Every supported SM clock, ascending (the grid a job-level directive must be on; empty if unknown)."""
+
     def __init__(
         self,
         *,
@@ -226,10 +316,11 @@ class GpuInfo(_message.Message):
         pci_bus_id: _builtins.str = ...,
         min_sm_clock_mhz: _builtins.int = ...,
         max_sm_clock_mhz: _builtins.int = ...,
+        supported_sm_clocks_mhz: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "max_sm_clock_mhz", b"max_sm_clock_mhz", "min_sm_clock_mhz", b"min_sm_clock_mhz", "name", b"name", "pci_bus_id", b"pci_bus_id", "uuid", b"uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "max_sm_clock_mhz", b"max_sm_clock_mhz", "min_sm_clock_mhz", b"min_sm_clock_mhz", "name", b"name", "pci_bus_id", b"pci_bus_id", "supported_sm_clocks_mhz", b"supported_sm_clocks_mhz", "uuid", b"uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -359,6 +450,7 @@ class OpenSessionRequest(_message.Message):
     LEASE_TTL_S_FIELD_NUMBER: _builtins.int
     CLIENT_NAME_FIELD_NUMBER: _builtins.int
     CLAIM_TICKETS_FIELD_NUMBER: _builtins.int
+    JOB_MODE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The RL job's id (e.g. the Slurm job id or the Kubernetes job name)."""
     rank: _builtins.int
@@ -389,6 +481,13 @@ class OpenSessionRequest(_message.Message):
         session may claim (and to its authority: async peers must share some of it). Each is used once.
         """
 
+    @_builtins.property
+    def job_mode(self) -> Global___JobMode:
+        """Job mode (multi-node): the clock of each phase comes from the directive in its BeginPhase, decided by
+        one job-level controller for all the job's nodes; the daemon checks and applies it and its own
+        controller stays off. Refused (FAILED_PRECONDITION) where the daemon's config disallows job mode.
+        """
+
     def __init__(
         self,
         *,
@@ -402,14 +501,89 @@ class OpenSessionRequest(_message.Message):
         lease_ttl_s: _builtins.float = ...,
         client_name: _builtins.str = ...,
         claim_tickets: _abc.Iterable[_builtins.str] | None = ...,
+        job_mode: Global___JobMode | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job_mode", b"job_mode", "policy", b"policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim_tickets", b"claim_tickets", "client_name", b"client_name", "gpus", b"gpus", "job_id", b"job_id", "lease_ttl_s", b"lease_ttl_s", "mode", b"mode", "policy", b"policy", "rank", b"rank", "role", b"role", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim_tickets", b"claim_tickets", "client_name", b"client_name", "gpus", b"gpus", "job_id", b"job_id", "job_mode", b"job_mode", "lease_ttl_s", b"lease_ttl_s", "mode", b"mode", "policy", b"policy", "rank", b"rank", "role", b"role", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___OpenSessionRequest: _TypeAlias = OpenSessionRequest  # noqa: Y015
+
+@_typing.final
+class JobMode(_message.Message):
+    """What a job-mode session is opened with."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENABLED_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    NODE_RANK_FIELD_NUMBER: _builtins.int
+    enabled: _builtins.bool
+    """True to open the session in job mode."""
+    incarnation: _builtins.int
+    """The job-level controller's incarnation (a restarted driver takes a larger one). Directives of an older
+    incarnation than the newest this daemon has seen for the job_id are refused.
+    """
+    node_rank: _builtins.int
+    """This node's rank in the job's node list (logs, decisions, metrics)."""
+    def __init__(
+        self,
+        *,
+        enabled: _builtins.bool = ...,
+        incarnation: _builtins.int = ...,
+        node_rank: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["enabled", b"enabled", "incarnation", b"incarnation", "node_rank", b"node_rank"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobMode: _TypeAlias = JobMode  # noqa: Y015
+
+@_typing.final
+class Directive(_message.Message):
+    """A job-level controller's clock for one phase of one iteration, carried by that phase's BeginPhase."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    ITERATION_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    SM_CLOCK_MHZ_FIELD_NUMBER: _builtins.int
+    PURPOSE_FIELD_NUMBER: _builtins.int
+    incarnation: _builtins.int
+    """The controller's incarnation (see JobMode.incarnation)."""
+    epoch: _builtins.int
+    """The plan epoch: never goes back within an incarnation."""
+    iteration: _builtins.int
+    """The iteration it is for; it applies to no other iteration."""
+    kind: Global___PhaseKind.ValueType
+    """The phase kind it is for; it applies to no other phase."""
+    sm_clock_mhz: _builtins.int
+    """The SM clock; 0 means the default governor."""
+    purpose: Global___DirectivePurpose.ValueType
+    """Trial, committed or control."""
+    def __init__(
+        self,
+        *,
+        incarnation: _builtins.int = ...,
+        epoch: _builtins.int = ...,
+        iteration: _builtins.int = ...,
+        kind: Global___PhaseKind.ValueType = ...,
+        sm_clock_mhz: _builtins.int = ...,
+        purpose: Global___DirectivePurpose.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "incarnation", b"incarnation", "iteration", b"iteration", "kind", b"kind", "purpose", b"purpose", "sm_clock_mhz", b"sm_clock_mhz"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Directive: _TypeAlias = Directive  # noqa: Y015
 
 @_typing.final
 class OpenSessionResponse(_message.Message):
@@ -497,6 +671,7 @@ class BeginPhaseRequest(_message.Message):
     KIND_FIELD_NUMBER: _builtins.int
     ITERATION_FIELD_NUMBER: _builtins.int
     HINTS_FIELD_NUMBER: _builtins.int
+    DIRECTIVE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """The session's token."""
     kind: Global___PhaseKind.ValueType
@@ -507,6 +682,10 @@ class BeginPhaseRequest(_message.Message):
     def hints(self) -> Global___Workload:
         """What the worker already knows of the phase's workload (optional)."""
 
+    @_builtins.property
+    def directive(self) -> Global___Directive:
+        """Job mode only: the job-level controller's clock for this phase. Absent: the fallback clock."""
+
     def __init__(
         self,
         *,
@@ -514,10 +693,11 @@ class BeginPhaseRequest(_message.Message):
         kind: Global___PhaseKind.ValueType = ...,
         iteration: _builtins.int = ...,
         hints: Global___Workload | None = ...,
+        directive: Global___Directive | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["hints", b"hints"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["directive", b"directive", "hints", b"hints"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hints", b"hints", "iteration", b"iteration", "kind", b"kind", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["directive", b"directive", "hints", b"hints", "iteration", b"iteration", "kind", b"kind", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -531,6 +711,9 @@ class BeginPhaseResponse(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     TARGET_SM_CLOCK_MHZ_FIELD_NUMBER: _builtins.int
     RESYNCED_FIELD_NUMBER: _builtins.int
+    VERDICT_FIELD_NUMBER: _builtins.int
+    VERDICT_DETAIL_FIELD_NUMBER: _builtins.int
+    APPLIED_EPOCH_FIELD_NUMBER: _builtins.int
     state: Global___ControllerState.ValueType
     """The controller's state for this phase kind."""
     target_sm_clock_mhz: _builtins.int
@@ -538,6 +721,14 @@ class BeginPhaseResponse(_message.Message):
     resynced: _builtins.bool
     """True when another phase of this session was still running (its EndPhase was lost or refused):
     that phase was abandoned unmetered, and this one begins afresh.
+    """
+    verdict: Global___DirectiveVerdict.ValueType
+    """Job mode: the verdict on the directive (NOT_JOB_MODE for a session that is not in job mode)."""
+    verdict_detail: _builtins.str
+    """Job mode: why, in words, when the verdict is not ACCEPTED."""
+    applied_epoch: _builtins.int
+    """Job mode: the plan epoch of the clock now applied (the directive's, or that of the committed
+    directive the fallback used; 0 for the default governor).
     """
     @_builtins.property
     def clocks(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuClock]:
@@ -550,10 +741,13 @@ class BeginPhaseResponse(_message.Message):
         state: Global___ControllerState.ValueType = ...,
         target_sm_clock_mhz: _builtins.int = ...,
         resynced: _builtins.bool = ...,
+        verdict: Global___DirectiveVerdict.ValueType = ...,
+        verdict_detail: _builtins.str = ...,
+        applied_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["clocks", b"clocks", "resynced", b"resynced", "state", b"state", "target_sm_clock_mhz", b"target_sm_clock_mhz"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_epoch", b"applied_epoch", "clocks", b"clocks", "resynced", b"resynced", "state", b"state", "target_sm_clock_mhz", b"target_sm_clock_mhz", "verdict", b"verdict", "verdict_detail", b"verdict_detail"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -601,6 +795,10 @@ class EndPhaseResponse(_message.Message):
     ENERGY_MJ_FIELD_NUMBER: _builtins.int
     MEAN_POWER_W_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
+    SM_CLOCK_MHZ_FIELD_NUMBER: _builtins.int
+    APPLIED_EPOCH_FIELD_NUMBER: _builtins.int
+    VERDICT_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
     duration_s: _builtins.float
     """Wall time from BeginPhase to EndPhase as the daemon measured it."""
     energy_mj: _builtins.float
@@ -609,6 +807,14 @@ class EndPhaseResponse(_message.Message):
     """Mean power of the session's GPUs over the phase, summed over GPUs."""
     state: Global___ControllerState.ValueType
     """The controller's state for this phase kind after the observation."""
+    sm_clock_mhz: _builtins.int
+    """The SM clock target that held over the phase (0: the default governor)."""
+    applied_epoch: _builtins.int
+    """Job mode: the plan epoch of that clock."""
+    verdict: Global___DirectiveVerdict.ValueType
+    """Job mode: the verdict the phase's BeginPhase got."""
+    gpus: _builtins.int
+    """How many GPUs the energy covers."""
     def __init__(
         self,
         *,
@@ -616,10 +822,14 @@ class EndPhaseResponse(_message.Message):
         energy_mj: _builtins.float = ...,
         mean_power_w: _builtins.float = ...,
         state: Global___ControllerState.ValueType = ...,
+        sm_clock_mhz: _builtins.int = ...,
+        applied_epoch: _builtins.int = ...,
+        verdict: Global___DirectiveVerdict.ValueType = ...,
+        gpus: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["duration_s", b"duration_s", "energy_mj", b"energy_mj", "mean_power_w", b"mean_power_w", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_epoch", b"applied_epoch", "duration_s", b"duration_s", "energy_mj", b"energy_mj", "gpus", b"gpus", "mean_power_w", b"mean_power_w", "sm_clock_mhz", b"sm_clock_mhz", "state", b"state", "verdict", b"verdict"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1320,6 +1530,8 @@ class Decision(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     THROUGHPUT_RATIO_FIELD_NUMBER: _builtins.int
     ENERGY_RATIO_FIELD_NUMBER: _builtins.int
+    DIRECTIVE_FIELD_NUMBER: _builtins.int
+    VERDICT_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Session."""
     kind: Global___PhaseKind.ValueType
@@ -1338,6 +1550,12 @@ class Decision(_message.Message):
     """Measured throughput of the phase as a fraction of the predicted default; 0 if not measured."""
     energy_ratio: _builtins.float
     """Measured energy of the phase as a fraction of the predicted default; 0 if not measured."""
+    verdict: Global___DirectiveVerdict.ValueType
+    """Job mode: the daemon's verdict on it."""
+    @_builtins.property
+    def directive(self) -> Global___Directive:
+        """Job mode: the directive this phase carried (absent: none)."""
+
     def __init__(
         self,
         *,
@@ -1350,10 +1568,12 @@ class Decision(_message.Message):
         reason: _builtins.str = ...,
         throughput_ratio: _builtins.float = ...,
         energy_ratio: _builtins.float = ...,
+        directive: Global___Directive | None = ...,
+        verdict: Global___DirectiveVerdict.ValueType = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["directive", b"directive"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["energy_ratio", b"energy_ratio", "iteration", b"iteration", "kind", b"kind", "reason", b"reason", "session_id", b"session_id", "sm_clock_mhz", b"sm_clock_mhz", "state", b"state", "throughput_ratio", b"throughput_ratio", "timestamp_unix_s", b"timestamp_unix_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["directive", b"directive", "energy_ratio", b"energy_ratio", "iteration", b"iteration", "kind", b"kind", "reason", b"reason", "session_id", b"session_id", "sm_clock_mhz", b"sm_clock_mhz", "state", b"state", "throughput_ratio", b"throughput_ratio", "timestamp_unix_s", b"timestamp_unix_s", "verdict", b"verdict"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
