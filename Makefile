@@ -17,7 +17,7 @@ LOCK_VENV := $(or $(TMPDIR),/tmp)/eerl-constraints-venv
 
 help:
 	@echo "make demo   - set up what the demo needs and run the simulated RL loop"
-	@echo "make test   - set up everything and run every check (proto, ruff, mypy, pytest)"
+	@echo "make test   - set up everything and run every check (proto, ruff, import contracts, mypy, pytest)"
 	@echo "make proto  - regenerate the gRPC code from proto/"
 	@echo "make constraints - re-resolve constraints.txt (the pinned runtime dependencies) in a clean venv"
 	@echo "make fmt | lint | bench | soak | clean"
@@ -59,6 +59,7 @@ fmt: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check $(PY_PATHS)
 	$(BIN)/ruff format --check $(PY_PATHS)
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -1,6 +1,6 @@
 """``python -m demo.daemon EERLD-FLAGS…``: the demo's eerld, the real server on a sim backend without fsync.
 
-The server, daemon, controller, arbiter and ledger are eerld's own (:func:`eerld.server.create_server`,
+The server, daemon, controller, arbiter and ledger are eerld's own (:func:`eerld.api.server.create_server`,
 which times phases on the sim device's clock); the only difference from ``eerld --backend sim`` is that the
 simulated GPUs' state-file writes skip fsync (the demo's state lives in a temporary folder). It stops with
 the demo that started it (:func:`die_with_parent`), so it never outlives a killed demo.
@@ -15,11 +15,11 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from eerld.api.server import create_server, serve
 from eerld.config import load_config
 from eerld.errors import ConfigError, EerlError
 from eerld.gpu.sim import create_sim_backend
 from eerld.logging import configure_logging
-from eerld.server import create_server, serve
 from eerld.sim.profiles import builtin_profile
 
 PARENT_ENV = "EERL_DEMO_PARENT_PID"

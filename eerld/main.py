@@ -15,11 +15,12 @@ from collections.abc import Sequence
 import structlog
 
 from eerld import files
+from eerld.api.server import create_server, serve
+from eerld.app import create_backend
 from eerld.clocks.recovery import reset_node
 from eerld.config import Config, load_config
 from eerld.errors import ConfigError, EerlError
 from eerld.logging import configure_logging
-from eerld.server import create_backend, create_server, serve
 
 
 def reset_clocks(config: Config) -> int:

@@ -3,7 +3,8 @@
 :class:`FakeGpuBackend` implements :class:`eerld.gpu.base.GpuBackend` in memory: its energy counters
 advance with an injectable clock at a power that depends on the locked clock, so energy attribution can
 be checked against exact ground truth; every call can be made to fail per GPU to exercise degraded paths.
-:func:`running_daemon` starts a real gRPC server of both services on Unix sockets in a directory.
+:func:`running_daemon` starts a real gRPC server of both services on Unix sockets in a directory
+(:func:`eerld.api.server.create_server`, which builds the daemon with :func:`eerld.app.build`).
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eerld.api.server import Server, create_server
 from eerld.config import Config, parse_fixed_clocks
 from eerld.errors import GpuError, InvalidArgument
 from eerld.gpu.base import ClockEventReasons, GpuBackend, GpuClocks, GpuIdentity, GpuUtilization
-from eerld.server import Server, create_server
 
 if TYPE_CHECKING:
     from eerld.daemon import Daemon
@@ -256,6 +257,10 @@ class FakeGpuBackend:
             if gpu.locked_sm_mhz is not None:
                 return ClockEventReasons.APPLICATIONS_CLOCKS_SETTING
             return ClockEventReasons.NONE
+
+    def own_clock(self) -> Callable[[], float] | None:
+        """None: the fake's counters follow the daemon's clock (``clock``), as real GPUs follow the host's."""
+        return None
 
     def close(self) -> None:
         """Idempotent."""

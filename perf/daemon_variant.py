@@ -31,11 +31,11 @@ import timeit
 import structlog
 from eerl.phases import ControllerState
 
+from eerld.api.server import create_server, serve
 from eerld.config import load_config
 from eerld.daemon import BeganPhase, Daemon, EndedPhase
 from eerld.gpu.base import GpuBackend
 from eerld.logging import configure_logging
-from eerld.server import create_server, serve
 from eerld.testing import FakeGpuBackend
 from perf.stats import percentile
 
@@ -82,7 +82,7 @@ def spin_instead(begin_us: float, end_us: float) -> None:
 
 def record_handler_times(daemon: Daemon, path: str) -> None:
     durations: dict[str, list[float]] = collections.defaultdict(list)
-    daemon.rpc_observers.append(lambda name, _code, seconds: durations[name].append(seconds))
+    daemon.subscribe(on_rpc=lambda name, _code, seconds: durations[name].append(seconds))
 
     def write() -> None:
         with open(path, "w") as out:

@@ -6,11 +6,14 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import structlog
 from hypothesis import settings
+
+from eerld.testing import FakeGpuBackend, ManualClock
 
 # `make test` (and CI) draws the same examples every run, so a red build is reproducible and a green one is
 # not luck; HYPOTHESIS_PROFILE=explore draws fresh random examples to hunt for new failures.
@@ -26,9 +29,31 @@ def _default_logging() -> Iterator[None]:
     structlog.reset_defaults()
 
 
+@contextmanager
+def short_socket_dir(prefix: str = "eerl-") -> Iterator[Path]:
+    """A directory with a short path under /tmp, removed afterwards: Unix socket paths hold at most 107
+    bytes, which pytest's ``tmp_path`` can exceed. The one helper for every test that binds a socket."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture
 def sock_dir() -> Iterator[Path]:
-    """A directory with a short path (Unix socket paths hold at most 107 bytes)."""
-    path = Path(tempfile.mkdtemp(prefix="eerl-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    """A short directory for Unix sockets (:func:`short_socket_dir`)."""
+    with short_socket_dir() as path:
+        yield path
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """Time that moves only when the test says so."""
+    return ManualClock()
+
+
+@pytest.fixture
+def fake(clock: ManualClock) -> FakeGpuBackend:
+    """Four fake GPUs driven by the manual clock (tests/client overrides ``fake`` with a fake daemon)."""
+    return FakeGpuBackend(4, clock=clock)

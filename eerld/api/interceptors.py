@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import grpc
 import structlog
 
-from eerld.daemon import RpcObserver
+from eerld.daemon.views import RpcObserver
 from eerld.errors import (
     BackendFailure,
     ConfigError,
@@ -93,7 +93,7 @@ else:
 
 
 class ErrorMappingInterceptor(_InterceptorBase):
-    """Wraps eerl.v1 handlers: maps errors to status codes and reports each RPC to the observers.
+    """Wraps eerl.v1 handlers: maps errors to status codes and reports each RPC to ``on_rpc``.
 
     One instance per server, built with the services that server serves: a method of any other service is
     answered UNIMPLEMENTED before any handler is looked up, and the cache of wrapped handlers belongs to
@@ -101,10 +101,8 @@ class ErrorMappingInterceptor(_InterceptorBase):
     worker socket after their first call on the admin socket.)
     """
 
-    def __init__(
-        self, observers: Sequence[RpcObserver], services: Iterable[str], *, workers: int = 8
-    ) -> None:
-        self._observers = observers
+    def __init__(self, on_rpc: RpcObserver, services: Iterable[str], *, workers: int = 8) -> None:
+        self._on_rpc = on_rpc
         self._prefixes = tuple(f"/{name}/" for name in services)
         self._wrapped: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
         self._tarpit = threading.BoundedSemaphore(max(1, min(MAX_TARPIT_SLOTS, workers // 4)))
@@ -197,11 +195,10 @@ class ErrorMappingInterceptor(_InterceptorBase):
         return grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE
 
     def _observe(self, name: str, code: grpc.StatusCode, duration_s: float) -> None:
-        for observer in list(self._observers):
-            try:
-                observer(name, code.name, duration_s)
-            except Exception:
-                log.exception("rpc_observer_error")
+        try:
+            self._on_rpc(name, code.name, duration_s)
+        except Exception:
+            log.exception("rpc_observer_error")
 
 
 class StreamGuardInterceptor(_InterceptorBase):

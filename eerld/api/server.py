@@ -1,10 +1,12 @@
-"""Build the daemon's gRPC servers apart from running them.
+"""Serve what :mod:`eerld.app` built over gRPC: sockets, servers, health, reflection, grant sockets.
 
-:func:`create_server` checks the sockets (a live daemon on the path is an error, a stale file of a dead
-one is removed), creates the backend and the :class:`~eerld.daemon.Daemon`, and binds the worker and
-admin services on separate servers, so that an admin RPC can never be served on the worker socket.
-:meth:`Server.start` recovers the ledger and starts serving; :meth:`Server.stop` marks health
-NOT_SERVING, stops with a grace period and resets every GPU eerld locked. :func:`serve` adds signals.
+:func:`create_server` checks the state directory and the sockets (a live daemon on the path is an error, a
+stale file of a dead one is removed), has :func:`eerld.app.build` make the backend and the
+:class:`~eerld.daemon.Daemon`, and binds the worker and admin services on separate servers, so that an
+admin RPC can never be served on the worker socket; each grant's socket gets a server of its own
+(:class:`Server` is the daemon's :class:`~eerld.access.SocketHost`). :meth:`Server.start` recovers the
+ledger and starts serving; :meth:`Server.stop` marks health NOT_SERVING, stops with a grace period and
+resets every GPU eerld locked. :func:`serve` adds signals.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import grp
-import importlib
 import os
 import resource
 import signal
@@ -30,7 +31,6 @@ from typing import Any
 
 import grpc
 import structlog
-from eerl.control.registry import controller_factory
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -39,14 +39,12 @@ from eerld import files
 from eerld.api.interceptors import ErrorMappingInterceptor, StreamGuardInterceptor
 from eerld.api.reflection import REFLECTION_SERVICES, enable_reflection
 from eerld.api.servicers import AdminServicer, PhaseServicer
+from eerld.app import App, build
 from eerld.config import Config
-from eerld.daemon import Daemon
 from eerld.errors import ConfigError
 from eerld.gpu.base import GpuBackend
-from eerld.gpu.energy_sampler import SampledEnergyBackend
 from eerld.grants import SHARED_NAME, Grant, GrantKind
 from eerld.sdnotify import sd_notify
-from eerld.sim.profiles import builtin_profile
 
 log = structlog.get_logger("eerld.server")
 
@@ -75,31 +73,6 @@ IDLE_CONNECTION_S = 300.0
 """A connection with no call open for this long is closed (a client reconnects by itself)."""
 HANDSHAKE_TIMEOUT_S = 10.0
 """A TCP client must finish its TLS handshake within this."""
-
-
-def create_backend(config: Config) -> GpuBackend:
-    """The GPU backend named by the config (imported lazily: only nvml.py imports pynvml)."""
-    if config.backend == "sim":
-        try:
-            module = importlib.import_module("eerld.gpu.sim")
-        except ImportError as e:
-            raise ConfigError(f"--backend: the sim backend is not available in this build ({e})") from e
-        profile = builtin_profile(config.sim_profile)
-        if config.clock_actuator == "application":
-            profile = profile.with_overrides({"locked_clocks": False}, source="--clock-actuator")
-        backend: GpuBackend = module.create_sim_backend(
-            profile,
-            config.sim_gpus,
-            speedup=config.sim_speedup,
-            state_file=config.sim_state,
-        )
-        return backend
-    module = importlib.import_module("eerld.gpu.nvml")
-    nvml_backend: GpuBackend = module.NvmlBackend(use_locked_clocks=config.clock_actuator == "lock")
-    if config.energy_sample_ms > 0 and not config.reset_clocks:
-        # A counter read costs milliseconds on real GPUs: keep it off the phase events' path.
-        return SampledEnergyBackend(nvml_backend, period_s=config.energy_sample_ms / 1000.0)
-    return nvml_backend
 
 
 def _socket_in_use(path: Path) -> bool:
@@ -193,24 +166,16 @@ class Server:
     what one socket's callers do (idle streams, floods) cannot take the threads of another's.
     """
 
-    def __init__(
-        self,
-        config: Config,
-        daemon: Daemon,
-        backend: GpuBackend,
-        *,
-        reaper: bool = True,
-    ) -> None:
-        self.config = config
-        self.daemon = daemon
-        self._backend = backend
+    def __init__(self, app: App, *, reaper: bool = True) -> None:
+        self.app = app
+        self.config = config = app.config
+        self.daemon = daemon = app.daemon
         self._reaper = reaper
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
         self._endpoints_lock = threading.Lock()
         self._grant_endpoints: dict[str, Endpoint] = {}
         self._serving = False
-        self._metrics: Any = None
         self._options = server_options(config)
         worker = self._build(
             SHARED_NAME, WORKER_SERVICES, config.max_workers, PhaseServicer(daemon, SHARED_NAME)
@@ -224,7 +189,7 @@ class Server:
 
     def _build(self, name: str, services: tuple[str, ...], workers: int, servicer: Any) -> Endpoint:
         interceptors: list[Any] = [
-            ErrorMappingInterceptor(self.daemon.rpc_observers, services, workers=workers),
+            ErrorMappingInterceptor(self.daemon.rpc_done, services, workers=workers),
             StreamGuardInterceptor(MAX_OPEN_STREAMS, self.config.stream_lifetime_s, exempt=(ATTACH_METHOD,)),
         ]
         server = grpc.server(
@@ -328,8 +293,7 @@ class Server:
             _set_health(endpoint, serving=True)
         if self._reaper:
             self.daemon.start_reaper()
-        if self.config.metrics_address is not None:
-            self._start_metrics(self.config.metrics_address)
+        self.app.start_metrics()
         log.info(
             "serving",
             socket=str(self.config.socket_path),
@@ -338,18 +302,10 @@ class Server:
             tenancy=self.config.tenancy,
             grant_sockets=len(self._grant_endpoints),
             controller=self.config.controller,
-            backend=self._backend.name,
+            backend=self.app.backend.name,
             dry_run=self.config.dry_run,
         )
         sd_notify("READY=1\nSTATUS=serving")
-
-    def _start_metrics(self, address: str) -> None:
-        try:
-            module = importlib.import_module("eerld.metrics")
-        except ImportError:
-            log.info("metrics_unavailable", reason="eerld.metrics is not installed")
-            return
-        self._metrics = module.start_metrics_server(self.daemon, address)
 
     def stop(self, grace_s: float | None = None) -> None:
         """Health NOT_SERVING, stop serving with a grace period, reset every GPU eerld locked."""
@@ -365,16 +321,11 @@ class Server:
             self.daemon.shutdown()
             for event in done:
                 event.wait(grace + 1)
-            for closer in ("shutdown", "close", "stop"):
-                fn = getattr(self._metrics, closer, None)
-                if callable(fn):
-                    fn()
-                    break
             for endpoint in endpoints:
                 if endpoint.socket_path is not None:
                     with contextlib.suppress(FileNotFoundError):
                         endpoint.socket_path.unlink()
-            self._backend.close()
+            self.app.close()
             self._stopped.set()
 
     def wait(self, timeout_s: float | None = None) -> bool:
@@ -419,46 +370,21 @@ def create_server(
     phase_clock: Callable[[], float] | None = None,
     reaper: bool = True,
 ) -> Server:
-    """Check sockets, build backend and daemon, bind both servers; nothing is reset or served yet.
+    """Check state directory and sockets, build backend and daemon (:func:`eerld.app.build`), bind both
+    servers; nothing is reset or served yet.
 
-    ``phase_clock`` times phases; by default the backend's own clock when it has one (the simulator's
-    accelerated time, so that durations agree with its energy counters), else ``clock``.
+    ``backend`` replaces the configured one; ``phase_clock`` times phases, by default the backend's own
+    clock when it has one (the simulator's accelerated time), else ``clock``.
     """
     files.ensure_private_dir(config.state_dir, "--state-dir")
     prepare_socket_path(config.socket_path, "--socket")
     prepare_socket_path(config.admin_socket_path, "--admin-socket")
-    factory = controller_factory(config.controller)
-    gpu_backend = backend if backend is not None else create_backend(config)
+    app = build(config, backend=backend, clock=clock, wall_clock=wall_clock, phase_clock=phase_clock)
     try:
-        daemon = Daemon(
-            gpu_backend,
-            config.state_dir,
-            controller_name=config.controller,
-            controller_factory=factory,
-            fixed_clocks_mhz=config.fixed_clocks_mhz if config.controller == "fixed" else None,
-            dry_run=config.dry_run,
-            default_lease_ttl_s=config.lease_ttl_s,
-            max_clock_changes_per_s=config.max_clock_changes_per_s,
-            tenancy=config.tenancy,
-            socket_path=config.socket_path,
-            grant_dir=config.grant_dir,
-            gpu_socket_dir=config.gpu_socket_dir,
-            clock=clock,
-            wall_clock=wall_clock,
-            phase_clock=phase_clock if phase_clock is not None else backend_clock(gpu_backend),
-        )
-        return Server(config, daemon, gpu_backend, reaper=reaper)
+        return Server(app, reaper=reaper)
     except BaseException:
-        gpu_backend.close()
+        app.close()
         raise
-
-
-def backend_clock(backend: GpuBackend) -> Callable[[], float] | None:
-    """The backend's own notion of time (the sim device's clock), or None for real hardware."""
-    device = getattr(backend, "device", None)
-    sim_clock = getattr(device, "clock", None)
-    now_s = getattr(sim_clock, "now_s", None)
-    return now_s if callable(now_s) else None
 
 
 def serve(server: Server) -> int:

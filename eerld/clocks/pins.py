@@ -65,8 +65,9 @@ def _time_field(item: Mapping[str, Any], name: str) -> float:
     value = item.get(name, 0.0)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{name}: expected a number, got {value!r:.80}")
-    if not math.isfinite(value) or not 0 <= value <= MAX_UNIX_S:
-        raise ValueError(f"{name}: expected a unix time, got {value!r}")
+    # Range first: an integer too large for a float would make math.isfinite raise OverflowError.
+    if not 0 <= value <= MAX_UNIX_S or not math.isfinite(value):
+        raise ValueError(f"{name}: expected a unix time, got {value!r:.80}")
     return float(value)
 
 

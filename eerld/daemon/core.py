@@ -1,277 +1,74 @@
-"""The daemon's domain object: every RPC of both services is one method here, with no gRPC in sight.
+"""The hub: every RPC of both services is one method of :class:`Daemon`, with no gRPC in sight.
 
-Data flows one way: a validated request enters here, updates :mod:`eerld.sessions`, is metered by
-:mod:`eerld.energy`, judged by the session's controller, and the decision is applied through the
-:class:`~eerld.clocks.arbiter.ClockArbiter`. Read methods return frozen dataclasses for the admin RPCs,
-metrics and eerlctl. Time comes from injectable clocks (monotonic for leases and phases, wall for
-timestamps and pin expiry), so tests drive leases and expiry without sleeping.
+The daemon sequences each event through the layers and returns: a validated request enters here, updates
+:mod:`eerld.sessions`, is metered by :mod:`eerld.energy`, judged by the session's controller
+(:mod:`eerl.control`), and the decision is applied through the :class:`~eerld.clocks.arbiter.ClockArbiter`.
+The layers never call each other sideways or back up. This module holds the life cycle (start, the reaper's
+tick, shutdown), sessions and phases; what the admin socket changes is :mod:`eerld.daemon.admin`, what
+Status and metrics read is :mod:`eerld.daemon.status`, the node's GPUs are :mod:`eerld.daemon.inventory`.
+Time comes from injectable clocks (monotonic for leases and phases, wall for timestamps and pin expiry),
+so tests drive leases and expiry without sleeping.
+
+The daemon is given a backend that is ready to use: wrappers (background energy sampling, observe-only
+under ``--dry-run``) are applied by the composition root, :mod:`eerld.app`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import queue
-import socket
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 import structlog
-from eerl.control.base import ControllerFactory, ControllerSettings, Decision, PhaseObservation, PhaseSnapshot
-from eerl.control.clocks import nearest_supported_mhz, nearest_supported_text
+from eerl.control.base import ControllerFactory, ControllerSettings, Decision, PhaseObservation
+from eerl.control.clocks import nearest_supported_mhz
 from eerl.errors import ValidationError as ControllerSettingsError
-from eerl.phases import ControllerState, ExecutionMode, GpuRole, PhaseKind, Workload
+from eerl.phases import ControllerState, ExecutionMode, PhaseKind, Workload
 
 from eerld import files
 from eerld.access import Access
 from eerld.clocks.arbiter import APPLY_TIMEOUT_S, AppliedClock, ClockArbiter, ClockSource
 from eerld.clocks.ledger import Ledger
-from eerld.clocks.pins import Pin, PinStore, pin_problem
+from eerld.clocks.pins import PinStore
 from eerld.clocks.ratelimit import DEFAULT_MAX_CHANGES_PER_S, ClockChangeLimiter
-from eerld.energy import phase_energy, read_counters
-from eerld.errors import (
-    ConfigError,
-    Conflict,
-    Exhausted,
-    GpuError,
-    NotFound,
-    Unavailable,
-    ValidationError,
+from eerld.daemon.admin import Admin
+from eerld.daemon.inventory import Inventory
+from eerld.daemon.status import DEFAULT_DECISIONS_LIMIT, StatusReader
+from eerld.daemon.views import (
+    BeganPhase,
+    ClosedSession,
+    DaemonView,
+    DecisionView,
+    EndedPhase,
+    GpuStatusView,
+    GrantOutcome,
+    GrantView,
+    OpenedSession,
+    PhaseObserver,
+    PhaseRecord,
+    ResetOutcome,
+    RevokeOutcome,
+    RpcObserver,
+    SessionView,
+    StatusView,
+    TicketView,
+    Unsubscribe,
 )
-from eerld.gpu.base import ClockEventReasons, GpuBackend, GpuClocks, GpuIdentity, GpuUtilization
-from eerld.gpu.observe_only import ObserveOnlyBackend
-from eerld.grants import SHARED_NAME, Grant, GrantSpec
+from eerld.energy import phase_energy, read_counters
+from eerld.errors import Conflict, NotFound, Unavailable, ValidationError
+from eerld.gpu.base import GpuBackend
+from eerld.grants import SHARED_NAME, GrantSpec
 from eerld.sessions import ActivePhase, GpuSelector, Session, SessionRegistry, SessionSpec
 
 log = structlog.get_logger("eerld.daemon")
 _T = TypeVar("_T")
 
-VERSION = "0.1.0"
 DEFAULT_LEASE_TTL_S = 10.0
 DEFAULT_THROUGHPUT_THRESHOLD = 0.95
-DEFAULT_DECISIONS_LIMIT = 1000
-CLOSED_SESSIONS_KEPT = 64
-
-
-# --------------------------------------------------------------------------------------------------
-# Views (frozen results for the API, metrics and eerlctl)
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class GpuInfoView:
-    """Static facts about a GPU."""
-
-    index: int
-    uuid: str
-    name: str
-    pci_bus_id: str
-    min_sm_clock_mhz: int
-    max_sm_clock_mhz: int
-
-
-@dataclass(frozen=True, slots=True)
-class GpuStatusView:
-    """Everything an admin (or a metrics scrape) wants to know about one GPU now."""
-
-    info: GpuInfoView
-    sm_clock_mhz: int
-    mem_clock_mhz: int
-    locked_sm_clock_mhz: int | None
-    would_lock_sm_clock_mhz: int | None
-    source: ClockSource
-    session_id: str | None
-    job_id: str | None
-    rank: int | None
-    pin: Pin | None
-    power_w: float
-    power_limit_w: float
-    energy_mj: float
-    utilization_gpu_percent: int
-    degraded_reason: str
-    clock_event_reasons: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class PhaseStatusView:
-    """A session's view of one phase kind: the controller's state and the metered totals."""
-
-    kind: PhaseKind
-    state: ControllerState
-    sm_clock_mhz: int | None
-    candidate_sm_clock_mhz: int | None
-    phases: int
-    energy_mj: float
-    valid_tokens: int
-    tokens: int
-    duration_s: float
-    energy_per_valid_token_j: float
-    throughput_tokens_per_s: float
-    estimated_savings_fraction: float
-    exploration_cost_mj: float
-    predictor_error_fraction: float
-
-
-@dataclass(frozen=True, slots=True)
-class SessionView:
-    """One open session."""
-
-    session_id: str
-    job_id: str
-    rank: int
-    world_size: int
-    gpu_indices: tuple[int, ...]
-    mode: ExecutionMode
-    role: GpuRole
-    current_phase: PhaseKind | None
-    iteration: int
-    phases: tuple[PhaseStatusView, ...]
-    opened_at_unix_s: float
-    attached: bool
-    lease_remaining_s: float
-    throughput_threshold: float
-    client_name: str
-    grant: str = SHARED_NAME
-
-
-@dataclass(frozen=True, slots=True)
-class DaemonView:
-    """The daemon itself."""
-
-    version: str
-    backend: str
-    controller: str
-    dry_run: bool
-    uptime_s: float
-    hostname: str
-
-
-@dataclass(frozen=True, slots=True)
-class GrantView:
-    """One worker socket: its grant, the GPUs it covers on this node and its open sessions."""
-
-    grant: Grant
-    gpus: tuple[GpuInfoView, ...]
-    sessions: int
-
-
-@dataclass(frozen=True, slots=True)
-class StatusView:
-    """The answer to Status."""
-
-    daemon: DaemonView
-    gpus: tuple[GpuStatusView, ...]
-    sessions: tuple[SessionView, ...]
-    grants: tuple[GrantView, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class GrantOutcome:
-    """The answer to Grant."""
-
-    grant: GrantView
-    revoked: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class RevokeOutcome:
-    """The answer to Revoke."""
-
-    revoked: tuple[str, ...]
-    clocks: tuple[AppliedClock, ...]
-    closed_session_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class TicketView:
-    """The answer to IssueClaimTicket."""
-
-    ticket: str
-    gpus: tuple[GpuInfoView, ...]
-    expires_in_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class DecisionView:
-    """One controller decision with its session and wall-clock time."""
-
-    session_id: str
-    decision: Decision
-    timestamp_unix_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class OpenedSession:
-    """The answer to OpenSession."""
-
-    session_id: str
-    lease_ttl_s: float
-    gpus: tuple[GpuInfoView, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class BeganPhase:
-    """The answer to BeginPhase: the clocks read back after the decision was applied."""
-
-    clocks: tuple[AppliedClock, ...]
-    state: ControllerState
-    target_sm_clock_mhz: int | None
-    resynced: bool = False
-    """A phase that never ended was abandoned unmetered to begin this one."""
-
-
-@dataclass(frozen=True, slots=True)
-class EndedPhase:
-    """The answer to EndPhase: what the phase cost."""
-
-    duration_s: float
-    energy_mj: float
-    mean_power_w: float
-    state: ControllerState
-
-
-@dataclass(frozen=True, slots=True)
-class ClosedSession:
-    """The answer to CloseSession: the session's totals."""
-
-    energy_mj: float
-    valid_tokens: int
-
-
-@dataclass(frozen=True, slots=True)
-class ResetOutcome:
-    """The answer to ResetAll."""
-
-    clocks: tuple[AppliedClock, ...]
-    closed_session_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class PhaseRecord:
-    """A metered phase, handed to phase observers (metrics)."""
-
-    session_id: str
-    job_id: str
-    rank: int
-    kind: PhaseKind
-    iteration: int
-    duration_s: float
-    energy_mj: float
-    tokens: int
-    valid_tokens: int
-    sm_clock_mhz: int | None
-    gpu_indices: tuple[int, ...]
-    state: ControllerState
-
-
-RpcObserver = Callable[[str, str, float], None]
-"""Called after every RPC with (method, status code name, duration_s)."""
-PhaseObserver = Callable[[PhaseRecord], None]
-"""Called after every metered phase."""
 
 
 class Attachment:
@@ -288,13 +85,8 @@ class Attachment:
             self.events.put_nowait((timestamp_unix_s, message))
 
 
-# --------------------------------------------------------------------------------------------------
-# The daemon
-# --------------------------------------------------------------------------------------------------
-
-
 class Daemon:
-    """Sessions, phases, pins and status over one GPU backend."""
+    """The hub of eerld: sessions, phases, pins, grants and status over one GPU backend."""
 
     def __init__(
         self,
@@ -317,35 +109,28 @@ class Daemon:
         grant_dir: Path | None = None,
         gpu_socket_dir: Path | None = None,
     ) -> None:
-        # Dry-run: the arbiter skips actuation, and the backend itself refuses any clock change.
-        backend = ObserveOnlyBackend(backend) if dry_run else backend
+        """``backend`` is used as given (under ``dry_run`` the composition root wraps it observe-only);
+        ``dry_run`` makes the arbiter skip actuation. ``phase_clock`` times phases (the backend's own
+        clock where it has one, so durations and energy agree); leases and pins stay on ``clock`` and
+        ``wall_clock``."""
         self._backend = backend
-        self._controller_name = controller_name
         self._controller_factory = controller_factory
         self._fixed_clocks_mhz = dict(fixed_clocks_mhz or {})
         self._default_lease_ttl_s = default_lease_ttl_s
         self._clock = clock
         self._wall = wall_clock
-        # Phases are timed on the backend's clock when it has its own (the simulator's accelerated
-        # time), so durations and energy agree; leases and pins stay on the real clocks.
         self._phase_clock = phase_clock if phase_clock is not None else clock
-        self._started_s = clock()
-        self._mono_to_unix_s = wall_clock() - clock()
+        started_s = clock()
+        mono_to_unix_s = wall_clock() - clock()
         self._lock = threading.RLock()
         self._stopping = False
         self._sessions = SessionRegistry()
         self._attachments: dict[str, Attachment] = {}
-        self._closed_decisions: deque[tuple[str, tuple[Decision, ...]]] = deque(maxlen=CLOSED_SESSIONS_KEPT)
-        self._identities: tuple[GpuIdentity, ...] = tuple(backend.inventory())
-        self._by_uuid = {g.uuid: g.index for g in self._identities}
-        self._by_index = {g.index: g for g in self._identities}
-        self._supported: dict[int, tuple[int, ...]] = {
-            g.index: _supported_or_none(backend, g.index) for g in self._identities
-        }
-        self._check_fixed_clocks()
+        self._inventory = Inventory(backend)
+        self._inventory.check_fixed_clocks(self._fixed_clocks_mhz)
         files.ensure_private_dir(state_dir, "--state-dir")
         self.access = Access(
-            self._identities,
+            self._inventory.identities,
             state_dir,
             tenancy=tenancy,
             shared_socket=socket_path,
@@ -354,7 +139,6 @@ class Daemon:
             clock=clock,
             wall_clock=wall_clock,
         )
-        self._pins = PinStore(state_dir)
         self._arbiter = ClockArbiter(
             backend,
             Ledger(state_dir),
@@ -364,63 +148,81 @@ class Daemon:
             apply_timeout_s=apply_timeout_s,
             change_limiter=ClockChangeLimiter(max_clock_changes_per_s),
         )
-        self.rpc_observers: list[RpcObserver] = []
-        self.phase_observers: list[PhaseObserver] = []
+        self._admin = Admin(
+            self._inventory,
+            self._arbiter,
+            PinStore(state_dir),
+            self.access,
+            self._sessions,
+            clock=clock,
+            wall_clock=wall_clock,
+            close=lambda session, reason: self._close(session, reason=reason),
+            notify=self._notify,
+        )
+        self._status = StatusReader(
+            backend,
+            self._inventory,
+            self._arbiter,
+            self._sessions,
+            self.access,
+            controller_name=controller_name,
+            clock=clock,
+            started_s=started_s,
+            mono_to_unix_s=mono_to_unix_s,
+        )
+        self._observers_lock = threading.Lock()
+        self._rpc_observers: tuple[RpcObserver, ...] = ()
+        self._phase_observers: tuple[PhaseObserver, ...] = ()
         self._reaper: threading.Thread | None = None
         self._reaper_stop = threading.Event()
 
-    # -- life cycle ---------------------------------------------------------------------------------
+    # -- subscriptions ------------------------------------------------------------------------------
 
-    def _check_fixed_clocks(self) -> None:
-        for kind, mhz in self._fixed_clocks_mhz.items():
-            for index, supported in self._supported.items():
-                if supported and mhz not in supported:
-                    raise ConfigError(
-                        f"--fixed-clocks: {kind.value}={mhz} MHz is not supported by GPU {index}; "
-                        + nearest_supported_text(supported, mhz)
-                    )
+    def subscribe(
+        self, *, on_rpc: RpcObserver | None = None, on_phase: PhaseObserver | None = None
+    ) -> Unsubscribe:
+        """Call ``on_rpc`` after every RPC and ``on_phase`` after every metered phase, until unsubscribed.
+
+        Subscribers run on the calling thread (an RPC's, the phase's) and must be quick; one that raises is
+        logged and never fails the event. The returned callable ends the subscription; idempotent.
+        """
+        with self._observers_lock:
+            if on_rpc is not None:
+                self._rpc_observers = (*self._rpc_observers, on_rpc)
+            if on_phase is not None:
+                self._phase_observers = (*self._phase_observers, on_phase)
+
+        def unsubscribe() -> None:
+            with self._observers_lock:
+                self._rpc_observers = _without(self._rpc_observers, on_rpc)
+                self._phase_observers = _without(self._phase_observers, on_phase)
+
+        return unsubscribe
+
+    @property
+    def subscribers(self) -> tuple[int, int]:
+        """How many RPC and phase subscribers there are (a closed metrics server leaves none behind)."""
+        return len(self._rpc_observers), len(self._phase_observers)
+
+    def rpc_done(self, method: str, code: str, duration_s: float) -> None:
+        """Publish one handled RPC to the RPC subscribers (the API's interceptor calls this)."""
+        for observer in self._rpc_observers:
+            try:
+                observer(method, code, duration_s)
+            except Exception:
+                log.exception("rpc_observer_error")
+
+    # -- life cycle ---------------------------------------------------------------------------------
 
     def start(self) -> None:
         """Reset every GPU a previous daemon left locked, then re-apply the persisted admin pins.
 
-        A corrupt ledger names nothing: every GPU is reset and the file set aside (the arbiter). A pin read
-        from disk is checked as the Pin RPC checks one: a pin for a GPU not on this node, or of a clock its
-        GPU does not support, is dropped with one ``pin_dropped`` warning (never applied, degraded and
-        retried forever); wrong types were dropped when the file was read (:mod:`eerld.clocks.pins`).
+        A corrupt ledger names nothing: every GPU is reset and the file set aside (the arbiter). Pins are
+        checked as the Pin RPC checks them (:meth:`eerld.daemon.admin.Admin.restore_pins`).
         """
         reset = self._arbiter.recover_from_ledger()
-        log.info("daemon_start", gpus=len(self._identities), ledger_reset=reset, dry_run=self.dry_run)
-        now_unix = self._wall()
-        pins: list[Pin] = []
-        indices: list[int] = []
-        dropped: list[str] = []
-        for uuid, pin in self._pins.all().items():
-            index = self._by_uuid.get(uuid)
-            if pin.expired(now_unix):
-                dropped.append(uuid)
-                continue
-            if index is None:
-                self._pins.warn_dropped(uuid, "no GPU with this UUID on this node")
-                dropped.append(uuid)
-                continue
-            try:
-                mems: Sequence[int] = (
-                    self._backend.supported_mem_clocks_mhz(index) if pin.mem_clock_mhz else ()
-                )
-            except GpuError:
-                mems = ()
-            problem = pin_problem(pin, self._supported[index], mems)
-            if problem:
-                self._pins.warn_dropped(uuid, f"GPU {index}: {problem}")
-                dropped.append(uuid)
-                continue
-            pins.append(pin)
-            indices.append(index)
-        self._pins.remove_many(dropped)
-        self._pins.flush()
-        if pins:
-            self._arbiter.set_pins(pins, indices)
-            log.info("pins_restored", gpu_indices=indices)
+        log.info("daemon_start", gpus=len(self._inventory), ledger_reset=reset, dry_run=self.dry_run)
+        self._admin.restore_pins()
 
     def start_reaper(self, interval_s: float = 0.2) -> None:
         """Run :meth:`tick` in a background thread every ``interval_s``."""
@@ -436,22 +238,13 @@ class Daemon:
         self._reaper.start()
 
     def tick(self) -> None:
-        """Expire leases and pins, retry degraded GPUs (the reaper calls this; tests call it directly)."""
+        """Expire leases, grants and pins, retry degraded GPUs (the reaper calls this; tests call it too)."""
         now_s = self._clock()
         for session in self._sessions.expired(now_s):
             self._close(session, reason="lease expired")
-        expired_grants = self.access.expired()
-        if expired_grants:
-            self._close_granted(expired_grants, reason="grant expired")
-        now_unix = self._wall()
-        expired = [p for p in self._pins.all().values() if p.expired(now_unix)]
-        if expired:
-            indices = [self._by_uuid[p.uuid] for p in expired if p.uuid in self._by_uuid]
-            self._pins.remove_many([p.uuid for p in expired])
-            self._arbiter.clear_pins(indices)
-            log.info("pins_expired", gpu_indices=indices)
+        self._admin.expire()
         self._arbiter.retry_degraded()
-        self._pins.flush()
+        self._admin.flush_pins()
 
     def shutdown(self) -> list[AppliedClock]:
         """Refuse new calls, close every session and reset every GPU eerld locked (pins stay on disk)."""
@@ -491,32 +284,15 @@ class Daemon:
 
     def resolve_gpus(self, selectors: Sequence[GpuSelector]) -> tuple[int, ...]:
         """Indices of the selected GPUs; NotFound naming the field for an unknown GPU."""
-        indices: list[int] = []
-        for sel in selectors:
-            if sel.uuid is not None:
-                if sel.uuid not in self._by_uuid:
-                    raise NotFound(f"{sel.field}: no GPU with UUID {sel.uuid!r} on this node")
-                index = self._by_uuid[sel.uuid]
-            else:
-                assert sel.index is not None
-                if sel.index not in self._by_index:
-                    raise NotFound(
-                        f"{sel.field}: no GPU with index {sel.index} on this node "
-                        f"({len(self._identities)} GPUs: 0-{len(self._identities) - 1})"
-                    )
-                index = sel.index
-            if index in indices:
-                raise ValidationError(sel.field, f"GPU {index} is listed twice")
-            indices.append(index)
-        return tuple(indices)
+        return self._inventory.resolve(selectors)
 
     def open_session(self, spec: SessionSpec, grant: str = SHARED_NAME) -> OpenedSession:
         """Claim the spec's GPUs exclusively (if ``grant``'s socket may) and start a session."""
         self._check_running()
-        requested = self.resolve_gpus(spec.gpus) if spec.gpus else ()
+        requested = self._inventory.resolve(spec.gpus) if spec.gpus else ()
         authorization = self.access.authorize(grant, spec.job_id, requested, spec.claim_tickets)
         indices = authorization.gpu_indices
-        supported = self._common_clocks(indices)
+        supported = self._inventory.common_sm_clocks_mhz(indices)
         kinds = spec.role.kinds()
         threshold = spec.throughput_threshold or DEFAULT_THROUGHPUT_THRESHOLD
         settings = ControllerSettings(
@@ -555,13 +331,14 @@ class Daemon:
             job_id=spec.job_id,
             rank=spec.rank,
             gpu_indices=list(indices),
-            gpu_uuids=[self._by_index[i].uuid for i in indices],
+            gpu_uuids=[self._inventory.uuid(i) for i in indices],
             mode=spec.mode.value,
             role=spec.role.value,
             client=spec.client_name,
             grant=grant,
         )
-        return OpenedSession(session.session_id, session.lease_ttl_s, tuple(self._info(i) for i in indices))
+        gpus = tuple(self._inventory.info(i) for i in indices)
+        return OpenedSession(session.session_id, session.lease_ttl_s, gpus)
 
     def attach(self, session_id: str) -> Attachment:
         """Bind a session's life to a stream; the caller must call :meth:`detach` when the stream ends."""
@@ -611,11 +388,7 @@ class Daemon:
         attachment = self._attachments.pop(session.session_id, None)
         if attachment is not None:
             attachment.ended.set()
-        try:
-            history = tuple(session.controller.decisions())
-        except Exception:
-            history = ()
-        self._closed_decisions.append((session.session_id, history))
+        self._status.record_closed(session)
         totals = _totals(session)
         log.info(
             "session_close",
@@ -623,11 +396,24 @@ class Daemon:
             job_id=session.spec.job_id,
             rank=session.spec.rank,
             gpu_indices=list(session.gpu_indices),
-            gpu_uuids=[self._by_index[i].uuid for i in session.gpu_indices],
+            gpu_uuids=[self._inventory.uuid(i) for i in session.gpu_indices],
             reason=reason,
             energy_mj=totals.energy_mj,
         )
         return totals
+
+    def _notify(self, indices: Sequence[int], message: str) -> None:
+        """Tell the attached client of each session holding one of the GPUs (once per session)."""
+        now_unix = self._wall()
+        seen: set[str] = set()
+        for index in indices:
+            holder = self._sessions.holder(index)
+            if holder is None or holder.session_id in seen:
+                continue
+            seen.add(holder.session_id)
+            attachment = self._attachments.get(holder.session_id)
+            if attachment is not None:
+                attachment.push(now_unix, message)
 
     # -- phases -------------------------------------------------------------------------------------
 
@@ -680,12 +466,6 @@ class Daemon:
             decision = Decision(kind, iteration, snapped, decision.state, decision.reason, decision.time_s)
         return decision
 
-    def _common_clocks(self, indices: Sequence[int]) -> tuple[int, ...]:
-        supported = set(self._supported[indices[0]])
-        for index in indices[1:]:
-            supported &= set(self._supported[index])
-        return tuple(sorted(supported))
-
     def end_phase(self, session_id: str, kind: PhaseKind, iteration: int, workload: Workload) -> EndedPhase:
         """Meter the running phase, attribute it to (session, kind, iteration) and tell the controller."""
         self._check_running()
@@ -727,7 +507,8 @@ class Daemon:
                 with peer.lock:
                     if not peer.closed:
                         self._observe(peer, observation, now_s)
-        if self.phase_observers:  # metrics on: tell them (nothing to build otherwise)
+        observers = self._phase_observers
+        if observers:  # metrics on: tell them (nothing to build otherwise)
             record = PhaseRecord(
                 session_id=session_id,
                 job_id=session.spec.job_id,
@@ -742,7 +523,7 @@ class Daemon:
                 gpu_indices=session.gpu_indices,
                 state=state,
             )
-            for observer in list(self.phase_observers):
+            for observer in observers:
                 try:
                     observer(record)
                 except Exception:
@@ -766,15 +547,7 @@ class Daemon:
         last = session.last_decision.get(kind)
         return last.state if last else ControllerState.OFF
 
-    @staticmethod
-    def _snapshots(session: Session) -> Sequence[PhaseSnapshot]:
-        try:
-            return session.controller.snapshot()
-        except Exception:
-            log.exception("controller_error", session_id=_short(session.session_id))
-            return ()
-
-    # -- admin --------------------------------------------------------------------------------------
+    # -- admin (eerld.daemon.admin) -----------------------------------------------------------------
 
     def pin(
         self,
@@ -786,276 +559,59 @@ class Daemon:
     ) -> list[AppliedClock]:
         """Pin GPUs (None: all) to a supported clock, durably, until unpinned or expired."""
         self._check_running()
-        indices = self._select(selectors)
-        for index in indices:
-            supported = self._supported[index]
-            if supported and sm_clock_mhz not in supported:
-                raise ValidationError(
-                    "sm_clock_mhz",
-                    f"{sm_clock_mhz} MHz is not supported by GPU {index}; "
-                    + nearest_supported_text(supported, sm_clock_mhz),
-                )
-            if mem_clock_mhz:
-                try:
-                    mems = self._backend.supported_mem_clocks_mhz(index)
-                except GpuError:
-                    mems = []
-                if mems and mem_clock_mhz not in mems:
-                    raise ValidationError(
-                        "mem_clock_mhz",
-                        f"{mem_clock_mhz} MHz is not supported by GPU {index}; "
-                        f"supported: {', '.join(str(c) for c in sorted(mems))} MHz",
-                    )
-        spent = self._arbiter.over_rate(indices)
-        if spent and not self.dry_run:
-            raise Exhausted(
-                f"GPU {spent[0]} changed clocks more often than its limit allows in the last seconds; "
-                "retry in a second (--max-clock-changes-per-s)"
-            )
-        now_unix = self._wall()
-        pins = [
-            Pin(
-                uuid=self._by_index[i].uuid,
-                sm_clock_mhz=sm_clock_mhz,
-                mem_clock_mhz=mem_clock_mhz,
-                reason=reason,
-                created_at_unix_s=now_unix,
-                expires_at_unix_s=now_unix + duration_s if duration_s > 0 else 0.0,
-            )
-            for i in indices
-        ]
-        self._pins.put_many(pins)
-        results = self._arbiter.set_pins(pins, indices)
-        log.info(
-            "pin", gpu_indices=list(indices), sm_clock_mhz=sm_clock_mhz, reason=reason, duration_s=duration_s
-        )
-        self._notify(indices, f"admin pin at {sm_clock_mhz} MHz on GPU(s) {_fmt(indices)}: {reason}")
-        return results
+        return self._admin.pin(selectors, sm_clock_mhz, mem_clock_mhz, duration_s, reason)
 
     def unpin(self, selectors: Sequence[GpuSelector] | None) -> list[AppliedClock]:
         """Remove pins; the holding session or the default governor decides again."""
         self._check_running()
-        indices = self._select(selectors)
-        self._pins.remove_many([self._by_index[i].uuid for i in indices])
-        results = self._arbiter.clear_pins(indices)
-        log.info("unpin", gpu_indices=list(indices))
-        self._notify(indices, f"admin pin removed on GPU(s) {_fmt(indices)}")
-        return results
+        return self._admin.unpin(selectors)
 
     def reset(self, selectors: Sequence[GpuSelector] | None, reason: str) -> ResetOutcome:
         """Remove pins of the GPUs, close the sessions holding them, and return them to default clocks."""
         self._check_running()
-        indices = self._select(selectors)
-        closed: list[str] = []
-        for index in indices:
-            holder = self._sessions.holder(index)
-            if holder is not None and holder.session_id not in closed:
-                self._notify(holder.gpu_indices, f"session closed by admin reset: {reason}")
-                self._close(holder, reason=f"admin reset: {reason}")
-                closed.append(holder.session_id)
-        self._pins.remove_many([self._by_index[i].uuid for i in indices])
-        results = self._arbiter.clear_pins(indices)
-        log.info("admin_reset", gpu_indices=list(indices), reason=reason, closed_sessions=len(closed))
-        return ResetOutcome(tuple(results), tuple(closed))
-
-    def _select(self, selectors: Sequence[GpuSelector] | None) -> tuple[int, ...]:
-        if selectors is None:
-            return tuple(g.index for g in self._identities)
-        return self.resolve_gpus(selectors)
-
-    def _notify(self, indices: Sequence[int], message: str) -> None:
-        now_unix = self._wall()
-        seen: set[str] = set()
-        for index in indices:
-            holder = self._sessions.holder(index)
-            if holder is None or holder.session_id in seen:
-                continue
-            seen.add(holder.session_id)
-            attachment = self._attachments.get(holder.session_id)
-            if attachment is not None:
-                attachment.push(now_unix, message)
-
-    # -- grants -------------------------------------------------------------------------------------
+        return self._admin.reset(selectors, reason)
 
     def open_grants(self) -> None:
         """Open the per-GPU sockets and the persisted grants (after :meth:`start`, once serving)."""
-        self.access.restore()
+        self._admin.open_grants()
 
     def grant(self, spec: GrantSpec) -> GrantOutcome:
         """Create a scoped worker socket for the spec's GPUs (with replace: revoke the grants in its way)."""
         self._check_running()
-        indices = self.resolve_gpus(spec.gpus)
-        grant, replaced = self.access.create(spec, indices)
-        if replaced:
-            self._close_granted(replaced, reason=f"grant replaced by {grant.name}")
-        log.info(
-            "grant",
-            grant=grant.name,
-            gpu_indices=list(indices),
-            uid=grant.uid,
-            gid=grant.gid,
-            job_id=grant.job_id,
-            expires_at_unix_s=grant.expires_at_unix_s,
-            replaced=[g.name for g in replaced],
-            reason=grant.reason,
-        )
-        return GrantOutcome(self._grant_view(grant), tuple(g.name for g in replaced))
+        grant, replaced = self._admin.grant(spec)
+        return GrantOutcome(self._status.grant_view(grant), tuple(g.name for g in replaced))
 
     def revoke(self, name: str | None, job_id: str | None, reason: str) -> RevokeOutcome:
         """Remove grants by name or job: their sockets close, their sessions end, their GPUs reset."""
         self._check_running()
-        removed = self.access.remove(name, job_id)
-        closed, clocks = self._close_granted(removed, reason=f"grant revoked: {reason}")
-        log.info("revoke", grants=[g.name for g in removed], reason=reason, closed_sessions=len(closed))
-        return RevokeOutcome(tuple(g.name for g in removed), tuple(clocks), tuple(closed))
-
-    def _close_granted(self, grants: Sequence[Grant], *, reason: str) -> tuple[list[str], list[AppliedClock]]:
-        """Close every session whose authority came from these grants, and return their GPUs to default."""
-        sessions = self._sessions.of_grants({g.name for g in grants})
-        for session in sessions:
-            self._notify(session.gpu_indices, f"session closed: {reason}")
-            self._close(session, reason=reason)
-        indices = sorted({i for g in grants for i in self.access.indices(g)})
-        free = [i for i in indices if self._sessions.holder(i) is None]
-        clocks = self._arbiter.set_session(free, None, None) if free else []
-        return [s.session_id for s in sessions], clocks
-
-    def grants(self) -> tuple[GrantView, ...]:
-        """Every worker socket with its GPUs and open sessions."""
-        return tuple(self._grant_view(g) for g in self.access.all())
-
-    def _grant_view(self, grant: Grant) -> GrantView:
-        sessions = len(self._sessions.of_grants({grant.name}))
-        return GrantView(grant, tuple(self._info(i) for i in self.access.indices(grant)), sessions)
+        return self._admin.revoke(name, job_id, reason)
 
     def issue_claim_ticket(self, grant: str) -> TicketView:
         """A one-time ticket for the GPUs of ``grant``'s socket, to show on another socket of the job."""
         self._check_running()
-        ticket = self.access.issue_ticket(grant)
-        gpus = tuple(self._info(i) for i in self.access.indices(ticket.grant))
-        return TicketView(ticket.ticket, gpus, max(0.0, ticket.expires_s - self._clock()))
+        return self._admin.issue_claim_ticket(grant)
 
-    # -- reads --------------------------------------------------------------------------------------
-
-    def _info(self, index: int) -> GpuInfoView:
-        identity = self._by_index[index]
-        supported = self._supported[index]
-        return GpuInfoView(
-            index=index,
-            uuid=identity.uuid,
-            name=identity.name,
-            pci_bus_id=identity.pci_bus_id,
-            min_sm_clock_mhz=min(supported) if supported else 0,
-            max_sm_clock_mhz=max(supported) if supported else 0,
-        )
+    # -- reads (eerld.daemon.status) ----------------------------------------------------------------
 
     def daemon_info(self) -> DaemonView:
         """Version, backend, controller, mode and uptime."""
-        return DaemonView(
-            version=VERSION,
-            backend=self._backend.name,
-            controller=self._controller_name,
-            dry_run=self.dry_run,
-            uptime_s=self._clock() - self._started_s,
-            hostname=socket.gethostname(),
-        )
+        return self._status.daemon_info()
 
     def gpu_status(self) -> tuple[GpuStatusView, ...]:
         """Every GPU of the node now (reads the backend; a failed read shows as zero and a reason)."""
-        return tuple(self._gpu_status(g.index) for g in self._identities)
-
-    def _gpu_status(self, index: int) -> GpuStatusView:
-        view = self._arbiter.view(index)
-        holder = self._sessions.holder(index)
-        problems: list[str] = []
-
-        def read(fn: Callable[[int], _T], default: _T) -> _T:
-            try:
-                return fn(index)
-            except GpuError as e:
-                problems.append(f"{type(e).__name__}: {e}")
-                return default
-
-        clocks: GpuClocks | None = read(self._backend.clocks, None)
-        util: GpuUtilization | None = read(self._backend.utilization, None)
-        reasons: ClockEventReasons | None = read(self._backend.clock_event_reasons, None)
-        power_w = read(self._backend.power_w, 0.0)
-        power_limit_w = read(self._backend.power_limit_w, 0.0)
-        energy_mj = float(read(self._backend.total_energy_mj, 0))
-        degraded = view.degraded_reason or (problems[0] if problems else "")  # after every read
-        return GpuStatusView(
-            info=self._info(index),
-            sm_clock_mhz=clocks.sm_clock_mhz if clocks is not None else 0,
-            mem_clock_mhz=clocks.mem_clock_mhz if clocks is not None else 0,
-            locked_sm_clock_mhz=view.locked_sm_clock_mhz,
-            would_lock_sm_clock_mhz=view.would_lock_sm_clock_mhz,
-            source=view.source,
-            session_id=holder.session_id if holder else None,
-            job_id=holder.spec.job_id if holder else None,
-            rank=holder.spec.rank if holder else None,
-            pin=view.pin,
-            power_w=power_w,
-            power_limit_w=power_limit_w,
-            energy_mj=energy_mj,
-            utilization_gpu_percent=util.gpu_percent if util is not None else 0,
-            degraded_reason=degraded,
-            clock_event_reasons=tuple(reasons.names()) if reasons is not None else (),
-        )
+        return self._status.gpu_status()
 
     def sessions(self) -> tuple[SessionView, ...]:
         """Every open session with its per-phase view."""
-        return tuple(self._session_view(s) for s in self._sessions.all())
+        return self._status.sessions()
 
-    def _session_view(self, session: Session) -> SessionView:
-        now_s = self._clock()
-        snaps = {s.kind: s for s in self._snapshots(session)}
-        phases: list[PhaseStatusView] = []
-        for kind in session.kinds:
-            totals = session.totals[kind]
-            snap = snaps.get(kind)
-            last = session.last_decision.get(kind)
-            state = snap.state if snap else (last.state if last else ControllerState.OFF)
-            phases.append(
-                PhaseStatusView(
-                    kind=kind,
-                    state=state,
-                    sm_clock_mhz=snap.sm_clock_mhz if snap else (last.sm_clock_mhz if last else None),
-                    candidate_sm_clock_mhz=snap.candidate_sm_clock_mhz if snap else None,
-                    phases=totals.phases,
-                    energy_mj=totals.energy_mj,
-                    valid_tokens=totals.valid_tokens,
-                    tokens=totals.tokens,
-                    duration_s=totals.duration_s,
-                    energy_per_valid_token_j=totals.energy_per_valid_token_j(),
-                    throughput_tokens_per_s=totals.throughput_tokens_per_s(),
-                    estimated_savings_fraction=snap.estimated_savings_fraction if snap else 0.0,
-                    exploration_cost_mj=snap.exploration_cost_j * 1000.0 if snap else 0.0,
-                    predictor_error_fraction=snap.predictor_error_fraction if snap else 0.0,
-                )
-            )
-        active = session.active
-        return SessionView(
-            session_id=session.session_id,
-            job_id=session.spec.job_id,
-            rank=session.spec.rank,
-            world_size=session.spec.world_size,
-            gpu_indices=session.gpu_indices,
-            mode=session.spec.mode,
-            role=session.spec.role,
-            current_phase=active.kind if active else None,
-            iteration=session.last_iteration or 0,
-            phases=tuple(phases),
-            opened_at_unix_s=session.opened_at_unix_s,
-            attached=session.attached,
-            lease_remaining_s=session.lease_remaining_s(now_s),
-            throughput_threshold=session.throughput_threshold,
-            client_name=session.spec.client_name,
-            grant=session.grant,
-        )
+    def grants(self) -> tuple[GrantView, ...]:
+        """Every worker socket with its GPUs and open sessions."""
+        return self._status.grants()
 
     def status(self) -> StatusView:
-        """The whole node: daemon, GPUs, sessions."""
-        return StatusView(self.daemon_info(), self.gpu_status(), self.sessions(), self.grants())
+        """The whole node: daemon, GPUs, sessions, grants."""
+        return self._status.status()
 
     def decisions(
         self,
@@ -1064,33 +620,14 @@ class Daemon:
         limit: int = DEFAULT_DECISIONS_LIMIT,
     ) -> tuple[DecisionView, ...]:
         """Controller decisions, oldest first, the newest ``limit``; NotFound for an unknown session."""
-        histories: list[tuple[str, Sequence[Decision]]] = list(self._closed_decisions)
-        for session in self._sessions.all():
-            try:
-                histories.append((session.session_id, session.controller.decisions()))
-            except Exception:
-                log.exception("controller_error", session_id=_short(session.session_id))
-        if session_id is not None:
-            histories = [h for h in histories if h[0] == session_id]
-            if not histories:
-                raise NotFound("session_id: no session with this id")
-        views = [
-            DecisionView(sid, d, d.time_s + self._mono_to_unix_s)
-            for sid, history in histories
-            for d in history
-            if kind is None or d.kind == kind
-        ]
-        views.sort(key=lambda v: v.timestamp_unix_s)
-        return tuple(views[-limit:]) if limit > 0 else ()
+        return self._status.decisions(session_id, kind, limit)
 
 
-def _supported_or_none(backend: GpuBackend, index: int) -> tuple[int, ...]:
-    """A GPU's supported SM clocks; () when the query fails, so one bad GPU never stops the daemon."""
-    try:
-        return tuple(sorted(backend.supported_sm_clocks_mhz(index)))
-    except GpuError as e:
-        log.warning("gpu_clocks_unknown", gpu_index=index, reason=f"{type(e).__name__}: {e}")
-        return ()
+def _without(observers: tuple[_T, ...], observer: _T | None) -> tuple[_T, ...]:
+    if observer is None or observer not in observers:
+        return observers
+    index = observers.index(observer)
+    return observers[:index] + observers[index + 1 :]
 
 
 def _totals(session: Session) -> ClosedSession:
@@ -1115,28 +652,4 @@ def _short(session_id: str) -> str:
     return session_id[:8]
 
 
-def _fmt(indices: Sequence[int]) -> str:
-    return ", ".join(str(i) for i in indices)
-
-
-__all__ = [
-    "Attachment",
-    "BeganPhase",
-    "ClosedSession",
-    "Daemon",
-    "DaemonView",
-    "DecisionView",
-    "EndedPhase",
-    "GpuInfoView",
-    "GpuStatusView",
-    "GrantOutcome",
-    "GrantView",
-    "OpenedSession",
-    "PhaseRecord",
-    "PhaseStatusView",
-    "ResetOutcome",
-    "RevokeOutcome",
-    "SessionView",
-    "StatusView",
-    "TicketView",
-]
+__all__ = ["DEFAULT_LEASE_TTL_S", "DEFAULT_THROUGHPUT_THRESHOLD", "Attachment", "Daemon"]

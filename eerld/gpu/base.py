@@ -11,7 +11,7 @@ the node; :meth:`GpuBackend.inventory` maps indices to UUIDs.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -140,6 +140,15 @@ class GpuBackend(Protocol):
 
     def clock_event_reasons(self, index: int) -> ClockEventReasons:
         """Why the clock is below its maximum now."""
+        ...
+
+    def own_clock(self) -> Callable[[], float] | None:
+        """The backend's own notion of time, in seconds, where it keeps one; None on real hardware.
+
+        The simulated GPUs run on a clock of their own (virtual time, or real time sped up); the daemon
+        times phases on it so that durations agree with the energy counters. Real GPUs return None: they
+        live in the host's time, and the daemon times phases on its monotonic clock.
+        """
         ...
 
     def close(self) -> None:

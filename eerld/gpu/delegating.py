@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from eerld.gpu.base import ClockEventReasons, GpuBackend, GpuClocks, GpuIdentity, GpuUtilization
 
@@ -64,6 +64,9 @@ class DelegatingBackend:
 
     def clock_event_reasons(self, index: int) -> ClockEventReasons:
         return self._inner.clock_event_reasons(index)
+
+    def own_clock(self) -> Callable[[], float] | None:
+        return self._inner.own_clock()
 
     def close(self) -> None:
         self._inner.close()

@@ -30,7 +30,7 @@ from __future__ import annotations
 import bisect
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Final
@@ -363,6 +363,10 @@ class NvmlBackend:
             if mask & bit:
                 reasons |= reason
         return reasons
+
+    def own_clock(self) -> Callable[[], float] | None:
+        """None: real GPUs live in the host's time (the daemon times phases on its monotonic clock)."""
+        return None
 
     def close(self) -> None:
         """Shut NVML down (``nvmlShutdown``); idempotent.

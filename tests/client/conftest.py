@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,17 +10,9 @@ import pytest
 from eerl import ClientConfig
 from eerl.testing import FakeDaemon
 
+from eerld.api.server import Server, create_server
 from eerld.config import Config
 from eerld.daemon import PhaseRecord, SessionView
-from eerld.server import Server, create_server
-
-
-@pytest.fixture
-def socket_dir() -> Iterator[Path]:
-    """A short directory for Unix sockets (their paths must stay under ~100 bytes)."""
-    path = Path(tempfile.mkdtemp(prefix="eerl-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def fast(config: ClientConfig, **overrides: float) -> ClientConfig:
@@ -38,9 +28,9 @@ def fast(config: ClientConfig, **overrides: float) -> ClientConfig:
 
 
 @pytest.fixture
-def fake(socket_dir: Path) -> Iterator[FakeDaemon]:
+def fake(sock_dir: Path) -> Iterator[FakeDaemon]:
     """A running recording fake daemon."""
-    with FakeDaemon(socket_dir / "eerld.sock") as daemon:
+    with FakeDaemon(sock_dir / "eerld.sock") as daemon:
         yield daemon
 
 
@@ -83,7 +73,7 @@ class SimDaemon:
             metrics_address=None,
         )
         server = create_server(config)
-        server.daemon.phase_observers.append(self.records.append)
+        server.daemon.subscribe(on_phase=self.records.append)
         server.start()
         self._server = server
         return self
@@ -103,8 +93,8 @@ class SimDaemon:
 
 
 @pytest.fixture
-def sim_daemon(socket_dir: Path) -> Iterator[SimDaemon]:
+def sim_daemon(sock_dir: Path) -> Iterator[SimDaemon]:
     """The real daemon on the sim backend, serving on a Unix socket."""
-    daemon = SimDaemon(socket_dir).start()
+    daemon = SimDaemon(sock_dir).start()
     yield daemon
     daemon.stop()

@@ -90,13 +90,13 @@ def _grant(handle: DaemonHandle, job_id: str, gpus: list[int]) -> None:
 
 class TestScopedSockets:
     def test_on_per_gpu_sockets_a_job_that_names_no_gpu_claims_each_socket_it_finds(
-        self, socket_dir: Path
+        self, sock_dir: Path
     ) -> None:
         fake = FakeGpuBackend(3)
         with running_daemon(
-            socket_dir, backend=fake, tenancy="multi", gpu_socket_dir=socket_dir / "gpus"
+            sock_dir, backend=fake, tenancy="multi", gpu_socket_dir=sock_dir / "gpus"
         ) as handle:
-            config = _discovered(socket_dir)
+            config = _discovered(sock_dir)
             assert len(config.socket_paths) == 3
             with eerl.connect(job_id="k8s-job", config=config) as session:
                 assert session.wait_until_connected(5)
@@ -105,37 +105,37 @@ class TestScopedSockets:
                     assert _wait(lambda: fake.locked() == {0: 1500, 1: 1500, 2: 1500})
 
     def test_a_job_started_while_eerld_is_away_reaches_it_through_the_gpu_directories(
-        self, socket_dir: Path
+        self, sock_dir: Path
     ) -> None:
         """The GPU directories outlive eerld: a job discovers them while eerld is down, and claims its GPUs
         through the sockets the next eerld creates in them."""
-        gpu_dir = socket_dir / "gpus"
-        with running_daemon(socket_dir, backend=FakeGpuBackend(2), tenancy="multi", gpu_socket_dir=gpu_dir):
+        gpu_dir = sock_dir / "gpus"
+        with running_daemon(sock_dir, backend=FakeGpuBackend(2), tenancy="multi", gpu_socket_dir=gpu_dir):
             pass
-        config = _discovered(socket_dir)
+        config = _discovered(sock_dir)
         assert config.socket_paths == tuple(str(p / "eerld.sock") for p in sorted(gpu_dir.iterdir()))
         with eerl.connect(job_id="k8s-job", config=config) as session:
             assert not session.wait_until_connected(0.2)
             with running_daemon(
-                socket_dir, backend=FakeGpuBackend(2), tenancy="multi", gpu_socket_dir=gpu_dir
+                sock_dir, backend=FakeGpuBackend(2), tenancy="multi", gpu_socket_dir=gpu_dir
             ) as handle:
                 assert session.wait_until_connected(10)
                 assert [s.gpu_indices for s in handle.daemon.sessions()] == [(0, 1)]
 
-    def test_a_job_finds_its_grant_and_claims_the_grants_gpus(self, socket_dir: Path) -> None:
+    def test_a_job_finds_its_grant_and_claims_the_grants_gpus(self, sock_dir: Path) -> None:
         fake = FakeGpuBackend(4)
-        with running_daemon(socket_dir, backend=fake, tenancy="multi") as handle:
+        with running_daemon(sock_dir, backend=fake, tenancy="multi") as handle:
             _grant(handle, "4711", [1, 3])
-            config = _discovered(socket_dir, SLURM_JOB_ID="4711")
-            assert config.socket_paths == (str(socket_dir / "grants" / "job-4711.sock"),)
+            config = _discovered(sock_dir, SLURM_JOB_ID="4711")
+            assert config.socket_paths == (str(sock_dir / "grants" / "job-4711.sock"),)
             with eerl.connect(job_id="4711", config=config) as session:
                 assert session.wait_until_connected(5)
                 assert [s.gpu_indices for s in handle.daemon.sessions()] == [(1, 3)]
 
     def test_the_shared_socket_of_a_multi_tenant_node_refuses_with_one_warning_and_a_hint(
-        self, socket_dir: Path, caplog: pytest.LogCaptureFixture
+        self, sock_dir: Path, caplog: pytest.LogCaptureFixture
     ) -> None:
-        with running_daemon(socket_dir, backend=FakeGpuBackend(1), tenancy="multi") as handle:
+        with running_daemon(sock_dir, backend=FakeGpuBackend(1), tenancy="multi") as handle:
             config = dataclasses.replace(ClientConfig.uds(handle.socket_path), reconnect_initial_s=0.01)
             with eerl.connect(gpus=[0], job_id="j", config=config) as session:
                 assert _wait(lambda: session.stats().connect_failures >= 1)

@@ -23,10 +23,10 @@ PATIENCE_S = 30.0
 
 class TestDaemonAbsent:
     def test_phases_never_raise_and_one_warning_is_logged(
-        self, socket_dir: Path, caplog: pytest.LogCaptureFixture
+        self, sock_dir: Path, caplog: pytest.LogCaptureFixture
     ) -> None:
         caplog.set_level(logging.DEBUG, logger="eerl")
-        config = fast(ClientConfig.uds(socket_dir / "nobody.sock"))
+        config = fast(ClientConfig.uds(sock_dir / "nobody.sock"))
         with eerl.connect(gpus=[0], config=config) as session:
             for i in range(50):
                 with session.phase("generation", iteration=i) as p:
@@ -38,8 +38,8 @@ class TestDaemonAbsent:
         assert len(_warnings(caplog)) == 1
         assert "cannot open a session" in _warnings(caplog)[0].getMessage()
 
-    def test_a_full_queue_drops_the_oldest_events_and_counts_them(self, socket_dir: Path) -> None:
-        config = fast(ClientConfig.uds(socket_dir / "nobody.sock"), queue_size=8)
+    def test_a_full_queue_drops_the_oldest_events_and_counts_them(self, sock_dir: Path) -> None:
+        config = fast(ClientConfig.uds(sock_dir / "nobody.sock"), queue_size=8)
         with eerl.connect(gpus=[0], config=config) as session:
             for _ in range(20):
                 with session.phase("training"):
@@ -49,9 +49,9 @@ class TestDaemonAbsent:
         assert stats.dropped_events + stats.stale_events >= 32
 
     def test_a_daemon_that_appears_later_gets_a_clean_session_without_stale_events(
-        self, socket_dir: Path
+        self, sock_dir: Path
     ) -> None:
-        fake = FakeDaemon(socket_dir / "eerld.sock")
+        fake = FakeDaemon(sock_dir / "eerld.sock")
         config = fast(fake.config, stale_after_s=0.5)
         with eerl.connect(gpus=[0], config=config) as session:
             with session.phase("generation", iteration=0):
@@ -121,8 +121,8 @@ class TestDaemonDies:
         assert after_restart == [(True, "generation", 1), (False, "generation", 1)]
         assert len(_warnings(caplog)) == 1
 
-    def test_a_daemon_without_attach_is_kept_alive_by_heartbeats(self, socket_dir: Path) -> None:
-        with FakeDaemon(socket_dir / "eerld.sock", attach=False) as fake:
+    def test_a_daemon_without_attach_is_kept_alive_by_heartbeats(self, sock_dir: Path) -> None:
+        with FakeDaemon(sock_dir / "eerld.sock", attach=False) as fake:
             config = fast(fake.config, lease_ttl_s=0.15)
             with eerl.connect(gpus=[0], config=config) as session:
                 assert session.wait_until_connected(5)
@@ -132,8 +132,8 @@ class TestDaemonDies:
                 assert session.flush(5)
             assert [p.workload.tokens for p in fake.phases] == [0, 3]
 
-    def test_a_slow_daemon_costs_stale_events_not_waiting(self, socket_dir: Path) -> None:
-        with FakeDaemon(socket_dir / "eerld.sock", begin_delay_s=0.3) as fake:
+    def test_a_slow_daemon_costs_stale_events_not_waiting(self, sock_dir: Path) -> None:
+        with FakeDaemon(sock_dir / "eerld.sock", begin_delay_s=0.3) as fake:
             config = fast(fake.config, stale_after_s=0.1)
             with eerl.connect(gpus=[0], config=config) as session:
                 assert session.wait_until_connected(5)

@@ -222,10 +222,10 @@ class TestTheSenderSurvives:
         assert any("eerl is off" in w for w in _warnings(caplog))
 
     def test_a_dying_sender_without_a_stream_closes_its_session_at_the_daemon(
-        self, socket_dir: Path, monkeypatch: pytest.MonkeyPatch
+        self, sock_dir: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         with (
-            FakeDaemon(socket_dir / "eerld.sock", attach=False) as fake,
+            FakeDaemon(sock_dir / "eerld.sock", attach=False) as fake,
             eerl.connect(gpus=[0], config=fast(fake.config)) as session,
         ):
             assert session.wait_until_connected(PATIENCE_S)

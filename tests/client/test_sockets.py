@@ -30,16 +30,16 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 @pytest.fixture
-def scoped(socket_dir: Path) -> Iterator[FakeDaemon]:
+def scoped(sock_dir: Path) -> Iterator[FakeDaemon]:
     """A fake daemon on a scoped socket (a GPU's): a session may name no GPUs."""
-    with FakeDaemon(socket_dir / "gpu-0.sock", scoped=True) as daemon:
+    with FakeDaemon(sock_dir / "gpu-0.sock", scoped=True) as daemon:
         yield daemon
 
 
 @pytest.fixture
-def others(socket_dir: Path) -> Iterator[list[FakeDaemon]]:
+def others(sock_dir: Path) -> Iterator[list[FakeDaemon]]:
     """Two more fake sockets of the same node, each of which issues claim tickets."""
-    with FakeDaemon(socket_dir / "gpu-1.sock") as one, FakeDaemon(socket_dir / "gpu-2.sock") as two:
+    with FakeDaemon(sock_dir / "gpu-1.sock") as one, FakeDaemon(sock_dir / "gpu-2.sock") as two:
         yield [one, two]
 
 
@@ -132,10 +132,10 @@ class TestRefusal:
 
     @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to play a user the socket keeps out")
     def test_a_socket_the_kernel_keeps_this_user_out_of_gets_one_warning_naming_it(
-        self, socket_dir: Path
+        self, sock_dir: Path
     ) -> None:
-        socket_dir.chmod(0o755)
-        with FakeDaemon(socket_dir / "eerld.sock") as fake:
+        sock_dir.chmod(0o755)
+        with FakeDaemon(sock_dir / "eerld.sock") as fake:
             fake.socket_path.chmod(0o600)  # root's: connecting needs write permission on the socket
             outcome = _connect_as_nobody(fake.socket_path)
             assert fake.sessions == []

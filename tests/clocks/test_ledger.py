@@ -1,4 +1,5 @@
-"""The lock ledger and the pin file as untrusted input: wrong types, a corrupt file, a full disk."""
+"""The lock ledger (:mod:`eerld.clocks.ledger`) as untrusted input: wrong types, a corrupt file, a full
+disk."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from eerld.clocks.ledger import LEDGER_FILE, Ledger, LedgerEntry
-from eerld.clocks.pins import Pin, parse_pin, pin_problem
 from eerld.errors import ConfigError
 from tests.security.test_failsafes import fill, tmpfs
 
@@ -157,50 +157,3 @@ class TestFullDisk:
             filler.unlink()
             ledger.add(entry(2))
             assert on_disk(state) == [2]
-
-
-def pin_json(**fields: object) -> dict[str, object]:
-    base: dict[str, object] = {
-        "uuid": "GPU-a",
-        "sm_clock_mhz": 900,
-        "mem_clock_mhz": 0,
-        "reason": "r",
-        "created_at_unix_s": 1.0,
-        "expires_at_unix_s": 0.0,
-    }
-    base.update(fields)
-    return base
-
-
-class TestPinsAsInput:
-    @pytest.mark.parametrize(
-        ("fields", "named"),
-        [
-            ({"sm_clock_mhz": "900"}, "sm_clock_mhz"),
-            ({"sm_clock_mhz": 0}, "sm_clock_mhz"),
-            ({"sm_clock_mhz": 10**9}, "sm_clock_mhz"),
-            ({"sm_clock_mhz": True}, "sm_clock_mhz"),
-            ({"mem_clock_mhz": -1}, "mem_clock_mhz"),
-            ({"uuid": 7}, "uuid"),
-            ({"uuid": ""}, "uuid"),
-            ({"reason": "a\nb"}, "reason"),
-            ({"reason": None}, "reason"),
-            ({"expires_at_unix_s": float("nan")}, "expires_at_unix_s"),
-            ({"expires_at_unix_s": -5}, "expires_at_unix_s"),
-            ({"created_at_unix_s": "yesterday"}, "created_at_unix_s"),
-        ],
-    )
-    def test_a_pin_of_the_wrong_type_or_an_absurd_value_is_refused_naming_the_field(
-        self, fields: dict[str, object], named: str
-    ) -> None:
-        with pytest.raises(ValueError, match=named):
-            parse_pin(pin_json(**fields))
-
-    def test_a_sound_pin_is_read(self) -> None:
-        assert parse_pin(pin_json()) == Pin("GPU-a", 900, 0, "r", 1.0, 0.0)
-
-    def test_a_pin_of_a_clock_its_gpu_does_not_support_has_a_problem_naming_the_nearest(self) -> None:
-        pin = parse_pin(pin_json(sm_clock_mhz=1201))
-        assert "nearest supported: 1200, 1215 MHz" in pin_problem(pin, [1185, 1200, 1215], [])
-        assert pin_problem(pin, [], []) == ""  # clocks unknown: not checked
-        assert "mem_clock_mhz" in pin_problem(parse_pin(pin_json(mem_clock_mhz=5)), [], [1593, 2619])

@@ -17,18 +17,6 @@ from eerld.testing import DaemonHandle, FakeGpuBackend, ManualClock, running_dae
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    """Time that moves only when the test says so."""
-    return ManualClock()
-
-
-@pytest.fixture
-def fake(clock: ManualClock) -> FakeGpuBackend:
-    """Four fake GPUs driven by the manual clock."""
-    return FakeGpuBackend(4, clock=clock)
-
-
 DaemonFactory = Callable[..., AbstractContextManager[DaemonHandle]]
 
 

@@ -1,12 +1,11 @@
-"""The clock arbiter: pin > session > default, dry-run, degraded GPUs, the ledger and persisted pins."""
+"""The clock arbiter through the daemon and its gRPC services: pin > session > default, dry-run, degraded
+GPUs, the ledger and persisted pins. The arbiter built directly is tested in tests/clocks/test_arbiter.py."""
 
 from __future__ import annotations
 
 import json
 import stat
 import threading
-from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -15,13 +14,10 @@ from eerl.phases import ExecutionMode, GpuRole, PhaseKind
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
-from eerld.clocks.arbiter import ClockArbiter
-from eerld.clocks.ledger import Ledger
 from eerld.daemon import Daemon
-from eerld.errors import GpuLost, NoPermission, NotSupported
+from eerld.errors import GpuLost, NoPermission
 from eerld.sessions import GpuSelector, SessionSpec
 from eerld.testing import FakeGpuBackend, ManualClock
-from tests.security.test_failsafes import fill, tmpfs
 
 from .conftest import GEN, TRAIN, begin, end, open_session
 
@@ -247,129 +243,3 @@ class TestStuckGpu:
         finally:
             release.set()
             daemon.shutdown()
-
-
-def arbiter_on(fake: FakeGpuBackend, state: Path, **kwargs: Any) -> ClockArbiter:
-    state.mkdir(mode=0o700, exist_ok=True)
-    return ClockArbiter(fake, Ledger(state), **kwargs)
-
-
-class TestFailSafeResets:
-    """The fail-safe paths reset the hardware whatever the arbiter believes; the hot path skips no-ops."""
-
-    def test_a_release_resets_a_lock_set_behind_the_arbiters_back(self, fake: FakeGpuBackend, sock_dir: Path):
-        arbiter = arbiter_on(fake, sock_dir / "state")
-        arbiter.set_session([0], "s", None)
-        fake.force_lock(0, 1200)
-        arbiter.set_session([0], None, None)
-        assert fake.locked() == {}
-
-    def test_a_session_wish_that_holds_already_makes_no_backend_call(
-        self, fake: FakeGpuBackend, sock_dir: Path
-    ):
-        arbiter = arbiter_on(fake, sock_dir / "state")
-        arbiter.set_session([0], "s", 1200)
-        resets = fake.gpus[0].reset_calls
-        for _ in range(3):
-            arbiter.set_session([0], "s", 1200)
-        assert (fake.lock_calls(), fake.gpus[0].reset_calls) == (1, resets)
-
-    def test_unpin_and_release_all_reset_application_clocks_and_memory_locks_another_tool_left(
-        self, fake: FakeGpuBackend, sock_dir: Path
-    ):
-        arbiter = arbiter_on(fake, sock_dir / "state")
-        fake.set_application_clocks(1, 1593, 900)
-        fake.lock_mem_clock(1, 1593)
-        arbiter.clear_pins([1])
-        assert (fake.gpus[1].app_sm_mhz, fake.gpus[1].locked_mem_mhz) == (None, None)
-        fake.force_lock(2, 1500)
-        fake.force_lock(3, 1500)
-        arbiter.release_all()
-        assert fake.locked() == {}
-
-    def test_a_gpu_whose_own_reset_is_not_supported_stays_degraded_and_listed(
-        self, fake: FakeGpuBackend, sock_dir: Path
-    ):
-        arbiter = arbiter_on(fake, sock_dir / "state")
-        arbiter.set_session([0], "s", 1200)
-        fake.fail(0, "reset_sm_clock", NotSupported("no", gpu_index=0))
-        [result] = arbiter.set_session([0], None, None)
-        assert "NotSupported" in result.degraded_reason
-        assert fake.locked() == {0: 1200}
-        assert list(Ledger(sock_dir / "state").entries()) == [0]
-
-    def test_a_reset_of_another_kind_that_is_not_supported_is_skipped(
-        self, fake: FakeGpuBackend, sock_dir: Path
-    ):
-        arbiter = arbiter_on(fake, sock_dir / "state")
-        fake.fail(0, "reset_application_clocks", NotSupported("no", gpu_index=0))
-        fake.force_lock(0, 1200)
-        assert arbiter.release_all()[0].degraded_reason == ""
-        assert fake.locked() == {}
-
-
-class TestLedgerFailures:
-    def test_a_lock_whose_record_cannot_be_written_is_not_taken(self, fake: FakeGpuBackend, sock_dir: Path):
-        with tmpfs(sock_dir / "state") as state:
-            arbiter = arbiter_on(fake, state)
-            filler = fill(state)
-            [result] = arbiter.set_session([0], "s", 1200)
-            assert result.degraded_reason.startswith("ledger write failed")
-            assert fake.locked() == {}
-            arbiter.set_session([0], "s", 1200)  # a retry finds no record: still no lock
-            assert fake.locked() == {}
-            filler.unlink()
-            arbiter.set_session([0], "s", 1200)
-            assert fake.locked() == {0: 1200}
-            assert list(Ledger(state).entries()) == [0]
-
-    def test_a_release_that_cannot_write_the_ledger_still_resets_and_the_removal_is_retried(
-        self, fake: FakeGpuBackend, sock_dir: Path
-    ):
-        with tmpfs(sock_dir / "state") as state:
-            arbiter = arbiter_on(fake, state)
-            arbiter.set_session([0], "s", 1200)
-            filler = fill(state)
-            [result] = arbiter.set_session([0], None, None)
-            assert result.degraded_reason == ""
-            assert fake.locked() == {}
-            assert list(Ledger(state).entries()) == [0]
-            filler.unlink()
-            arbiter.retry_degraded()
-            assert list(Ledger(state).entries()) == []
-
-
-class TestCorruptLedgerAtStart:
-    def test_every_gpu_is_reset_and_the_ledger_set_aside(self, fake: FakeGpuBackend, sock_dir: Path):
-        state = sock_dir / "state"
-        state.mkdir(mode=0o700)
-        (state / "ledger.json").write_text('{"locked": [{"index": "x"}]}')
-        fake.force_lock(1, 1200)
-        fake.force_lock(3, 900)
-        arbiter = arbiter_on(fake, state)
-        assert arbiter.recover_from_ledger() == [0, 1, 2, 3]
-        assert fake.locked() == {}
-        assert [p.name.startswith("ledger.json.corrupt-") for p in state.iterdir()] == [True]
-
-    def test_a_gpu_whose_reset_failed_is_listed_in_the_fresh_ledger(
-        self, fake: FakeGpuBackend, sock_dir: Path
-    ):
-        state = sock_dir / "state"
-        state.mkdir(mode=0o700)
-        (state / "ledger.json").write_text("not json")
-        fake.fail(2, "reset_sm_clock", GpuLost("gone", gpu_index=2))
-        arbiter = arbiter_on(fake, state)
-        assert arbiter.recover_from_ledger() == [0, 1, 3]
-        assert list(Ledger(state).entries()) == [2]
-
-    def test_a_dry_run_arbiter_leaves_a_corrupt_ledger_and_every_lock_alone(
-        self, fake: FakeGpuBackend, sock_dir: Path
-    ):
-        state = sock_dir / "state"
-        state.mkdir(mode=0o700)
-        (state / "ledger.json").write_text("not json")
-        fake.force_lock(0, 1200)
-        arbiter = arbiter_on(fake, state, dry_run=True)
-        assert arbiter.recover_from_ledger() == []
-        assert fake.locked() == {0: 1200}
-        assert (state / "ledger.json").read_text() == "not json"

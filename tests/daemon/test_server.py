@@ -20,12 +20,13 @@ from eerl.v1 import eerl_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from eerld.api.server import prepare_socket_path
+from eerld.app import create_backend
 from eerld.config import Config, load_config
 from eerld.errors import ConfigError
 from eerld.gpu.base import GpuBackend
 from eerld.gpu.sim import create_sim_backend
 from eerld.main import main
-from eerld.server import create_backend, prepare_socket_path
 from eerld.sim.profiles import builtin_profile
 from eerld.testing import FakeGpuBackend, running_daemon
 

@@ -10,10 +10,11 @@ from eerl.phases import ControllerState, ExecutionMode, GpuRole, PhaseKind, Work
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
+from eerld.app import build
+from eerld.config import Config
 from eerld.daemon import Daemon
 from eerld.errors import BackendFailure
 from eerld.gpu.sim import VirtualClock, create_sim_backend
-from eerld.server import backend_clock
 from eerld.sessions import GpuSelector, SessionSpec
 from eerld.sim.profiles import builtin_profile
 from eerld.testing import FakeGpuBackend, ManualClock
@@ -295,8 +296,19 @@ class TestPhaseTime:
         assert daemon.heartbeat(sid) == pytest.approx(5.0)
         daemon.shutdown()
 
-    def test_the_server_times_phases_on_the_backends_own_clock_when_it_has_one(self):
+    def test_the_server_times_phases_on_the_backends_own_clock_when_it_has_one(self, tmp_path):
         """create_server picks the sim device's clock for phases, and none for a backend without one."""
         sim = create_sim_backend(builtin_profile("h100-sxm"), 1, clock=VirtualClock())
-        assert backend_clock(sim) == sim.device.clock.now_s
-        assert backend_clock(FakeGpuBackend(1)) is None
+        assert sim.own_clock() == sim.device.clock.now_s
+        assert FakeGpuBackend(1).own_clock() is None
+        host = ManualClock()
+        on_sim = build(Config(state_dir=tmp_path / "sim", tenancy="single"), backend=sim, clock=host)
+        on_fake = build(
+            Config(state_dir=tmp_path / "fake", tenancy="single"), backend=FakeGpuBackend(1), clock=host
+        )
+        try:
+            assert on_sim.phase_clock == sim.device.clock.now_s
+            assert on_fake.phase_clock is host
+        finally:
+            on_sim.close()
+            on_fake.close()

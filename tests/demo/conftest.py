@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,11 +17,3 @@ def demo_env() -> dict[str, str]:
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.pop("EERL_DISABLE", None)
     return env
-
-
-@pytest.fixture
-def socket_dir() -> Iterator[Path]:
-    """A short directory for Unix sockets (their paths must stay under ~100 bytes)."""
-    path = Path(tempfile.mkdtemp(prefix="eerl-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)

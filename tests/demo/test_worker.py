@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from demo.worker import PhaseRun, SimWorker
 from eerld.gpu.sim import VirtualClock, create_sim_backend
 from eerld.sim.evaluate import sample_iteration
 from eerld.sim.scenario import load_scenario
+from tests.conftest import short_socket_dir
 
 ITERATIONS = 2
 
@@ -41,20 +40,14 @@ def worker_run() -> Iterator[WorkerRun]:
     """Two iterations of sync-h100 on 8 GPUs (virtual time), reported to a recording fake daemon."""
     scenario = load_scenario("sync-h100")
     backend = create_sim_backend(scenario.gpu, scenario.workload.gpus, clock=VirtualClock())
-    socket_dir = Path(tempfile.mkdtemp(prefix="eerl-", dir="/tmp"))
-    try:
-        with FakeDaemon(socket_dir / "eerld.sock") as fake:
-            session = connect(gpus=list(range(8)), job_id="test", config=_fast(fake.config))
-            with session:
-                assert session.wait_until_connected(10.0)
-                worker = SimWorker(
-                    scenario, backend.device, session, gpu_indices=range(8), wait_for_clock_s=0.0
-                )
-                runs = worker.run(ITERATIONS)
-                assert session.flush(10.0)
-            yield WorkerRun(runs, list(fake.phases))
-    finally:
-        shutil.rmtree(socket_dir, ignore_errors=True)
+    with short_socket_dir() as socket_dir, FakeDaemon(socket_dir / "eerld.sock") as fake:
+        session = connect(gpus=list(range(8)), job_id="test", config=_fast(fake.config))
+        with session:
+            assert session.wait_until_connected(10.0)
+            worker = SimWorker(scenario, backend.device, session, gpu_indices=range(8), wait_for_clock_s=0.0)
+            runs = worker.run(ITERATIONS)
+            assert session.flush(10.0)
+        yield WorkerRun(runs, list(fake.phases))
 
 
 class TestSimWorker:

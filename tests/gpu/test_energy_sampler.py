@@ -7,11 +7,11 @@ import time
 
 import pytest
 
+from eerld.app import create_backend
 from eerld.config import load_config
 from eerld.errors import GpuLost
 from eerld.gpu.delegating import DelegatingBackend
 from eerld.gpu.energy_sampler import EnergySample, SampledEnergyBackend, estimate_energy_mj
-from eerld.server import create_backend
 from eerld.testing import FakeGpuBackend, ManualClock
 from tests.gpu.fake_pynvml import FakePynvml, make_gpus
 

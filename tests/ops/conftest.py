@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,19 +32,9 @@ def metrics_server(fake_source: FakeMetricsSource) -> Iterator[MetricsServer]:
 
 
 @pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    """A short temporary directory: Unix socket paths must stay under ~100 bytes."""
-    path = Path(tempfile.mkdtemp(prefix="eerl-ops-", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def fake_admin(short_tmp: Path) -> Iterator[FakeAdminServer]:
+def fake_admin(sock_dir: Path) -> Iterator[FakeAdminServer]:
     """A fake AdminService (plus health) on a temporary Unix socket."""
-    server = start_fake_admin(short_tmp / "admin.sock")
+    server = start_fake_admin(sock_dir / "admin.sock")
     try:
         yield server
     finally:

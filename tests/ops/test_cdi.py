@@ -87,10 +87,10 @@ def spec_file(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def gpu_sockets(short_tmp: Path) -> Iterator[Path]:
+def gpu_sockets(sock_dir: Path) -> Iterator[Path]:
     """eerld's socket directory: GPU 0's socket is served, GPU 1's is stale (eerld restarting), and
     there are a GPU directory the spec does not name, a symlink named as a GPU and a stray file."""
-    directory = short_tmp / "gpus"
+    directory = sock_dir / "gpus"
     directory.mkdir(mode=0o700)
     for uuid in (GPU0, GPU1, "GPU-11111111-2222-3333-4444-555555555555"):
         (directory / uuid).mkdir(mode=0o711)
@@ -340,10 +340,10 @@ class TestCommand:
         assert (code, load_spec(out, "yaml")) == (0, add_gpu_sockets(nvidia_spec(), directory))
 
     def test_only_present_leaves_out_a_gpu_without_its_directory(
-        self, spec_file: Path, short_tmp: Path
+        self, spec_file: Path, sock_dir: Path
     ) -> None:
         """Only GPU1's directory exists (GPU0's was never made): GPU0's devices mount nothing."""
-        directory = short_tmp / "gpus"
+        directory = sock_dir / "gpus"
         directory.mkdir(mode=0o700)
         (directory / GPU1).mkdir(mode=0o711)
         code, out, _ = run("--nvidia-spec", str(spec_file), "--socket-dir", str(directory), "--only-present")

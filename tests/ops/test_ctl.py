@@ -192,9 +192,9 @@ class TestOtherCommands:
         assert out.startswith("eerlctl ")
         assert "eerld 0.1.0 (backend sim)" in out
 
-    def test_version_without_a_daemon_still_names_the_client(self, short_tmp: Path) -> None:
+    def test_version_without_a_daemon_still_names_the_client(self, sock_dir: Path) -> None:
         """version prints eerlctl's own version, then the Error line, when eerld is unreachable."""
-        code, out, err = run(short_tmp / "absent.sock", "version")
+        code, out, err = run(sock_dir / "absent.sock", "version")
         assert code == 1
         assert out.startswith("eerlctl ")
         assert err.startswith("Error: no eerld socket")
@@ -210,17 +210,17 @@ class TestOtherCommands:
 
 
 class TestFailures:
-    def test_a_missing_socket_is_one_helpful_line(self, short_tmp: Path) -> None:
+    def test_a_missing_socket_is_one_helpful_line(self, sock_dir: Path) -> None:
         """No daemon: exit 1 and one Error line that says where it looked, no traceback."""
-        code, out, err = run(short_tmp / "absent.sock", "status")
+        code, out, err = run(sock_dir / "absent.sock", "status")
         assert (code, out) == (1, "")
-        assert err == f"Error: no eerld socket at {short_tmp / 'absent.sock'}: is eerld running? " + (
+        assert err == f"Error: no eerld socket at {sock_dir / 'absent.sock'}: is eerld running? " + (
             "(set --socket or EERLCTL_SOCKET)\n"
         )
 
-    def test_debug_adds_the_traceback(self, short_tmp: Path) -> None:
+    def test_debug_adds_the_traceback(self, sock_dir: Path) -> None:
         """With --debug the traceback precedes the Error line."""
-        _, _, err = run(short_tmp / "absent.sock", "--debug", "status")
+        _, _, err = run(sock_dir / "absent.sock", "--debug", "status")
         assert "Traceback" in err
         assert err.splitlines()[-1].startswith("Error: ")
 

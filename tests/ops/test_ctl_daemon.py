@@ -19,9 +19,9 @@ from eerld.testing import DaemonHandle, running_daemon
 
 
 @pytest.fixture
-def daemon(short_tmp: Path) -> Iterator[DaemonHandle]:
+def daemon(sock_dir: Path) -> Iterator[DaemonHandle]:
     """A daemon with one session on GPU 0 (one generation phase metered, the next one running)."""
-    with running_daemon(short_tmp) as handle, grpc.insecure_channel(f"unix:{handle.socket_path}") as channel:
+    with running_daemon(sock_dir) as handle, grpc.insecure_channel(f"unix:{handle.socket_path}") as channel:
         stub = eerl_pb2_grpc.PhaseServiceStub(channel)
         opened = stub.OpenSession(
             eerl_pb2.OpenSessionRequest(job_id="job-42", rank=0, gpus=[eerl_pb2.GpuRef(index=0)])
@@ -130,7 +130,8 @@ class TestMetricsOfTheDaemon:
 
     def test_closing_detaches_from_the_daemon(self, daemon: DaemonHandle) -> None:
         """After close() the daemon no longer calls the metrics' observers."""
-        before = (len(daemon.daemon.rpc_observers), len(daemon.daemon.phase_observers))
+        before = daemon.daemon.subscribers
         server = start_metrics_server(daemon.daemon, "127.0.0.1:0")
+        assert daemon.daemon.subscribers == (before[0] + 1, before[1] + 1)
         server.close()
-        assert (len(daemon.daemon.rpc_observers), len(daemon.daemon.phase_observers)) == before
+        assert daemon.daemon.subscribers == before

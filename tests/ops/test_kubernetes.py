@@ -190,7 +190,7 @@ class TestCdiSidecar:
         assert security["capabilities"] == {"drop": ["ALL"]}
 
     def test_its_script_mounts_the_present_gpu_directories_and_keeps_them_on_sigterm(
-        self, tmp_path: Path, short_tmp: Path
+        self, tmp_path: Path, sock_dir: Path
     ) -> None:
         """Run for real: GPU0's directory (its socket gone) is mounted, GPU1's (never made) is not; SIGTERM
         ends the loop at once and leaves the mounts."""
@@ -199,7 +199,7 @@ class TestCdiSidecar:
         fixture = Path(__file__).parent / "data/nvidia-cdi.yaml"
         spec_path = tmp_path / "nvidia.yaml"
         shutil.copyfile(fixture, spec_path)
-        sockets = short_tmp / "gpus"
+        sockets = sock_dir / "gpus"
         sockets.mkdir(mode=0o700)
         (sockets / gpu0).mkdir(mode=0o711)  # eerld served GPU0 and stopped: its socket is gone, not its dir
         bin_dir = tmp_path / "bin"

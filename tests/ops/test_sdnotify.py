@@ -12,9 +12,9 @@ from eerld.sdnotify import sd_notify
 
 
 @pytest.fixture
-def notify_socket(short_tmp: Path) -> Iterator[socket.socket]:
+def notify_socket(sock_dir: Path) -> Iterator[socket.socket]:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(short_tmp / "notify"))
+    sock.bind(str(sock_dir / "notify"))
     sock.settimeout(5)
     try:
         yield sock
@@ -40,6 +40,6 @@ class TestSdNotify:
         """Without NOTIFY_SOCKET nothing is sent and the answer is False."""
         assert sd_notify("READY=1", environ={}) is False
 
-    def test_a_dead_socket_never_raises(self, short_tmp: Path) -> None:
+    def test_a_dead_socket_never_raises(self, sock_dir: Path) -> None:
         """A NOTIFY_SOCKET that nobody listens on returns False instead of raising."""
-        assert sd_notify("READY=1", environ={"NOTIFY_SOCKET": str(short_tmp / "gone")}) is False
+        assert sd_notify("READY=1", environ={"NOTIFY_SOCKET": str(sock_dir / "gone")}) is False

@@ -46,7 +46,7 @@ def _wait(predicate: Callable[[], bool], timeout_s: float = PATIENCE_S) -> bool:
 def _daemon(directory: Path, fake: FakeGpuBackend) -> Iterator[tuple[DaemonHandle, list[PhaseRecord]]]:
     with running_daemon(directory, backend=fake) as handle:
         records: list[PhaseRecord] = []
-        handle.daemon.phase_observers.append(records.append)
+        handle.daemon.subscribe(on_phase=records.append)
         yield handle, records
 
 

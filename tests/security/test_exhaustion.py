@@ -20,7 +20,7 @@ from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 from grpc_reflection.v1alpha import reflection_pb2
 
-from eerld.server import MAX_OPEN_STREAMS
+from eerld.api.server import MAX_OPEN_STREAMS
 from eerld.testing import FakeGpuBackend, ManualClock, running_daemon
 from tests.security.conftest import SOCKET_GROUP, holding_streams, socket_group_gid
 

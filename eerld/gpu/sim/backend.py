@@ -196,6 +196,10 @@ class SimBackend:
         """GPU_IDLE, SW_POWER_CAP, APPLICATIONS_CLOCKS_SETTING (a lock or application clock) or NONE."""
         return self._read(index, "clock_event_reasons", self.device.model.event_reasons)
 
+    def own_clock(self) -> Callable[[], float] | None:
+        """The simulated GPUs' clock (virtual time, or real time sped up): phases are timed on it."""
+        return self.device.clock.now_s
+
     def close(self) -> None:
         """Idempotent; later calls raise BackendFailure. The device state (and its file) stays."""
         self._closed = True

@@ -1,0 +1,129 @@
+"""The composition root: from a :class:`~eerld.config.Config`, build what eerld runs — without gRPC.
+
+:func:`build` is the one place where the parts are put together: the GPU backend (:func:`create_backend`:
+the nvml or sim backend, and every wrapper — background energy sampling on NVML, observe-only under
+``--dry-run``), the clock phases are timed on (the backend's own, :meth:`~eerld.gpu.base.GpuBackend.
+own_clock`, else the monotonic clock), the controller factory and the :class:`~eerld.daemon.Daemon`; and,
+once serving, the metrics endpoint subscribed to the daemon (:meth:`App.start_metrics`).
+:mod:`eerld.api.server` serves what this builds; ``eerld --reset-clocks`` uses :func:`create_backend`
+alone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from eerl.control.registry import controller_factory
+
+from eerld.config import Config
+from eerld.daemon import Daemon
+from eerld.errors import ConfigError
+from eerld.gpu.base import GpuBackend
+from eerld.gpu.energy_sampler import SampledEnergyBackend
+from eerld.gpu.observe_only import ObserveOnlyBackend
+from eerld.metrics import MetricsServer, start_metrics_server
+from eerld.sim.profiles import builtin_profile
+
+__all__ = ["App", "build", "create_backend"]
+
+
+@dataclass
+class App:
+    """What :func:`build` made: the daemon over its backend, and the metrics endpoint once started."""
+
+    config: Config
+    backend: GpuBackend
+    daemon: Daemon
+    phase_clock: Callable[[], float]
+    metrics: MetricsServer | None = None
+
+    def start_metrics(self) -> None:
+        """Serve ``/metrics`` on the configured address (none: no endpoint), subscribed to the daemon."""
+        if self.config.metrics_address is not None and self.metrics is None:
+            self.metrics = start_metrics_server(self.daemon, self.config.metrics_address)
+
+    def close(self) -> None:
+        """Stop the metrics endpoint (ending its subscription) and release the backend; idempotent."""
+        metrics, self.metrics = self.metrics, None
+        if metrics is not None:
+            metrics.close()
+        self.backend.close()
+
+
+def create_backend(config: Config, *, backend: GpuBackend | None = None) -> GpuBackend:
+    """The node's GPU backend as the daemon uses it: ``backend`` when given (tests, the benchmarks), else
+    the one ``config`` names; with every wrapper, applied here and nowhere else.
+
+    Only the chosen backend's module is imported (only :mod:`eerld.gpu.nvml` imports pynvml; the sim backend
+    brings the simulator). On NVML the energy counters are sampled in the background (a counter read costs
+    milliseconds on real GPUs: it stays off the phase events' path), except for ``--reset-clocks``. Under
+    ``--dry-run`` every backend is observe-only: no code path can change a clock.
+    """
+    if backend is None:
+        if config.backend == "sim":
+            backend = _sim_backend(config)
+        else:
+            from eerld.gpu.nvml import NvmlBackend  # noqa: PLC0415 - the only path that loads pynvml
+
+            backend = NvmlBackend(use_locked_clocks=config.clock_actuator == "lock")
+            if config.energy_sample_ms > 0 and not config.reset_clocks:
+                backend = SampledEnergyBackend(backend, period_s=config.energy_sample_ms / 1000.0)
+    if config.dry_run:
+        backend = ObserveOnlyBackend(backend)
+    return backend
+
+
+def _sim_backend(config: Config) -> GpuBackend:
+    try:
+        from eerld.gpu.sim import create_sim_backend  # noqa: PLC0415 - only the sim backend needs the simulator
+    except ImportError as e:
+        raise ConfigError(f"--backend: the sim backend is not available in this build ({e})") from e
+    profile = builtin_profile(config.sim_profile)
+    if config.clock_actuator == "application":
+        profile = profile.with_overrides({"locked_clocks": False}, source="--clock-actuator")
+    return create_sim_backend(
+        profile, config.sim_gpus, speedup=config.sim_speedup, state_file=config.sim_state
+    )
+
+
+def build(
+    config: Config,
+    *,
+    backend: GpuBackend | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    wall_clock: Callable[[], float] = time.time,
+    phase_clock: Callable[[], float] | None = None,
+) -> App:
+    """Build the backend and the daemon of ``config``; nothing is reset, served or started yet.
+
+    ``backend`` replaces the configured one (it is wrapped all the same); ``phase_clock`` times phases, by
+    default the backend's own clock where it has one (the simulator's accelerated time, so that durations
+    agree with its energy counters), else ``clock``. On failure the backend is closed.
+    """
+    factory = controller_factory(config.controller)
+    gpus = create_backend(config, backend=backend)
+    try:
+        phases = phase_clock or gpus.own_clock() or clock
+        daemon = Daemon(
+            gpus,
+            config.state_dir,
+            controller_name=config.controller,
+            controller_factory=factory,
+            fixed_clocks_mhz=config.fixed_clocks_mhz if config.controller == "fixed" else None,
+            dry_run=config.dry_run,
+            default_lease_ttl_s=config.lease_ttl_s,
+            max_clock_changes_per_s=config.max_clock_changes_per_s,
+            tenancy=config.tenancy,
+            socket_path=config.socket_path,
+            grant_dir=config.grant_dir,
+            gpu_socket_dir=config.gpu_socket_dir,
+            clock=clock,
+            wall_clock=wall_clock,
+            phase_clock=phases,
+        )
+    except BaseException:
+        gpus.close()
+        raise
+    return App(config, gpus, daemon, phases)

@@ -1,0 +1,62 @@
+"""The daemon's domain: the hub that sequences each event through sessions, energy, control and clocks.
+
+One module per job:
+
+- :mod:`~eerld.daemon.core`: :class:`Daemon`, the hub — life cycle (start, tick, shutdown), sessions and
+  phases, subscriptions (:meth:`Daemon.subscribe`); every RPC of both services is one of its methods;
+- :mod:`~eerld.daemon.admin`: pins, resets and grants (what the admin socket changes);
+- :mod:`~eerld.daemon.status`: the read model behind Status, ListSessions, GetDecisions and metrics;
+- :mod:`~eerld.daemon.inventory`: the node's GPUs, selectors → indices, supported clocks per GPU;
+- :mod:`~eerld.daemon.views`: the frozen answers and the events it publishes.
+
+Nothing here imports gRPC (:mod:`eerld.api` serves it) or builds a backend (:mod:`eerld.app` does).
+"""
+
+from eerld.daemon.core import Attachment, Daemon
+from eerld.daemon.views import (
+    BeganPhase,
+    ClosedSession,
+    DaemonView,
+    DecisionView,
+    EndedPhase,
+    GpuInfoView,
+    GpuStatusView,
+    GrantOutcome,
+    GrantView,
+    OpenedSession,
+    PhaseObserver,
+    PhaseRecord,
+    PhaseStatusView,
+    ResetOutcome,
+    RevokeOutcome,
+    RpcObserver,
+    SessionView,
+    StatusView,
+    TicketView,
+    Unsubscribe,
+)
+
+__all__ = [
+    "Attachment",
+    "BeganPhase",
+    "ClosedSession",
+    "Daemon",
+    "DaemonView",
+    "DecisionView",
+    "EndedPhase",
+    "GpuInfoView",
+    "GpuStatusView",
+    "GrantOutcome",
+    "GrantView",
+    "OpenedSession",
+    "PhaseObserver",
+    "PhaseRecord",
+    "PhaseStatusView",
+    "ResetOutcome",
+    "RevokeOutcome",
+    "RpcObserver",
+    "SessionView",
+    "StatusView",
+    "TicketView",
+    "Unsubscribe",
+]

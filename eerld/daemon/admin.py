@@ -1,0 +1,248 @@
+"""What the admin socket changes: pins, resets and grants (their sockets, sessions and claim tickets).
+
+A pin is written to the pin file before the arbiter applies it and survives restarts (:meth:`Admin.
+restore_pins` re-checks each one at start, as the Pin RPC checks a new one); a reset closes the sessions
+holding the GPUs and removes their pins; a removed or expired grant closes the sessions whose authority
+came from it and returns its GPUs to default. Closing a session and telling its attached client are the
+daemon's (:mod:`eerld.daemon.core`): this module is handed the two callables, and calls nothing else back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import structlog
+from eerl.control.clocks import nearest_supported_text
+
+from eerld.access import Access
+from eerld.clocks.arbiter import AppliedClock, ClockArbiter
+from eerld.clocks.pins import Pin, PinStore, pin_problem
+from eerld.daemon.inventory import Inventory
+from eerld.daemon.views import ResetOutcome, RevokeOutcome, TicketView
+from eerld.errors import Exhausted, ValidationError
+from eerld.grants import Grant, GrantSpec
+from eerld.sessions import GpuSelector, Session, SessionRegistry
+
+log = structlog.get_logger("eerld.daemon")
+
+CloseSession = Callable[[Session, str], object]
+"""Close a session for the given reason and return its GPUs to default (the daemon's ``_close``)."""
+Notify = Callable[[Sequence[int], str], None]
+"""Tell the attached clients of the sessions holding these GPUs (the daemon's ``_notify``)."""
+
+
+class Admin:
+    """Pins, resets and grants over the state the daemon shares with it."""
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        arbiter: ClockArbiter,
+        pins: PinStore,
+        access: Access,
+        sessions: SessionRegistry,
+        *,
+        clock: Callable[[], float],
+        wall_clock: Callable[[], float],
+        close: CloseSession,
+        notify: Notify,
+    ) -> None:
+        self._inventory = inventory
+        self._arbiter = arbiter
+        self._pins = pins
+        self._access = access
+        self._sessions = sessions
+        self._clock = clock
+        self._wall = wall_clock
+        self._close = close
+        self._notify = notify
+
+    # -- pins ---------------------------------------------------------------------------------------
+
+    def restore_pins(self) -> None:
+        """Re-apply the persisted pins that still hold (at start, after the ledger's GPUs were reset).
+
+        A pin read from disk is checked as the Pin RPC checks one: a pin for a GPU not on this node, or of
+        a clock its GPU does not support, is dropped with one ``pin_dropped`` warning (never applied,
+        degraded and retried forever); wrong types were dropped when the file was read
+        (:mod:`eerld.clocks.pins`); an expired pin is dropped silently.
+        """
+        now_unix = self._wall()
+        pins: list[Pin] = []
+        indices: list[int] = []
+        dropped: list[str] = []
+        for uuid, pin in self._pins.all().items():
+            index = self._inventory.index_of(uuid)
+            if pin.expired(now_unix):
+                dropped.append(uuid)
+                continue
+            if index is None:
+                self._pins.warn_dropped(uuid, "no GPU with this UUID on this node")
+                dropped.append(uuid)
+                continue
+            mems = self._inventory.supported_mem_clocks_mhz(index) if pin.mem_clock_mhz else ()
+            problem = pin_problem(pin, self._inventory.supported_sm_clocks_mhz(index), mems)
+            if problem:
+                self._pins.warn_dropped(uuid, f"GPU {index}: {problem}")
+                dropped.append(uuid)
+                continue
+            pins.append(pin)
+            indices.append(index)
+        self._pins.remove_many(dropped)
+        self._pins.flush()
+        if pins:
+            self._arbiter.set_pins(pins, indices)
+            log.info("pins_restored", gpu_indices=indices)
+
+    def expire(self) -> None:
+        """Revoke the grants whose time is up, then remove the pins whose time is up."""
+        expired_grants = self._access.expired()
+        if expired_grants:
+            self.close_granted(expired_grants, reason="grant expired")
+        now_unix = self._wall()
+        expired = [p for p in self._pins.all().values() if p.expired(now_unix)]
+        if expired:
+            known = [self._inventory.index_of(p.uuid) for p in expired]
+            indices = [i for i in known if i is not None]
+            self._pins.remove_many([p.uuid for p in expired])
+            self._arbiter.clear_pins(indices)
+            log.info("pins_expired", gpu_indices=indices)
+
+    def flush_pins(self) -> None:
+        """Retry writing the pin file where an earlier write failed."""
+        self._pins.flush()
+
+    def pin(
+        self,
+        selectors: Sequence[GpuSelector] | None,
+        sm_clock_mhz: int,
+        mem_clock_mhz: int,
+        duration_s: float,
+        reason: str,
+    ) -> list[AppliedClock]:
+        """Pin GPUs (None: all) to a supported clock, durably, until unpinned or expired."""
+        indices = self._inventory.select(selectors)
+        for index in indices:
+            supported = self._inventory.supported_sm_clocks_mhz(index)
+            if supported and sm_clock_mhz not in supported:
+                raise ValidationError(
+                    "sm_clock_mhz",
+                    f"{sm_clock_mhz} MHz is not supported by GPU {index}; "
+                    + nearest_supported_text(supported, sm_clock_mhz),
+                )
+            if mem_clock_mhz:
+                mems = self._inventory.supported_mem_clocks_mhz(index)
+                if mems and mem_clock_mhz not in mems:
+                    raise ValidationError(
+                        "mem_clock_mhz",
+                        f"{mem_clock_mhz} MHz is not supported by GPU {index}; "
+                        f"supported: {', '.join(str(c) for c in mems)} MHz",
+                    )
+        spent = self._arbiter.over_rate(indices)
+        if spent and not self._arbiter.dry_run:
+            raise Exhausted(
+                f"GPU {spent[0]} changed clocks more often than its limit allows in the last seconds; "
+                "retry in a second (--max-clock-changes-per-s)"
+            )
+        now_unix = self._wall()
+        pins = [
+            Pin(
+                uuid=self._inventory.uuid(i),
+                sm_clock_mhz=sm_clock_mhz,
+                mem_clock_mhz=mem_clock_mhz,
+                reason=reason,
+                created_at_unix_s=now_unix,
+                expires_at_unix_s=now_unix + duration_s if duration_s > 0 else 0.0,
+            )
+            for i in indices
+        ]
+        self._pins.put_many(pins)
+        results = self._arbiter.set_pins(pins, indices)
+        log.info(
+            "pin", gpu_indices=list(indices), sm_clock_mhz=sm_clock_mhz, reason=reason, duration_s=duration_s
+        )
+        self._notify(indices, f"admin pin at {sm_clock_mhz} MHz on GPU(s) {_fmt(indices)}: {reason}")
+        return results
+
+    def unpin(self, selectors: Sequence[GpuSelector] | None) -> list[AppliedClock]:
+        """Remove pins; the holding session or the default governor decides again."""
+        indices = self._inventory.select(selectors)
+        self._pins.remove_many([self._inventory.uuid(i) for i in indices])
+        results = self._arbiter.clear_pins(indices)
+        log.info("unpin", gpu_indices=list(indices))
+        self._notify(indices, f"admin pin removed on GPU(s) {_fmt(indices)}")
+        return results
+
+    def reset(self, selectors: Sequence[GpuSelector] | None, reason: str) -> ResetOutcome:
+        """Remove pins of the GPUs, close the sessions holding them, and return them to default clocks."""
+        indices = self._inventory.select(selectors)
+        closed: list[str] = []
+        for index in indices:
+            holder = self._sessions.holder(index)
+            if holder is not None and holder.session_id not in closed:
+                self._notify(holder.gpu_indices, f"session closed by admin reset: {reason}")
+                self._close(holder, f"admin reset: {reason}")
+                closed.append(holder.session_id)
+        self._pins.remove_many([self._inventory.uuid(i) for i in indices])
+        results = self._arbiter.clear_pins(indices)
+        log.info("admin_reset", gpu_indices=list(indices), reason=reason, closed_sessions=len(closed))
+        return ResetOutcome(tuple(results), tuple(closed))
+
+    # -- grants -------------------------------------------------------------------------------------
+
+    def open_grants(self) -> None:
+        """Open the per-GPU sockets and the persisted grants (after the daemon started, once serving)."""
+        self._access.restore()
+
+    def grant(self, spec: GrantSpec) -> tuple[Grant, list[Grant]]:
+        """Create a scoped worker socket for the spec's GPUs; with replace, revoke the grants in its way.
+
+        Returns the new grant and the grants it replaced (whose sessions are closed).
+        """
+        indices = self._inventory.resolve(spec.gpus)
+        grant, replaced = self._access.create(spec, indices)
+        if replaced:
+            self.close_granted(replaced, reason=f"grant replaced by {grant.name}")
+        log.info(
+            "grant",
+            grant=grant.name,
+            gpu_indices=list(indices),
+            uid=grant.uid,
+            gid=grant.gid,
+            job_id=grant.job_id,
+            expires_at_unix_s=grant.expires_at_unix_s,
+            replaced=[g.name for g in replaced],
+            reason=grant.reason,
+        )
+        return grant, list(replaced)
+
+    def revoke(self, name: str | None, job_id: str | None, reason: str) -> RevokeOutcome:
+        """Remove grants by name or job: their sockets close, their sessions end, their GPUs reset."""
+        removed = self._access.remove(name, job_id)
+        closed, clocks = self.close_granted(removed, reason=f"grant revoked: {reason}")
+        log.info("revoke", grants=[g.name for g in removed], reason=reason, closed_sessions=len(closed))
+        return RevokeOutcome(tuple(g.name for g in removed), tuple(clocks), tuple(closed))
+
+    def close_granted(self, grants: Sequence[Grant], *, reason: str) -> tuple[list[str], list[AppliedClock]]:
+        """Close every session whose authority came from these grants, and return their GPUs to default."""
+        sessions = self._sessions.of_grants({g.name for g in grants})
+        for session in sessions:
+            self._notify(session.gpu_indices, f"session closed: {reason}")
+            self._close(session, reason)
+        indices = sorted({i for g in grants for i in self._access.indices(g)})
+        free = [i for i in indices if self._sessions.holder(i) is None]
+        clocks = self._arbiter.set_session(free, None, None) if free else []
+        return [s.session_id for s in sessions], clocks
+
+    def issue_claim_ticket(self, grant: str) -> TicketView:
+        """A one-time ticket for the GPUs of ``grant``'s socket, to show on another socket of the job."""
+        ticket = self._access.issue_ticket(grant)
+        gpus = tuple(self._inventory.info(i) for i in self._access.indices(ticket.grant))
+        return TicketView(ticket.ticket, gpus, max(0.0, ticket.expires_s - self._clock()))
+
+
+def _fmt(indices: Sequence[int]) -> str:
+    return ", ".join(str(i) for i in indices)
+
+
+__all__ = ["Admin", "CloseSession", "Notify"]

@@ -1,0 +1,238 @@
+"""The status read model: what Status, ListSessions, ListGrants, GetDecisions and a metrics scrape see.
+
+It only reads — the backend's live readings, the arbiter's view of each GPU, the open sessions and their
+controllers, the grants — and answers with the frozen views of :mod:`eerld.daemon.views`. A failed GPU
+read shows as zero with a reason; a controller that raises shows no snapshot; neither fails the answer.
+The one thing it keeps is the decision history of the last closed sessions, which the daemon hands it when
+a session closes.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import structlog
+from eerl.control.base import Decision, PhaseSnapshot
+from eerl.phases import ControllerState, PhaseKind
+
+from eerld.access import Access
+from eerld.clocks.arbiter import ClockArbiter
+from eerld.daemon.inventory import Inventory
+from eerld.daemon.views import (
+    DaemonView,
+    DecisionView,
+    GpuStatusView,
+    GrantView,
+    PhaseStatusView,
+    SessionView,
+    StatusView,
+)
+from eerld.errors import GpuError, NotFound
+from eerld.gpu.base import ClockEventReasons, GpuBackend, GpuClocks, GpuUtilization
+from eerld.grants import Grant
+from eerld.sessions import Session, SessionRegistry
+
+log = structlog.get_logger("eerld.daemon")
+_T = TypeVar("_T")
+
+VERSION = "0.1.0"
+DEFAULT_DECISIONS_LIMIT = 1000
+CLOSED_SESSIONS_KEPT = 64
+
+
+class StatusReader:
+    """Builds the read-side views of one daemon from the state it shares with it (never changes it)."""
+
+    def __init__(
+        self,
+        backend: GpuBackend,
+        inventory: Inventory,
+        arbiter: ClockArbiter,
+        sessions: SessionRegistry,
+        access: Access,
+        *,
+        controller_name: str,
+        clock: Callable[[], float],
+        started_s: float,
+        mono_to_unix_s: float,
+    ) -> None:
+        self._backend = backend
+        self._inventory = inventory
+        self._arbiter = arbiter
+        self._sessions = sessions
+        self._access = access
+        self._controller_name = controller_name
+        self._clock = clock
+        self._started_s = started_s
+        self._mono_to_unix_s = mono_to_unix_s
+        self._closed_decisions: deque[tuple[str, tuple[Decision, ...]]] = deque(maxlen=CLOSED_SESSIONS_KEPT)
+
+    def record_closed(self, session: Session) -> None:
+        """Keep a closing session's decisions for GetDecisions (the newest sessions only)."""
+        try:
+            history = tuple(session.controller.decisions())
+        except Exception:
+            history = ()
+        self._closed_decisions.append((session.session_id, history))
+
+    def daemon_info(self) -> DaemonView:
+        """Version, backend, controller, mode and uptime."""
+        return DaemonView(
+            version=VERSION,
+            backend=self._backend.name,
+            controller=self._controller_name,
+            dry_run=self._arbiter.dry_run,
+            uptime_s=self._clock() - self._started_s,
+            hostname=socket.gethostname(),
+        )
+
+    def gpu_status(self) -> tuple[GpuStatusView, ...]:
+        """Every GPU of the node now (reads the backend; a failed read shows as zero and a reason)."""
+        return tuple(self._gpu_status(index) for index in self._inventory.indices)
+
+    def _gpu_status(self, index: int) -> GpuStatusView:
+        view = self._arbiter.view(index)
+        holder = self._sessions.holder(index)
+        problems: list[str] = []
+
+        def read(fn: Callable[[int], _T], default: _T) -> _T:
+            try:
+                return fn(index)
+            except GpuError as e:
+                problems.append(f"{type(e).__name__}: {e}")
+                return default
+
+        clocks: GpuClocks | None = read(self._backend.clocks, None)
+        util: GpuUtilization | None = read(self._backend.utilization, None)
+        reasons: ClockEventReasons | None = read(self._backend.clock_event_reasons, None)
+        power_w = read(self._backend.power_w, 0.0)
+        power_limit_w = read(self._backend.power_limit_w, 0.0)
+        energy_mj = float(read(self._backend.total_energy_mj, 0))
+        degraded = view.degraded_reason or (problems[0] if problems else "")  # after every read
+        return GpuStatusView(
+            info=self._inventory.info(index),
+            sm_clock_mhz=clocks.sm_clock_mhz if clocks is not None else 0,
+            mem_clock_mhz=clocks.mem_clock_mhz if clocks is not None else 0,
+            locked_sm_clock_mhz=view.locked_sm_clock_mhz,
+            would_lock_sm_clock_mhz=view.would_lock_sm_clock_mhz,
+            source=view.source,
+            session_id=holder.session_id if holder else None,
+            job_id=holder.spec.job_id if holder else None,
+            rank=holder.spec.rank if holder else None,
+            pin=view.pin,
+            power_w=power_w,
+            power_limit_w=power_limit_w,
+            energy_mj=energy_mj,
+            utilization_gpu_percent=util.gpu_percent if util is not None else 0,
+            degraded_reason=degraded,
+            clock_event_reasons=tuple(reasons.names()) if reasons is not None else (),
+        )
+
+    def sessions(self) -> tuple[SessionView, ...]:
+        """Every open session with its per-phase view."""
+        return tuple(self._session_view(s) for s in self._sessions.all())
+
+    def _session_view(self, session: Session) -> SessionView:
+        now_s = self._clock()
+        snaps = {s.kind: s for s in _snapshots(session)}
+        phases: list[PhaseStatusView] = []
+        for kind in session.kinds:
+            totals = session.totals[kind]
+            snap = snaps.get(kind)
+            last = session.last_decision.get(kind)
+            state = snap.state if snap else (last.state if last else ControllerState.OFF)
+            phases.append(
+                PhaseStatusView(
+                    kind=kind,
+                    state=state,
+                    sm_clock_mhz=snap.sm_clock_mhz if snap else (last.sm_clock_mhz if last else None),
+                    candidate_sm_clock_mhz=snap.candidate_sm_clock_mhz if snap else None,
+                    phases=totals.phases,
+                    energy_mj=totals.energy_mj,
+                    valid_tokens=totals.valid_tokens,
+                    tokens=totals.tokens,
+                    duration_s=totals.duration_s,
+                    energy_per_valid_token_j=totals.energy_per_valid_token_j(),
+                    throughput_tokens_per_s=totals.throughput_tokens_per_s(),
+                    estimated_savings_fraction=snap.estimated_savings_fraction if snap else 0.0,
+                    exploration_cost_mj=snap.exploration_cost_j * 1000.0 if snap else 0.0,
+                    predictor_error_fraction=snap.predictor_error_fraction if snap else 0.0,
+                )
+            )
+        active = session.active
+        return SessionView(
+            session_id=session.session_id,
+            job_id=session.spec.job_id,
+            rank=session.spec.rank,
+            world_size=session.spec.world_size,
+            gpu_indices=session.gpu_indices,
+            mode=session.spec.mode,
+            role=session.spec.role,
+            current_phase=active.kind if active else None,
+            iteration=session.last_iteration or 0,
+            phases=tuple(phases),
+            opened_at_unix_s=session.opened_at_unix_s,
+            attached=session.attached,
+            lease_remaining_s=session.lease_remaining_s(now_s),
+            throughput_threshold=session.throughput_threshold,
+            client_name=session.spec.client_name,
+            grant=session.grant,
+        )
+
+    def grants(self) -> tuple[GrantView, ...]:
+        """Every worker socket with its GPUs and open sessions."""
+        return tuple(self.grant_view(g) for g in self._access.all())
+
+    def grant_view(self, grant: Grant) -> GrantView:
+        """One worker socket: its grant, its GPUs on this node, how many sessions it has open."""
+        sessions = len(self._sessions.of_grants({grant.name}))
+        return GrantView(grant, tuple(self._inventory.info(i) for i in self._access.indices(grant)), sessions)
+
+    def status(self) -> StatusView:
+        """The whole node: daemon, GPUs, sessions, grants."""
+        return StatusView(self.daemon_info(), self.gpu_status(), self.sessions(), self.grants())
+
+    def decisions(
+        self,
+        session_id: str | None = None,
+        kind: PhaseKind | None = None,
+        limit: int = DEFAULT_DECISIONS_LIMIT,
+    ) -> tuple[DecisionView, ...]:
+        """Controller decisions, oldest first, the newest ``limit``; NotFound for an unknown session."""
+        histories: list[tuple[str, Sequence[Decision]]] = list(self._closed_decisions)
+        for session in self._sessions.all():
+            try:
+                histories.append((session.session_id, session.controller.decisions()))
+            except Exception:
+                log.exception("controller_error", session_id=_short(session.session_id))
+        if session_id is not None:
+            histories = [h for h in histories if h[0] == session_id]
+            if not histories:
+                raise NotFound("session_id: no session with this id")
+        views = [
+            DecisionView(sid, d, d.time_s + self._mono_to_unix_s)
+            for sid, history in histories
+            for d in history
+            if kind is None or d.kind == kind
+        ]
+        views.sort(key=lambda v: v.timestamp_unix_s)
+        return tuple(views[-limit:]) if limit > 0 else ()
+
+
+def _snapshots(session: Session) -> Sequence[PhaseSnapshot]:
+    try:
+        return session.controller.snapshot()
+    except Exception:
+        log.exception("controller_error", session_id=_short(session.session_id))
+        return ()
+
+
+def _short(session_id: str) -> str:
+    """A log-safe prefix of a session token (the full token is a credential)."""
+    return session_id[:8]
+
+
+__all__ = ["CLOSED_SESSIONS_KEPT", "DEFAULT_DECISIONS_LIMIT", "VERSION", "StatusReader"]

@@ -1,0 +1,255 @@
+"""The daemon's answers: frozen views for the admin RPCs, metrics and eerlctl, and the events it publishes.
+
+Every type here is plain data built by :mod:`eerld.daemon.core`, :mod:`eerld.daemon.admin` or
+:mod:`eerld.daemon.status`; none holds a reference back into the daemon, so a view can be encoded, logged
+or kept after the state it describes has changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from eerl.control.base import Decision
+from eerl.phases import ControllerState, ExecutionMode, GpuRole, PhaseKind
+
+from eerld.clocks.arbiter import AppliedClock, ClockSource
+from eerld.clocks.pins import Pin
+from eerld.grants import SHARED_NAME, Grant
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfoView:
+    """Static facts about a GPU."""
+
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    min_sm_clock_mhz: int
+    max_sm_clock_mhz: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuStatusView:
+    """Everything an admin (or a metrics scrape) wants to know about one GPU now."""
+
+    info: GpuInfoView
+    sm_clock_mhz: int
+    mem_clock_mhz: int
+    locked_sm_clock_mhz: int | None
+    would_lock_sm_clock_mhz: int | None
+    source: ClockSource
+    session_id: str | None
+    job_id: str | None
+    rank: int | None
+    pin: Pin | None
+    power_w: float
+    power_limit_w: float
+    energy_mj: float
+    utilization_gpu_percent: int
+    degraded_reason: str
+    clock_event_reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseStatusView:
+    """A session's view of one phase kind: the controller's state and the metered totals."""
+
+    kind: PhaseKind
+    state: ControllerState
+    sm_clock_mhz: int | None
+    candidate_sm_clock_mhz: int | None
+    phases: int
+    energy_mj: float
+    valid_tokens: int
+    tokens: int
+    duration_s: float
+    energy_per_valid_token_j: float
+    throughput_tokens_per_s: float
+    estimated_savings_fraction: float
+    exploration_cost_mj: float
+    predictor_error_fraction: float
+
+
+@dataclass(frozen=True, slots=True)
+class SessionView:
+    """One open session."""
+
+    session_id: str
+    job_id: str
+    rank: int
+    world_size: int
+    gpu_indices: tuple[int, ...]
+    mode: ExecutionMode
+    role: GpuRole
+    current_phase: PhaseKind | None
+    iteration: int
+    phases: tuple[PhaseStatusView, ...]
+    opened_at_unix_s: float
+    attached: bool
+    lease_remaining_s: float
+    throughput_threshold: float
+    client_name: str
+    grant: str = SHARED_NAME
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonView:
+    """The daemon itself."""
+
+    version: str
+    backend: str
+    controller: str
+    dry_run: bool
+    uptime_s: float
+    hostname: str
+
+
+@dataclass(frozen=True, slots=True)
+class GrantView:
+    """One worker socket: its grant, the GPUs it covers on this node and its open sessions."""
+
+    grant: Grant
+    gpus: tuple[GpuInfoView, ...]
+    sessions: int
+
+
+@dataclass(frozen=True, slots=True)
+class StatusView:
+    """The answer to Status."""
+
+    daemon: DaemonView
+    gpus: tuple[GpuStatusView, ...]
+    sessions: tuple[SessionView, ...]
+    grants: tuple[GrantView, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GrantOutcome:
+    """The answer to Grant."""
+
+    grant: GrantView
+    revoked: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RevokeOutcome:
+    """The answer to Revoke."""
+
+    revoked: tuple[str, ...]
+    clocks: tuple[AppliedClock, ...]
+    closed_session_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TicketView:
+    """The answer to IssueClaimTicket."""
+
+    ticket: str
+    gpus: tuple[GpuInfoView, ...]
+    expires_in_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionView:
+    """One controller decision with its session and wall-clock time."""
+
+    session_id: str
+    decision: Decision
+    timestamp_unix_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class OpenedSession:
+    """The answer to OpenSession."""
+
+    session_id: str
+    lease_ttl_s: float
+    gpus: tuple[GpuInfoView, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BeganPhase:
+    """The answer to BeginPhase: the clocks read back after the decision was applied."""
+
+    clocks: tuple[AppliedClock, ...]
+    state: ControllerState
+    target_sm_clock_mhz: int | None
+    resynced: bool = False
+    """A phase that never ended was abandoned unmetered to begin this one."""
+
+
+@dataclass(frozen=True, slots=True)
+class EndedPhase:
+    """The answer to EndPhase: what the phase cost."""
+
+    duration_s: float
+    energy_mj: float
+    mean_power_w: float
+    state: ControllerState
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedSession:
+    """The answer to CloseSession: the session's totals."""
+
+    energy_mj: float
+    valid_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResetOutcome:
+    """The answer to ResetAll."""
+
+    clocks: tuple[AppliedClock, ...]
+    closed_session_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseRecord:
+    """A metered phase, published to the daemon's phase subscribers (metrics)."""
+
+    session_id: str
+    job_id: str
+    rank: int
+    kind: PhaseKind
+    iteration: int
+    duration_s: float
+    energy_mj: float
+    tokens: int
+    valid_tokens: int
+    sm_clock_mhz: int | None
+    gpu_indices: tuple[int, ...]
+    state: ControllerState
+
+
+RpcObserver = Callable[[str, str, float], None]
+"""Called after every RPC with (method, status code name, duration_s)."""
+PhaseObserver = Callable[[PhaseRecord], None]
+"""Called after every metered phase."""
+Unsubscribe = Callable[[], None]
+"""Ends a subscription (:meth:`eerld.daemon.Daemon.subscribe`); idempotent."""
+
+__all__ = [
+    "BeganPhase",
+    "ClosedSession",
+    "DaemonView",
+    "DecisionView",
+    "EndedPhase",
+    "GpuInfoView",
+    "GpuStatusView",
+    "GrantOutcome",
+    "GrantView",
+    "OpenedSession",
+    "PhaseObserver",
+    "PhaseRecord",
+    "PhaseStatusView",
+    "ResetOutcome",
+    "RevokeOutcome",
+    "RpcObserver",
+    "SessionView",
+    "StatusView",
+    "TicketView",
+    "Unsubscribe",
+]

@@ -1,0 +1,123 @@
+"""The eerld daemon as a metrics source: its Status view converted to a snapshot, its events subscribed.
+
+:class:`DaemonMetricsSource` reads one ``status()`` per scrape; :func:`subscribe` feeds the daemon's RPC
+and phase events (:meth:`eerld.daemon.Daemon.subscribe`) into the in-process metrics. Both take the daemon
+as :class:`MetricsDaemon`, the two methods they read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from eerld.daemon.views import PhaseObserver, PhaseRecord, RpcObserver, StatusView, Unsubscribe
+from eerld.metrics.collector import (
+    DaemonSample,
+    EerlMetrics,
+    GpuSample,
+    MetricsSnapshot,
+    PhaseSample,
+    SessionSample,
+)
+
+__all__ = ["DaemonMetricsSource", "MetricsDaemon", "snapshot_from_status", "subscribe"]
+
+_PHASE_EVENT_RPCS = {"BeginPhase": "begin", "EndPhase": "end"}
+
+
+class MetricsDaemon(Protocol):
+    """What the metrics read from the daemon (:class:`eerld.daemon.Daemon` is one): its status, and its
+    RPC and phase events through a subscription."""
+
+    def status(self) -> StatusView:
+        """The whole node now."""
+        ...
+
+    def subscribe(
+        self, *, on_rpc: RpcObserver | None = None, on_phase: PhaseObserver | None = None
+    ) -> Unsubscribe:
+        """Call the observers after every RPC and every metered phase until unsubscribed."""
+        ...
+
+
+class DaemonMetricsSource:
+    """The eerld daemon seen through :class:`MetricsSource` (one ``status()`` per scrape)."""
+
+    def __init__(self, daemon: MetricsDaemon, *, wall_clock: Callable[[], float] = time.time) -> None:
+        self.daemon = daemon
+        self._wall = wall_clock
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        """One ``Daemon.status()`` call, converted."""
+        return snapshot_from_status(self.daemon.status(), now_unix_s=self._wall())
+
+
+def snapshot_from_status(status: StatusView, *, now_unix_s: float) -> MetricsSnapshot:
+    """Convert the daemon's Status view (pure; ``now_unix_s`` turns uptime into a start time)."""
+    d = status.daemon
+    daemon = DaemonSample(
+        version=d.version,
+        backend=d.backend,
+        controller=d.controller,
+        dry_run=d.dry_run,
+        hostname=d.hostname,
+        started_at_unix_s=float(round(now_unix_s - d.uptime_s)),
+    )
+    gpus = tuple(
+        GpuSample(
+            index=g.info.index,
+            uuid=g.info.uuid,
+            name=g.info.name,
+            pci_bus_id=g.info.pci_bus_id,
+            energy_j=g.energy_mj / 1000.0,
+            power_w=g.power_w,
+            power_limit_w=g.power_limit_w,
+            sm_clock_mhz=g.sm_clock_mhz,
+            locked_sm_clock_mhz=g.locked_sm_clock_mhz,
+            admin_pinned=g.pin is not None,
+            degraded_reason=g.degraded_reason,
+        )
+        for g in status.gpus
+    )
+    sessions = tuple(
+        SessionSample(
+            job_id=s.job_id,
+            rank=s.rank,
+            gpu_indices=tuple(s.gpu_indices),
+            mode=s.mode.value,
+            phases=tuple(
+                PhaseSample(
+                    kind=p.kind,
+                    state=p.state,
+                    sm_clock_mhz=p.sm_clock_mhz,
+                    phases=p.phases,
+                    energy_j=p.energy_mj / 1000.0,
+                    valid_tokens=p.valid_tokens,
+                    energy_per_valid_token_j=p.energy_per_valid_token_j,
+                    throughput_tokens_per_s=p.throughput_tokens_per_s,
+                    estimated_savings_fraction=p.estimated_savings_fraction,
+                    exploration_cost_j=p.exploration_cost_mj / 1000.0,
+                    predictor_error_fraction=p.predictor_error_fraction,
+                )
+                for p in s.phases
+            ),
+        )
+        for s in status.sessions
+    )
+    return MetricsSnapshot(daemon=daemon, gpus=gpus, sessions=sessions)
+
+
+def subscribe(daemon: MetricsDaemon, metrics: EerlMetrics) -> Unsubscribe:
+    """Feed the daemon's RPC and phase events into ``metrics``; returns what ends the subscription."""
+
+    def on_rpc(method: str, code: str, duration_s: float) -> None:
+        metrics.observe_rpc(method, code, duration_s)
+        event = _PHASE_EVENT_RPCS.get(method)
+        if event is not None and code == "OK":
+            metrics.observe_phase_event(event, duration_s)
+
+    def on_phase(record: PhaseRecord) -> None:
+        metrics.observe_phase(record.kind, record.energy_mj / 1000.0, record.valid_tokens, record.duration_s)
+
+    return daemon.subscribe(on_rpc=on_rpc, on_phase=on_phase)
