@@ -19,6 +19,7 @@ from eerl.control.registry import controller_factory
 
 from eerld.config import Config
 from eerld.daemon import Daemon
+from eerld.daemon.jobmode import JobPolicy
 from eerld.errors import ConfigError
 from eerld.gpu.base import GpuBackend
 from eerld.gpu.energy_sampler import SampledEnergyBackend
@@ -119,6 +120,12 @@ def build(
             socket_path=config.socket_path,
             grant_dir=config.grant_dir,
             gpu_socket_dir=config.gpu_socket_dir,
+            job_policy=JobPolicy(
+                allowed=config.job_mode == "allow",
+                clock_floor_mhz=config.job_clock_floor_mhz,
+                max_trials=config.job_max_trials,
+                trial_window_s=config.job_trial_window_s,
+            ),
             clock=clock,
             wall_clock=wall_clock,
             phase_clock=phases,

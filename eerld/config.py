@@ -37,6 +37,9 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
 BACKENDS = ("nvml", "sim")
 LOG_FORMATS = ("json", "console")
 CLOCK_ACTUATORS = ("lock", "application")
+JOB_MODES = ("allow", "deny")
+DEFAULT_JOB_MAX_TRIALS = 64
+DEFAULT_JOB_TRIAL_WINDOW_S = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +89,13 @@ class Config:
     max_clock_changes_per_s: float = DEFAULT_MAX_CHANGES_PER_S
     """Per-GPU limit on session-driven clock changes (token bucket, burst 20); 0 disables it."""
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    job_mode: str = "allow"
+    """``allow``: sessions may open in job mode (their clocks from a job-level controller), or ``deny``."""
+    job_clock_floor_mhz: int | None = None
+    """No job directive may ask for a clock below this (None: ``auto``, 40 % of the session's top clock)."""
+    job_max_trials: int = DEFAULT_JOB_MAX_TRIALS
+    """Trial directives a job-mode session may have accepted per ``job_trial_window_s``."""
+    job_trial_window_s: float = DEFAULT_JOB_TRIAL_WINDOW_S
     grace_s: float = 5.0
     max_workers: int = 128
     debug: bool = False
@@ -148,6 +158,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--clock-actuator",
         help="lock (default: SM clock locks) or application (application clocks, where locks do not work)",
+    )
+    p.add_argument("--job-mode", help="allow (default) or deny sessions in job mode (multi-node control)")
+    p.add_argument(
+        "--job-clock-floor-mhz",
+        help="lowest clock a job directive may ask for, MHz, or auto (default: 40%% of the top clock)",
+    )
+    p.add_argument(
+        "--job-max-trials",
+        help=f"trial directives a job-mode session may have per window (default {DEFAULT_JOB_MAX_TRIALS})",
+    )
+    p.add_argument(
+        "--job-trial-window-s",
+        help=f"the trial budget's window, seconds (default {DEFAULT_JOB_TRIAL_WINDOW_S:g})",
     )
     p.add_argument("--dry-run", action="store_true", default=None, help="decide and meter, never lock")
     p.add_argument("--reset-clocks", action="store_true", default=None, help="reset every GPU, then exit")
@@ -249,6 +272,10 @@ _FILE_KEYS = {
     "log_format": "log_format",
     "grace_s": "grace_s",
     "max_message_bytes": "max_message_bytes",
+    "job_mode": "job_mode",
+    "job_clock_floor_mhz": "job_clock_floor_mhz",
+    "job_max_trials": "job_max_trials",
+    "job_trial_window_s": "job_trial_window_s",
 }
 
 
@@ -393,6 +420,23 @@ def validate(values: Mapping[str, Any]) -> Config:
     if values.get("max_message_bytes") is not None:
         out["max_message_bytes"] = _int(
             values["max_message_bytes"], "max_message_bytes", minimum=1024, maximum=64 * 1024 * 1024
+        )
+    job_mode = text("job_mode", "--job-mode")
+    if job_mode is not None:
+        if job_mode not in JOB_MODES:
+            raise ConfigError(f"--job-mode: expected allow or deny, got {job_mode!r}")
+        out["job_mode"] = job_mode
+    floor = values.get("job_clock_floor_mhz")
+    if floor is not None:
+        if isinstance(floor, str) and floor.strip() == "auto":
+            out["job_clock_floor_mhz"] = None
+        else:
+            out["job_clock_floor_mhz"] = _int(floor, "--job-clock-floor-mhz", minimum=0, maximum=10_000)
+    if values.get("job_max_trials") is not None:
+        out["job_max_trials"] = _int(values["job_max_trials"], "--job-max-trials", minimum=0, maximum=100_000)
+    if values.get("job_trial_window_s") is not None:
+        out["job_trial_window_s"] = _float(
+            values["job_trial_window_s"], "--job-trial-window-s", minimum=1.0, maximum=7 * 86400.0
         )
     for name, flag in (("dry_run", "--dry-run"), ("reset_clocks", "--reset-clocks"), ("debug", "--debug")):
         value = values.get(name)

@@ -122,7 +122,23 @@ def session_dict(session: eerl_pb2.SessionInfo) -> JsonDict:
         "opened_at_unix_s": session.opened_at_unix_s,
         "throughput_threshold": session.throughput_threshold,
         "grant": session.grant or "shared",
+        "job_mode": _job_mode_dict(session.job_mode) if session.job_mode.enabled else None,
         "phases": [_phase_dict(p) for p in session.phases],
+    }
+
+
+def _job_mode_dict(job_mode: eerl_pb2.JobMode) -> JsonDict:
+    return {"incarnation": job_mode.incarnation, "node_rank": job_mode.node_rank}
+
+
+def _directive_dict(directive: eerl_pb2.Directive) -> JsonDict:
+    return {
+        "incarnation": directive.incarnation,
+        "epoch": directive.epoch,
+        "iteration": directive.iteration,
+        "kind": _enum_name(eerl_pb2.PhaseKind, directive.kind, "PHASE_KIND_"),
+        "sm_clock_mhz": _mhz_or_none(directive.sm_clock_mhz),
+        "purpose": _enum_name(eerl_pb2.DirectivePurpose, directive.purpose, "DIRECTIVE_PURPOSE_"),
     }
 
 
@@ -203,7 +219,7 @@ def clocks_dict(clocks: Sequence[eerl_pb2.GpuClock]) -> JsonDict:
 
 
 def decision_dict(decision: eerl_pb2.Decision) -> JsonDict:
-    """One controller decision."""
+    """One controller decision; a job-mode phase's carries its ``directive`` and the ``verdict`` on it."""
     return {
         "session_id": decision.session_id,
         "kind": _enum_name(eerl_pb2.PhaseKind, decision.kind, "PHASE_KIND_"),
@@ -214,6 +230,8 @@ def decision_dict(decision: eerl_pb2.Decision) -> JsonDict:
         "reason": decision.reason,
         "throughput_ratio": decision.throughput_ratio or None,
         "energy_ratio": decision.energy_ratio or None,
+        "verdict": _enum_name(eerl_pb2.DirectiveVerdict, decision.verdict, "DIRECTIVE_VERDICT_"),
+        "directive": _directive_dict(decision.directive) if decision.HasField("directive") else None,
     }
 
 
@@ -281,9 +299,11 @@ def _locked(gpu: Mapping[str, Any]) -> str:
 
 
 def sessions_table(sessions: Sequence[Mapping[str, Any]]) -> str:
-    """One line per session and phase kind: clock, controller state and savings so far."""
+    """One line per session and phase kind: clock, controller state and savings so far; with a JOB MODE
+    column (incarnation and node rank) when a session is in job mode."""
     if not sessions:
         return "No open sessions."
+    job_mode = any(s.get("job_mode") for s in sessions)
     rows = []
     for s in sessions:
         gpus = ",".join(str(i) for i in s["gpu_indices"])
@@ -303,8 +323,27 @@ def sessions_table(sessions: Sequence[Mapping[str, Any]]) -> str:
                     f"{p['energy_per_valid_token_j']:.4g} J" if p and p["energy_per_valid_token_j"] else "-",
                 ]
             )
+            if job_mode:
+                rows[-1].append(_job_mode_text(s.get("job_mode")))
     headers = ["SESSION", "JOB", "RANK", "GPUS", "NOW", "PHASE", "CLOCK", "STATE", "SAVINGS", "J/TOKEN"]
-    return render_table(headers, rows)
+    return render_table([*headers, "JOB MODE"] if job_mode else headers, rows)
+
+
+def _job_mode_text(job_mode: Mapping[str, Any] | None) -> str:
+    if not job_mode:
+        return "-"
+    return f"incarnation {job_mode['incarnation']}, node {job_mode['node_rank']}"
+
+
+def _directive_text(d: Mapping[str, Any]) -> str:
+    """``off_grid: trial 1501 MHz e3`` for a job-mode decision, ``-`` for the daemon's own."""
+    if d.get("verdict") is None:
+        return "-"
+    directive = d.get("directive")
+    if directive is None:
+        return str(d["verdict"])
+    clock = "default" if directive["sm_clock_mhz"] is None else f"{directive['sm_clock_mhz']} MHz"
+    return f"{d['verdict']}: {directive['purpose'] or '?'} {clock} e{directive['epoch']}"
 
 
 def status_text(status: Mapping[str, Any], now_unix_s: float) -> str:
@@ -410,9 +449,11 @@ def grants_table(grants: Sequence[Mapping[str, Any]], now_unix_s: float) -> str:
 
 
 def decisions_table(decisions: Sequence[Mapping[str, Any]]) -> str:
-    """The controller's history, oldest first."""
+    """The controller's history, oldest first; with a DIRECTIVE column (the verdict on a job-mode phase's
+    directive) when any decision is of a job-mode phase."""
     if not decisions:
         return "No decisions."
+    job_mode = any(d.get("verdict") for d in decisions)
     rows = [
         [
             dt.datetime.fromtimestamp(d["timestamp_unix_s"], tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -423,9 +464,10 @@ def decisions_table(decisions: Sequence[Mapping[str, Any]]) -> str:
             _clock(d["sm_clock_mhz"]),
             "-" if d["throughput_ratio"] is None else f"{d['throughput_ratio']:.3f}",
             "-" if d["energy_ratio"] is None else f"{d['energy_ratio']:.3f}",
+            *([_directive_text(d)] if job_mode else []),
             d["reason"],
         ]
         for d in decisions
     ]
-    headers = ["TIME", "SESSION", "PHASE", "ITER", "STATE", "CLOCK", "THRU", "ENERGY", "REASON"]
-    return render_table(headers, rows)
+    headers = ["TIME", "SESSION", "PHASE", "ITER", "STATE", "CLOCK", "THRU", "ENERGY"]
+    return render_table([*headers, *(["DIRECTIVE"] if job_mode else []), "REASON"], rows)

@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from eerl.control.base import Controller, Decision
+from eerl.directives import DirectiveVerdict
 from eerl.phases import ExecutionMode, GpuRole, PhaseKind
 
 from eerld.energy import CounterReading
@@ -32,6 +33,15 @@ class GpuSelector:
 
 
 @dataclass(frozen=True, slots=True)
+class JobModeSpec:
+    """What a job-mode session is opened with (multi-node control; :mod:`eerld.daemon.jobmode`)."""
+
+    incarnation: int
+    """The job-level controller's incarnation; an older one than the newest seen for the job is refused."""
+    node_rank: int
+
+
+@dataclass(frozen=True, slots=True)
 class SessionSpec:
     """A validated OpenSession request."""
 
@@ -48,6 +58,8 @@ class SessionSpec:
     client_name: str = ""
     claim_tickets: tuple[str, ...] = ()
     """Tickets from other worker sockets, each adding that socket's GPUs to the session's authority."""
+    job: JobModeSpec | None = None
+    """Job mode: clocks come from the job-level controller's directives; None: the daemon's controller."""
 
 
 @dataclass(slots=True)
@@ -58,6 +70,10 @@ class ActivePhase:
     iteration: int
     sm_clock_mhz: int | None
     begin: CounterReading
+    verdict: DirectiveVerdict = DirectiveVerdict.NOT_JOB_MODE
+    """The verdict on the phase's directive (job mode), NOT_JOB_MODE otherwise."""
+    applied_epoch: int = 0
+    """Job mode: the plan epoch of the clock applied (0: the default governor)."""
 
 
 @dataclass(slots=True)

@@ -43,6 +43,8 @@ class FakeGpu:
     busy: bool = True
     lock_calls: int = 0
     reset_calls: int = 0
+    lock_history: list[int] = field(default_factory=list)
+    """Every SM clock a lock (or application clocks) was asked for, in order, supported or not."""
     failures: dict[str, GpuError] = field(default_factory=dict)
 
 
@@ -101,6 +103,11 @@ class FakeGpuBackend:
         """SM clock locks in force, by index (what an outside observer would see)."""
         with self._lock:
             return {g.identity.index: g.locked_sm_mhz for g in self.gpus if g.locked_sm_mhz is not None}
+
+    def lock_history(self, index: int) -> list[int]:
+        """Every SM clock GPU ``index`` was asked to lock to (or set as application clock), in order."""
+        with self._lock:
+            return list(self.gpus[index].lock_history)
 
     def lock_calls(self) -> int:
         """Total lock and application-clock calls (to check that dry-run never locks)."""
@@ -187,6 +194,7 @@ class FakeGpuBackend:
         self._maybe_hang(index)
         with self._lock:
             gpu = self._gpu(index, "lock_sm_clock")
+            gpu.lock_history.append(sm_clock_mhz)
             if sm_clock_mhz not in FAKE_SM_CLOCKS_MHZ:
                 raise InvalidArgument(f"{sm_clock_mhz} MHz not supported", gpu_index=index)
             gpu.locked_sm_mhz = sm_clock_mhz
@@ -217,6 +225,7 @@ class FakeGpuBackend:
         """The fallback actuator."""
         with self._lock:
             gpu = self._gpu(index, "set_application_clocks")
+            gpu.lock_history.append(sm_clock_mhz)
             gpu.app_sm_mhz = sm_clock_mhz
             gpu.lock_calls += 1
 

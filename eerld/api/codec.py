@@ -16,10 +16,14 @@ from eerl._pb_enums import (
     KIND_TO_PB,
     MODE_FROM_PB,
     MODE_TO_PB,
+    PURPOSE_FROM_PB,
+    PURPOSE_TO_PB,
     ROLE_FROM_PB,
     ROLE_TO_PB,
     STATE_TO_PB,
+    VERDICT_TO_PB,
 )
+from eerl.directives import DirectiveVerdict
 from eerl.phases import ControllerState, ExecutionMode, GpuRole, PhaseKind, Workload
 from eerl.v1 import eerl_pb2 as pb
 
@@ -34,9 +38,10 @@ from eerld.daemon import (
     PhaseStatusView,
     SessionView,
 )
+from eerld.daemon.jobmode import ReceivedDirective
 from eerld.errors import ValidationError
 from eerld.grants import MAX_UNIX_ID, NAME_RULE, GrantSpec, is_grant_name
-from eerld.sessions import GpuSelector, SessionSpec
+from eerld.sessions import GpuSelector, JobModeSpec, SessionSpec
 
 MAX_SESSION_ID_CHARS = 128
 MAX_TEXT_CHARS = 256
@@ -52,6 +57,9 @@ MAX_PIN_DURATION_S = 366 * 24 * 3600.0
 MAX_CLOCK_MHZ = 10_000
 MAX_DECISIONS_LIMIT = 100_000
 MAX_GRANT_DURATION_S = 366 * 24 * 3600.0
+MAX_INCARNATION = 2**63 - 1
+MAX_EPOCH = 2**63 - 1
+MAX_NODE_RANK = 10**6
 
 _TOKEN = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -206,6 +214,12 @@ def open_session(req: pb.OpenSessionRequest) -> SessionSpec:
     ttl = req.lease_ttl_s
     if ttl != 0.0:
         _finite(ttl, "lease_ttl_s", MIN_LEASE_TTL_S, MAX_LEASE_TTL_S)
+    job = None
+    if req.HasField("job_mode") and req.job_mode.enabled:
+        job = JobModeSpec(
+            incarnation=_bounded(req.job_mode.incarnation, "job_mode.incarnation", MAX_INCARNATION),
+            node_rank=_bounded(req.job_mode.node_rank, "job_mode.node_rank", MAX_NODE_RANK),
+        )
     return SessionSpec(
         job_id=job_id,
         rank=req.rank,
@@ -217,13 +231,37 @@ def open_session(req: pb.OpenSessionRequest) -> SessionSpec:
         lease_ttl_s=ttl or None,
         client_name=_text(req.client_name, "client_name", MAX_TEXT_CHARS),
         claim_tickets=tickets,
+        job=job,
     )
 
 
-def begin_phase(req: pb.BeginPhaseRequest) -> tuple[str, PhaseKind, int, Workload | None]:
-    """BeginPhaseRequest → (session, kind, iteration, hints)."""
+def _bounded(value: int, field: str, maximum: int) -> int:
+    if value > maximum:
+        raise ValidationError(field, f"{value} is out of range (at most {maximum})")
+    return value
+
+
+def directive(msg: pb.Directive, field: str = "directive") -> ReceivedDirective:
+    """A directive as received: an unknown kind or purpose is kept as None for the daemon's verdict
+    (WRONG_PHASE, BAD_PURPOSE), not refused here; only absurd numbers are."""
+    kind = KIND_FROM_PB.get(msg.kind)
+    return ReceivedDirective(
+        incarnation=_bounded(msg.incarnation, f"{field}.incarnation", MAX_INCARNATION),
+        epoch=_bounded(msg.epoch, f"{field}.epoch", MAX_EPOCH),
+        iteration=iteration(msg.iteration, f"{field}.iteration"),
+        kind=kind,
+        sm_clock_mhz=msg.sm_clock_mhz or None,
+        purpose=PURPOSE_FROM_PB.get(msg.purpose),
+    )
+
+
+def begin_phase(
+    req: pb.BeginPhaseRequest,
+) -> tuple[str, PhaseKind, int, Workload | None, ReceivedDirective | None]:
+    """BeginPhaseRequest → (session, kind, iteration, hints, directive)."""
     hints = workload(req.hints, "hints") if req.HasField("hints") else None
-    return session_id(req.session_id), phase_kind(req.kind), iteration(req.iteration), hints
+    received = directive(req.directive) if req.HasField("directive") else None
+    return session_id(req.session_id), phase_kind(req.kind), iteration(req.iteration), hints, received
 
 
 def end_phase(req: pb.EndPhaseRequest) -> tuple[str, PhaseKind, int, Workload]:
@@ -352,6 +390,7 @@ def gpu_info_out(info: GpuInfoView) -> pb.GpuInfo:
         pci_bus_id=info.pci_bus_id,
         min_sm_clock_mhz=info.min_sm_clock_mhz,
         max_sm_clock_mhz=info.max_sm_clock_mhz,
+        supported_sm_clocks_mhz=list(info.supported_sm_clocks_mhz),
     )
 
 
@@ -408,9 +447,26 @@ def _phase_status_out(p: PhaseStatusView) -> pb.PhaseStatus:
     )
 
 
+def verdict_out(verdict: DirectiveVerdict | None) -> pb.DirectiveVerdict.ValueType:
+    """Domain verdict → proto enum (None: UNSPECIFIED)."""
+    return VERDICT_TO_PB[verdict] if verdict is not None else pb.DIRECTIVE_VERDICT_UNSPECIFIED
+
+
+def directive_out(d: ReceivedDirective) -> pb.Directive:
+    """Received directive → Directive (an unknown kind or purpose as UNSPECIFIED)."""
+    return pb.Directive(
+        incarnation=d.incarnation,
+        epoch=d.epoch,
+        iteration=d.iteration,
+        kind=kind_out(d.kind),
+        sm_clock_mhz=d.sm_clock_mhz or 0,
+        purpose=PURPOSE_TO_PB[d.purpose] if d.purpose is not None else pb.DIRECTIVE_PURPOSE_UNSPECIFIED,
+    )
+
+
 def session_out(s: SessionView) -> pb.SessionInfo:
     """Session view → SessionInfo."""
-    return pb.SessionInfo(
+    msg = pb.SessionInfo(
         session_id=s.session_id,
         job_id=s.job_id,
         rank=s.rank,
@@ -427,6 +483,11 @@ def session_out(s: SessionView) -> pb.SessionInfo:
         throughput_threshold=s.throughput_threshold,
         grant=s.grant,
     )
+    if s.job is not None:
+        msg.job_mode.CopyFrom(
+            pb.JobMode(enabled=True, incarnation=s.job.incarnation, node_rank=s.job.node_rank)
+        )
+    return msg
 
 
 def grant_out(v: GrantView) -> pb.GrantInfo:
@@ -465,7 +526,7 @@ def daemon_out(d: DaemonView) -> pb.DaemonInfo:
 def decision_out(v: DecisionView) -> pb.Decision:
     """Decision view → Decision."""
     d = v.decision
-    return pb.Decision(
+    msg = pb.Decision(
         session_id=v.session_id,
         kind=kind_out(d.kind),
         iteration=d.iteration,
@@ -475,4 +536,8 @@ def decision_out(v: DecisionView) -> pb.Decision:
         reason=d.reason,
         throughput_ratio=d.throughput_ratio or 0.0,
         energy_ratio=d.energy_ratio or 0.0,
+        verdict=verdict_out(v.verdict),
     )
+    if v.directive is not None:
+        msg.directive.CopyFrom(directive_out(v.directive))
+    return msg

@@ -61,6 +61,9 @@ class PhaseServicer(pb_grpc.PhaseServiceServicer):
             state=codec.state_out(began.state),
             target_sm_clock_mhz=began.target_sm_clock_mhz or 0,
             resynced=began.resynced,
+            verdict=codec.verdict_out(began.verdict),
+            verdict_detail=began.verdict_detail,
+            applied_epoch=began.applied_epoch,
         )
 
     def EndPhase(self, request: pb.EndPhaseRequest, context: grpc.ServicerContext) -> pb.EndPhaseResponse:
@@ -70,6 +73,10 @@ class PhaseServicer(pb_grpc.PhaseServiceServicer):
             energy_mj=ended.energy_mj,
             mean_power_w=ended.mean_power_w,
             state=codec.state_out(ended.state),
+            sm_clock_mhz=ended.sm_clock_mhz or 0,
+            applied_epoch=ended.applied_epoch,
+            verdict=codec.verdict_out(ended.verdict),
+            gpus=ended.gpus,
         )
 
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatResponse:

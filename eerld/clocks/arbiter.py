@@ -419,6 +419,26 @@ class ClockArbiter:
         )
         return True
 
+    def would_rate_limit(self, indices: Sequence[int], sm_clock_mhz: int | None) -> list[int]:
+        """The GPUs among ``indices`` on which a session's wish for ``sm_clock_mhz`` would be skipped by the
+        rate limit now (nothing taken): the rule of :meth:`_rate_limited`, asked before the change.
+
+        Never a GPU that a pin holds (the wish changes nothing there), a degraded one (retried regardless),
+        one that holds that clock already, a change to the default governor, or any in dry-run.
+        """
+        if self._dry_run or sm_clock_mhz is None:
+            return []
+        now = self._clock()
+        limited: list[int] = []
+        for index in indices:
+            slot = self._slots[index]
+            with slot.lock:
+                if slot.pin is not None or slot.degraded_reason or slot.applied_sm_mhz == sm_clock_mhz:
+                    continue
+            if not self._limiter.available(index, now):
+                limited.append(index)
+        return limited
+
     def over_rate(self, indices: Sequence[int]) -> list[int]:
         """The GPUs among ``indices`` whose clock-change budget is spent now (a pin would be refused)."""
         now = self._clock()

@@ -7,6 +7,7 @@ One module per job:
 - :mod:`~eerld.daemon.admin`: pins, resets and grants (what the admin socket changes);
 - :mod:`~eerld.daemon.status`: the read model behind Status, ListSessions, GetDecisions and metrics;
 - :mod:`~eerld.daemon.inventory`: the node's GPUs, selectors → indices, supported clocks per GPU;
+- :mod:`~eerld.daemon.jobmode`: job mode — the checks on a job-level controller's directives, the fallback;
 - :mod:`~eerld.daemon.views`: the frozen answers and the events it publishes.
 
 Nothing here imports gRPC (:mod:`eerld.api` serves it) or builds a backend (:mod:`eerld.app` does).
@@ -18,6 +19,8 @@ from eerld.daemon.views import (
     ClosedSession,
     DaemonView,
     DecisionView,
+    DirectiveObserver,
+    DirectiveRecord,
     EndedPhase,
     GpuInfoView,
     GpuStatusView,
@@ -43,6 +46,8 @@ __all__ = [
     "Daemon",
     "DaemonView",
     "DecisionView",
+    "DirectiveObserver",
+    "DirectiveRecord",
     "EndedPhase",
     "GpuInfoView",
     "GpuStatusView",

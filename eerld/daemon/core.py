@@ -16,6 +16,7 @@ under ``--dry-run``) are applied by the composition root, :mod:`eerld.app`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import queue
 import threading
 import time
@@ -26,6 +27,8 @@ from typing import TypeVar
 import structlog
 from eerl.control.base import ControllerFactory, ControllerSettings, Decision, PhaseObservation
 from eerl.control.clocks import nearest_supported_mhz
+from eerl.control.simple import create_off_controller
+from eerl.directives import DirectiveVerdict
 from eerl.errors import ValidationError as ControllerSettingsError
 from eerl.phases import ControllerState, ExecutionMode, PhaseKind, Workload
 
@@ -37,12 +40,26 @@ from eerld.clocks.pins import PinStore
 from eerld.clocks.ratelimit import DEFAULT_MAX_CHANGES_PER_S, ClockChangeLimiter
 from eerld.daemon.admin import Admin
 from eerld.daemon.inventory import Inventory
+from eerld.daemon.jobmode import (
+    IncarnationBook,
+    JobDecision,
+    JobPolicy,
+    JobSessions,
+    JobState,
+    ReceivedDirective,
+    Ruling,
+    judge,
+    rate_limited,
+    to_default,
+)
 from eerld.daemon.status import DEFAULT_DECISIONS_LIMIT, StatusReader
 from eerld.daemon.views import (
     BeganPhase,
     ClosedSession,
     DaemonView,
     DecisionView,
+    DirectiveObserver,
+    DirectiveRecord,
     EndedPhase,
     GpuStatusView,
     GrantOutcome,
@@ -108,12 +125,16 @@ class Daemon:
         socket_path: Path = Path("/run/eerld/eerld.sock"),
         grant_dir: Path | None = None,
         gpu_socket_dir: Path | None = None,
+        job_policy: JobPolicy | None = None,
     ) -> None:
         """``backend`` is used as given (under ``dry_run`` the composition root wraps it observe-only);
         ``dry_run`` makes the arbiter skip actuation. ``phase_clock`` times phases (the backend's own
         clock where it has one, so durations and energy agree); leases and pins stay on ``clock`` and
-        ``wall_clock``."""
+        ``wall_clock``. ``job_policy`` is the admin's envelope for job mode (default: allowed, auto floor)."""
         self._backend = backend
+        self._job_policy = job_policy if job_policy is not None else JobPolicy()
+        self._incarnations = IncarnationBook()
+        self._jobs = JobSessions()
         self._controller_factory = controller_factory
         self._fixed_clocks_mhz = dict(fixed_clocks_mhz or {})
         self._default_lease_ttl_s = default_lease_ttl_s
@@ -165,6 +186,7 @@ class Daemon:
             self._arbiter,
             self._sessions,
             self.access,
+            jobs=self._jobs,
             controller_name=controller_name,
             clock=clock,
             started_s=started_s,
@@ -173,15 +195,21 @@ class Daemon:
         self._observers_lock = threading.Lock()
         self._rpc_observers: tuple[RpcObserver, ...] = ()
         self._phase_observers: tuple[PhaseObserver, ...] = ()
+        self._directive_observers: tuple[DirectiveObserver, ...] = ()
         self._reaper: threading.Thread | None = None
         self._reaper_stop = threading.Event()
 
     # -- subscriptions ------------------------------------------------------------------------------
 
     def subscribe(
-        self, *, on_rpc: RpcObserver | None = None, on_phase: PhaseObserver | None = None
+        self,
+        *,
+        on_rpc: RpcObserver | None = None,
+        on_phase: PhaseObserver | None = None,
+        on_directive: DirectiveObserver | None = None,
     ) -> Unsubscribe:
-        """Call ``on_rpc`` after every RPC and ``on_phase`` after every metered phase, until unsubscribed.
+        """Call ``on_rpc`` after every RPC, ``on_phase`` after every metered phase and ``on_directive`` after
+        every job-mode BeginPhase (with its verdict), until unsubscribed.
 
         Subscribers run on the calling thread (an RPC's, the phase's) and must be quick; one that raises is
         logged and never fails the event. The returned callable ends the subscription; idempotent.
@@ -191,11 +219,14 @@ class Daemon:
                 self._rpc_observers = (*self._rpc_observers, on_rpc)
             if on_phase is not None:
                 self._phase_observers = (*self._phase_observers, on_phase)
+            if on_directive is not None:
+                self._directive_observers = (*self._directive_observers, on_directive)
 
         def unsubscribe() -> None:
             with self._observers_lock:
                 self._rpc_observers = _without(self._rpc_observers, on_rpc)
                 self._phase_observers = _without(self._phase_observers, on_phase)
+                self._directive_observers = _without(self._directive_observers, on_directive)
 
         return unsubscribe
 
@@ -203,6 +234,11 @@ class Daemon:
     def subscribers(self) -> tuple[int, int]:
         """How many RPC and phase subscribers there are (a closed metrics server leaves none behind)."""
         return len(self._rpc_observers), len(self._phase_observers)
+
+    @property
+    def directive_subscribers(self) -> int:
+        """How many directive subscribers there are (the metrics endpoint subscribes one)."""
+        return len(self._directive_observers)
 
     def rpc_done(self, method: str, code: str, duration_s: float) -> None:
         """Publish one handled RPC to the RPC subscribers (the API's interceptor calls this)."""
@@ -287,8 +323,22 @@ class Daemon:
         return self._inventory.resolve(selectors)
 
     def open_session(self, spec: SessionSpec, grant: str = SHARED_NAME) -> OpenedSession:
-        """Claim the spec's GPUs exclusively (if ``grant``'s socket may) and start a session."""
+        """Claim the spec's GPUs exclusively (if ``grant``'s socket may) and start a session.
+
+        A job-mode session (``spec.job``) is refused (Conflict) where the config denies job mode or when its
+        incarnation is older than the newest seen for the job on this socket; its own controller is off.
+        """
         self._check_running()
+        job_key = (grant, spec.job_id)
+        if spec.job is not None:
+            if not self._job_policy.allowed:
+                raise Conflict("job_mode: this node's eerld does not allow job mode (--job-mode deny)")
+            newest = self._incarnations.newest(job_key)
+            if newest is not None and spec.job.incarnation < newest:
+                raise Conflict(
+                    f"job_mode.incarnation: incarnation {spec.job.incarnation} is older than incarnation "
+                    f"{newest}, already seen for job {spec.job_id!r} (a stale job-level controller)"
+                )
         requested = self._inventory.resolve(spec.gpus) if spec.gpus else ()
         authorization = self.access.authorize(grant, spec.job_id, requested, spec.claim_tickets)
         indices = authorization.gpu_indices
@@ -304,7 +354,9 @@ class Daemon:
         )
         now_s = self._clock()
         try:
-            controller = self._controller_factory(settings)
+            # job mode: the job-level controller decides; the session's own controller stays off
+            factory = create_off_controller if spec.job is not None else self._controller_factory
+            controller = factory(settings)
         except ControllerSettingsError as e:  # the controller's own error tree, in the daemon's words
             raise ValidationError(e.field, e.problem) from e
         session = Session(
@@ -324,6 +376,9 @@ class Daemon:
         with self._lock:
             self._check_running()
             self._sessions.add(session)
+            if spec.job is not None:  # only a session that opened raises the job's incarnation
+                self._incarnations.accept(job_key, spec.job.incarnation)
+                self._jobs.add(session.session_id, JobState(job_key, spec.job))
         self._arbiter.set_session(indices, session.session_id, None)
         log.info(
             "session_open",
@@ -336,8 +391,19 @@ class Daemon:
             role=spec.role.value,
             client=spec.client_name,
             grant=grant,
+            job_mode=spec.job is not None,
+            incarnation=spec.job.incarnation if spec.job is not None else None,
+            node_rank=spec.job.node_rank if spec.job is not None else None,
         )
         gpus = tuple(self._inventory.info(i) for i in indices)
+        if spec.job is not None:  # the clocks a directive may name: on the grid, at or above the floor
+            floor = self._job_policy.floor_mhz(supported)
+            gpus = tuple(
+                dataclasses.replace(
+                    g, supported_sm_clocks_mhz=tuple(c for c in g.supported_sm_clocks_mhz if c >= floor)
+                )
+                for g in gpus
+            )
         return OpenedSession(session.session_id, session.lease_ttl_s, gpus)
 
     def attach(self, session_id: str) -> Attachment:
@@ -388,7 +454,7 @@ class Daemon:
         attachment = self._attachments.pop(session.session_id, None)
         if attachment is not None:
             attachment.ended.set()
-        self._status.record_closed(session)
+        self._status.record_closed(session, self._jobs.remove(session.session_id))
         totals = _totals(session)
         log.info(
             "session_close",
@@ -418,11 +484,24 @@ class Daemon:
     # -- phases -------------------------------------------------------------------------------------
 
     def begin_phase(
-        self, session_id: str, kind: PhaseKind, iteration: int, hints: Workload | None
+        self,
+        session_id: str,
+        kind: PhaseKind,
+        iteration: int,
+        hints: Workload | None,
+        directive: ReceivedDirective | None = None,
     ) -> BeganPhase:
-        """Decide the phase's clock, apply it to the session's GPUs, read it back, start metering."""
+        """Decide the phase's clock, apply it to the session's GPUs, read it back, start metering.
+
+        A job-mode session's clock is its ``directive``'s, once checked (:mod:`eerld.daemon.jobmode`); a
+        refused or missing one runs the phase at the fallback. Any other session ignores a directive
+        (verdict NOT_JOB_MODE) and its controller decides.
+        """
         self._check_running()
         session = self._sessions.get(session_id)
+        job = self._jobs.get(session_id)
+        if job is not None:
+            return self._begin_job_phase(session, job, kind, iteration, directive)
         with session.lock:
             if session.closed:
                 raise NotFound("session_id: no open session with this id")
@@ -445,7 +524,122 @@ class Daemon:
             session.last_iteration = iteration
             session.last_decision[kind] = decision
             session.renew(now_s)
+        if directive is not None:
+            log.info(
+                "job_directive_ignored",
+                session_id=_short(session.session_id),
+                job_id=session.spec.job_id,
+                kind=kind.value,
+                iteration=iteration,
+                verdict=DirectiveVerdict.NOT_JOB_MODE.value,
+            )
         return BeganPhase(tuple(clocks), decision.state, decision.sm_clock_mhz, abandoned is not None)
+
+    def _begin_job_phase(
+        self,
+        session: Session,
+        job: JobState,
+        kind: PhaseKind,
+        iteration: int,
+        directive: ReceivedDirective | None,
+    ) -> BeganPhase:
+        with session.lock:
+            if session.closed:
+                raise NotFound("session_id: no open session with this id")
+            session.check_begin(kind, iteration)
+            abandoned = session.active
+            if abandoned is not None:
+                log.warning(
+                    "phase_abandoned",
+                    session_id=_short(session.session_id),
+                    kind=abandoned.kind.value,
+                    iteration=abandoned.iteration,
+                    reason="a new phase began before it ended (its EndPhase was lost or refused)",
+                )
+            now_s = self._clock()
+            ruling = self._rule(
+                session, job, kind=kind, iteration=iteration, directive=directive, now_s=now_s
+            )
+            clocks = self._arbiter.set_session(session.gpu_indices, session.session_id, ruling.sm_clock_mhz)
+            job.record(ruling, kind, now_s)
+            if ruling.accepted and directive is not None:
+                self._incarnations.accept(job.key, directive.incarnation)
+            begin = read_counters(self._backend, session.gpu_indices, self._phase_clock())
+            held = _held_clock(clocks, ruling.sm_clock_mhz)
+            session.active = ActivePhase(kind, iteration, held, begin, ruling.verdict, ruling.applied_epoch)
+            session.last_iteration = iteration
+            decision = Decision(
+                kind, iteration, ruling.sm_clock_mhz, ruling.state, ruling.reason(), begin.time_s
+            )
+            session.last_decision[kind] = decision
+            job.remember(JobDecision(decision, directive, ruling.verdict))
+            session.renew(now_s)
+        log.info(
+            "job_directive",
+            session_id=_short(session.session_id),
+            job_id=session.spec.job_id,
+            node_rank=job.spec.node_rank,
+            kind=kind.value,
+            iteration=iteration,
+            verdict=ruling.verdict.value,
+            detail=ruling.detail,
+            directive=directive.describe() if directive is not None else None,
+            sm_clock_mhz=ruling.sm_clock_mhz,
+            held_sm_clock_mhz=held,
+            applied_epoch=ruling.applied_epoch,
+        )
+        record = DirectiveRecord(
+            session.spec.job_id, job.spec.node_rank, kind, iteration, ruling.verdict, ruling.sm_clock_mhz
+        )
+        for observer in self._directive_observers:
+            try:
+                observer(record)
+            except Exception:
+                log.exception("directive_observer_error")
+        return BeganPhase(
+            tuple(clocks),
+            ruling.state,
+            ruling.sm_clock_mhz,
+            abandoned is not None,
+            verdict=ruling.verdict,
+            verdict_detail=ruling.detail,
+            applied_epoch=ruling.applied_epoch,
+        )
+
+    def _rule(
+        self,
+        session: Session,
+        job: JobState,
+        *,
+        kind: PhaseKind,
+        iteration: int,
+        directive: ReceivedDirective | None,
+        now_s: float,
+    ) -> Ruling:
+        """The verdict on the directive and the clock to apply: checks 1-8, then the rate limit (check 9).
+
+        A fallback the rate limit would refuse as well goes to the default governor (a reset is never held
+        back), so that the GPUs never stay at an earlier trial clock.
+        """
+        ruling = judge(
+            job,
+            self._job_policy,
+            self._incarnations,
+            directive,
+            kind=kind,
+            iteration=iteration,
+            supported_mhz=session.supported_sm_clocks_mhz,
+            now_s=now_s,
+        )
+        indices = session.gpu_indices
+        if ruling.sm_clock_mhz is not None and self._arbiter.would_rate_limit(indices, ruling.sm_clock_mhz):
+            if ruling.accepted:
+                ruling = rate_limited(job, ruling, kind)
+            if ruling.sm_clock_mhz is not None and self._arbiter.would_rate_limit(
+                indices, ruling.sm_clock_mhz
+            ):
+                ruling = to_default(ruling)
+        return ruling
 
     def _decide(
         self, session: Session, kind: PhaseKind, iteration: int, hints: Workload | None, now_s: float
@@ -493,8 +687,13 @@ class Daemon:
                 energy.energy_mj, workload.valid_tokens, workload.tokens, energy.duration_s
             )
             session.renew(self._clock())
-            self._observe(session, observation, now_s)
-            state = self._state_of(session, kind)
+            job = self._jobs.get(session_id)
+            if job is None:
+                self._observe(session, observation, now_s)
+                state = self._state_of(session, kind)
+            else:  # job mode: the job-level controller observes what EndPhase returns
+                ruling = job.last.get(kind)
+                state = ruling.state if ruling is not None else ControllerState.OFF
         if energy.counter_reset or not energy.complete:
             log.warning(
                 "energy_incomplete",
@@ -528,7 +727,16 @@ class Daemon:
                     observer(record)
                 except Exception:
                     log.exception("phase_observer_error")
-        return EndedPhase(energy.duration_s, energy.energy_mj, energy.mean_power_w, state)
+        return EndedPhase(
+            energy.duration_s,
+            energy.energy_mj,
+            energy.mean_power_w,
+            state,
+            sm_clock_mhz=active.sm_clock_mhz,
+            applied_epoch=active.applied_epoch,
+            verdict=active.verdict,
+            gpus=len(session.gpu_indices),
+        )
 
     def _observe(self, session: Session, observation: PhaseObservation, now_s: float) -> None:
         try:

@@ -103,6 +103,7 @@ class Inventory:
             pci_bus_id=identity.pci_bus_id,
             min_sm_clock_mhz=min(supported) if supported else 0,
             max_sm_clock_mhz=max(supported) if supported else 0,
+            supported_sm_clocks_mhz=supported,
         )
 
     def check_fixed_clocks(self, fixed_clocks_mhz: Mapping[PhaseKind, int]) -> None:

@@ -16,11 +16,13 @@ from typing import TypeVar
 
 import structlog
 from eerl.control.base import Decision, PhaseSnapshot
+from eerl.directives import DirectiveVerdict
 from eerl.phases import ControllerState, PhaseKind
 
 from eerld.access import Access
 from eerld.clocks.arbiter import ClockArbiter
 from eerld.daemon.inventory import Inventory
+from eerld.daemon.jobmode import JobDecision, JobSessions, JobState, ReceivedDirective
 from eerld.daemon.views import (
     DaemonView,
     DecisionView,
@@ -37,6 +39,8 @@ from eerld.sessions import Session, SessionRegistry
 
 log = structlog.get_logger("eerld.daemon")
 _T = TypeVar("_T")
+_Entry = tuple[Decision, ReceivedDirective | None, DirectiveVerdict | None]
+"""A decision with, for a job-mode phase, its directive and verdict."""
 
 VERSION = "0.1.0"
 DEFAULT_DECISIONS_LIMIT = 1000
@@ -54,6 +58,7 @@ class StatusReader:
         sessions: SessionRegistry,
         access: Access,
         *,
+        jobs: JobSessions | None = None,
         controller_name: str,
         clock: Callable[[], float],
         started_s: float,
@@ -64,19 +69,25 @@ class StatusReader:
         self._arbiter = arbiter
         self._sessions = sessions
         self._access = access
+        self._jobs = jobs if jobs is not None else JobSessions()
         self._controller_name = controller_name
         self._clock = clock
         self._started_s = started_s
         self._mono_to_unix_s = mono_to_unix_s
-        self._closed_decisions: deque[tuple[str, tuple[Decision, ...]]] = deque(maxlen=CLOSED_SESSIONS_KEPT)
+        self._closed_decisions: deque[tuple[str, tuple[_Entry, ...]]] = deque(maxlen=CLOSED_SESSIONS_KEPT)
 
-    def record_closed(self, session: Session) -> None:
+    def record_closed(self, session: Session, job: JobState | None = None) -> None:
         """Keep a closing session's decisions for GetDecisions (the newest sessions only)."""
+        self._closed_decisions.append((session.session_id, self._history(session, job)))
+
+    def _history(self, session: Session, job: JobState | None) -> tuple[_Entry, ...]:
+        if job is not None:
+            return tuple(_job_entry(d) for d in job.history())
         try:
-            history = tuple(session.controller.decisions())
+            return tuple((d, None, None) for d in session.controller.decisions())
         except Exception:
-            history = ()
-        self._closed_decisions.append((session.session_id, history))
+            log.exception("controller_error", session_id=_short(session.session_id))
+            return ()
 
     def daemon_info(self) -> DaemonView:
         """Version, backend, controller, mode and uptime."""
@@ -137,7 +148,9 @@ class StatusReader:
 
     def _session_view(self, session: Session) -> SessionView:
         now_s = self._clock()
-        snaps = {s.kind: s for s in _snapshots(session)}
+        job = self._jobs.get(session.session_id)
+        # job mode: the session's own controller is off; the last ruling is its view of each kind
+        snaps = {s.kind: s for s in _snapshots(session)} if job is None else {}
         phases: list[PhaseStatusView] = []
         for kind in session.kinds:
             totals = session.totals[kind]
@@ -180,6 +193,7 @@ class StatusReader:
             throughput_threshold=session.throughput_threshold,
             client_name=session.spec.client_name,
             grant=session.grant,
+            job=session.spec.job,
         )
 
     def grants(self) -> tuple[GrantView, ...]:
@@ -202,24 +216,25 @@ class StatusReader:
         limit: int = DEFAULT_DECISIONS_LIMIT,
     ) -> tuple[DecisionView, ...]:
         """Controller decisions, oldest first, the newest ``limit``; NotFound for an unknown session."""
-        histories: list[tuple[str, Sequence[Decision]]] = list(self._closed_decisions)
+        histories: list[tuple[str, Sequence[_Entry]]] = list(self._closed_decisions)
         for session in self._sessions.all():
-            try:
-                histories.append((session.session_id, session.controller.decisions()))
-            except Exception:
-                log.exception("controller_error", session_id=_short(session.session_id))
+            histories.append((session.session_id, self._history(session, self._jobs.get(session.session_id))))
         if session_id is not None:
             histories = [h for h in histories if h[0] == session_id]
             if not histories:
                 raise NotFound("session_id: no session with this id")
         views = [
-            DecisionView(sid, d, d.time_s + self._mono_to_unix_s)
+            DecisionView(sid, d, d.time_s + self._mono_to_unix_s, directive, verdict)
             for sid, history in histories
-            for d in history
+            for d, directive, verdict in history
             if kind is None or d.kind == kind
         ]
         views.sort(key=lambda v: v.timestamp_unix_s)
         return tuple(views[-limit:]) if limit > 0 else ()
+
+
+def _job_entry(record: JobDecision) -> _Entry:
+    return record.decision, record.directive, record.verdict
 
 
 def _snapshots(session: Session) -> Sequence[PhaseSnapshot]:

@@ -11,11 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from eerl.control.base import Decision
+from eerl.directives import DirectiveVerdict
 from eerl.phases import ControllerState, ExecutionMode, GpuRole, PhaseKind
 
 from eerld.clocks.arbiter import AppliedClock, ClockSource
 from eerld.clocks.pins import Pin
+from eerld.daemon.jobmode import ReceivedDirective
 from eerld.grants import SHARED_NAME, Grant
+from eerld.sessions import JobModeSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +31,8 @@ class GpuInfoView:
     pci_bus_id: str
     min_sm_clock_mhz: int
     max_sm_clock_mhz: int
+    supported_sm_clocks_mhz: tuple[int, ...] = ()
+    """Every supported SM clock, ascending (the grid a job directive must be on); () when unknown."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +97,8 @@ class SessionView:
     throughput_threshold: float
     client_name: str
     grant: str = SHARED_NAME
+    job: JobModeSpec | None = None
+    """Job mode: the incarnation and node rank it was opened with; None for a session not in job mode."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +165,10 @@ class DecisionView:
     session_id: str
     decision: Decision
     timestamp_unix_s: float
+    directive: ReceivedDirective | None = None
+    """Job mode: the directive the phase carried (None: none, or not a job-mode decision)."""
+    verdict: DirectiveVerdict | None = None
+    """Job mode: the daemon's verdict on it; None for the daemon's own controller's decisions."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +189,11 @@ class BeganPhase:
     target_sm_clock_mhz: int | None
     resynced: bool = False
     """A phase that never ended was abandoned unmetered to begin this one."""
+    verdict: DirectiveVerdict = DirectiveVerdict.NOT_JOB_MODE
+    """The verdict on the phase's directive (NOT_JOB_MODE for a session not in job mode)."""
+    verdict_detail: str = ""
+    applied_epoch: int = 0
+    """Job mode: the plan epoch of the clock applied (0: the default governor)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +204,12 @@ class EndedPhase:
     energy_mj: float
     mean_power_w: float
     state: ControllerState
+    sm_clock_mhz: int | None = None
+    """The SM clock target that held over the phase (None: the default governor)."""
+    applied_epoch: int = 0
+    verdict: DirectiveVerdict = DirectiveVerdict.NOT_JOB_MODE
+    gpus: int = 0
+    """How many GPUs the energy covers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,10 +246,25 @@ class PhaseRecord:
     state: ControllerState
 
 
+@dataclass(frozen=True, slots=True)
+class DirectiveRecord:
+    """A judged job directive (or its absence), published to the daemon's directive subscribers."""
+
+    job_id: str
+    node_rank: int
+    kind: PhaseKind
+    iteration: int
+    verdict: DirectiveVerdict
+    sm_clock_mhz: int | None
+    """The clock the phase runs at (the directive's when accepted, else the fallback's)."""
+
+
 RpcObserver = Callable[[str, str, float], None]
 """Called after every RPC with (method, status code name, duration_s)."""
 PhaseObserver = Callable[[PhaseRecord], None]
 """Called after every metered phase."""
+DirectiveObserver = Callable[[DirectiveRecord], None]
+"""Called after every job-mode BeginPhase, with the verdict on its directive."""
 Unsubscribe = Callable[[], None]
 """Ends a subscription (:meth:`eerld.daemon.Daemon.subscribe`); idempotent."""
 
@@ -236,6 +273,8 @@ __all__ = [
     "ClosedSession",
     "DaemonView",
     "DecisionView",
+    "DirectiveObserver",
+    "DirectiveRecord",
     "EndedPhase",
     "GpuInfoView",
     "GpuStatusView",

@@ -7,8 +7,8 @@ state).
 
 The daemon meets this module at :class:`MetricsSource`: one method returning a :class:`MetricsSnapshot`
 of plain values (:mod:`eerld.metrics.source` adapts the daemon to it). The only metrics kept in process
-are fed by :meth:`EerlMetrics.observe_rpc`, :meth:`EerlMetrics.observe_phase_event` and
-:meth:`EerlMetrics.observe_phase`.
+are fed by :meth:`EerlMetrics.observe_rpc`, :meth:`EerlMetrics.observe_phase_event`,
+:meth:`EerlMetrics.observe_phase` and :meth:`EerlMetrics.observe_directive`.
 
 GPU series carry dcgm-exporter's labels (``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``,
 ``Hostname``) so that dashboards can join them with ``DCGM_FI_*`` series. Session series are labelled by
@@ -372,6 +372,13 @@ class EerlMetrics:
             labelnames=("phase",),
             registry=self.registry,
         )
+        # Job mode: every directive's verdict (a bounded set) by phase kind, node-wide like the totals.
+        self._directives = Counter(
+            "eerl_job_directives",
+            "Job-mode phases by the verdict on their directive (anything but accepted ran at the fallback).",
+            labelnames=("verdict", "kind"),
+            registry=self.registry,
+        )
         self._phase_duration = Counter(
             "eerl_phase_duration_seconds",
             "Wall time of the phases metered on this node.",
@@ -391,6 +398,10 @@ class EerlMetrics:
     def observe_phase_event(self, event: str, duration_s: float) -> None:
         """Record the latency of one phase event: ``event`` is ``"begin"`` or ``"end"``."""
         self._phase_event_duration.labels(event=event).observe(max(duration_s, 0.0))
+
+    def observe_directive(self, verdict: str, kind: PhaseKind) -> None:
+        """Count one job-mode BeginPhase by its directive's verdict (``"accepted"``, ``"off_grid"`` …)."""
+        self._directives.labels(verdict=verdict, kind=kind.value).inc()
 
     def observe_phase(self, kind: PhaseKind, energy_j: float, valid_tokens: int, duration_s: float) -> None:
         """Add one metered phase to the node's totals (which outlive the session that ran it)."""

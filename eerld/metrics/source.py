@@ -11,7 +11,15 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from eerld.daemon.views import PhaseObserver, PhaseRecord, RpcObserver, StatusView, Unsubscribe
+from eerld.daemon.views import (
+    DirectiveObserver,
+    DirectiveRecord,
+    PhaseObserver,
+    PhaseRecord,
+    RpcObserver,
+    StatusView,
+    Unsubscribe,
+)
 from eerld.metrics.collector import (
     DaemonSample,
     EerlMetrics,
@@ -35,9 +43,13 @@ class MetricsDaemon(Protocol):
         ...
 
     def subscribe(
-        self, *, on_rpc: RpcObserver | None = None, on_phase: PhaseObserver | None = None
+        self,
+        *,
+        on_rpc: RpcObserver | None = None,
+        on_phase: PhaseObserver | None = None,
+        on_directive: DirectiveObserver | None = None,
     ) -> Unsubscribe:
-        """Call the observers after every RPC and every metered phase until unsubscribed."""
+        """Call the observers after every RPC, metered phase and judged directive until unsubscribed."""
         ...
 
 
@@ -109,7 +121,7 @@ def snapshot_from_status(status: StatusView, *, now_unix_s: float) -> MetricsSna
 
 
 def subscribe(daemon: MetricsDaemon, metrics: EerlMetrics) -> Unsubscribe:
-    """Feed the daemon's RPC and phase events into ``metrics``; returns what ends the subscription."""
+    """Feed the daemon's RPC, phase and directive events into ``metrics``; returns the unsubscribe."""
 
     def on_rpc(method: str, code: str, duration_s: float) -> None:
         metrics.observe_rpc(method, code, duration_s)
@@ -120,4 +132,7 @@ def subscribe(daemon: MetricsDaemon, metrics: EerlMetrics) -> Unsubscribe:
     def on_phase(record: PhaseRecord) -> None:
         metrics.observe_phase(record.kind, record.energy_mj / 1000.0, record.valid_tokens, record.duration_s)
 
-    return daemon.subscribe(on_rpc=on_rpc, on_phase=on_phase)
+    def on_directive(record: DirectiveRecord) -> None:
+        metrics.observe_directive(record.verdict.value, record.kind)
+
+    return daemon.subscribe(on_rpc=on_rpc, on_phase=on_phase, on_directive=on_directive)

@@ -14,6 +14,7 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import pytest
+from eerl.phases import PhaseKind
 from prometheus_client import generate_latest, make_wsgi_app
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -258,6 +259,17 @@ class TestHooks:
         assert counts == {("BeginPhase", "OK"): 2.0, ("Pin", "INVALID_ARGUMENT"): 1.0}
         durations = {labels["method"]: value for labels, value in got["eerl_rpc_duration_seconds_count"]}
         assert durations == {"BeginPhase": 2.0, "Pin": 1.0}
+
+    def test_job_directives_are_counted_by_verdict_and_kind(self, metrics_server: MetricsServer) -> None:
+        """observe_directive counts every job-mode phase by its directive's verdict and phase kind."""
+        metrics_server.metrics.observe_directive("accepted", PhaseKind.GENERATION)
+        metrics_server.metrics.observe_directive("accepted", PhaseKind.GENERATION)
+        metrics_server.metrics.observe_directive("off_grid", PhaseKind.TRAINING)
+        got = samples(scrape(metrics_server))
+        counts = {
+            (labels["verdict"], labels["kind"]): value for labels, value in got["eerl_job_directives_total"]
+        }
+        assert counts == {("accepted", "generation"): 2.0, ("off_grid", "training"): 1.0}
 
     def test_phase_events_fill_the_latency_histogram(self, fake_source: FakeMetricsSource) -> None:
         """observe_phase_event lands in the bucket of its latency."""

@@ -178,10 +178,7 @@ class _DirectivePurposeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Dire
     """A control phase (e.g. the default governor, to measure the baseline)."""
 
 class DirectivePurpose(_DirectivePurpose, metaclass=_DirectivePurposeEnumTypeWrapper):
-    """A GPU named by its index on the node or by its UUID ("GPU-...").
-    UUIDs are stable across containers, where indices are renumbered.
-    Why a job-level directive was issued (multi-node job mode; docs/multinode.md).
-    """
+    """Why a job-level directive was issued (multi-node job mode; docs/multinode.md)."""
 
 DIRECTIVE_PURPOSE_UNSPECIFIED: DirectivePurpose.ValueType  # 0
 DIRECTIVE_PURPOSE_TRIAL: DirectivePurpose.ValueType  # 1
@@ -254,6 +251,10 @@ Global___DirectiveVerdict: _TypeAlias = DirectiveVerdict  # noqa: Y015
 
 @_typing.final
 class GpuRef(_message.Message):
+    """A GPU named by its index on the node or by its UUID ("GPU-...").
+    UUIDs are stable across containers, where indices are renumbered.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     INDEX_FIELD_NUMBER: _builtins.int
@@ -305,7 +306,9 @@ class GpuInfo(_message.Message):
     """Highest supported SM clock."""
     @_builtins.property
     def supported_sm_clocks_mhz(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Every supported SM clock, ascending (the grid a job-level directive must be on; empty if unknown)."""
+        """Every supported SM clock, ascending; empty if unknown. In the reply to a job-mode OpenSession: only those
+        at or above the daemon's floor for job directives (the clocks a directive may name).
+        """
 
     def __init__(
         self,
@@ -1250,6 +1253,7 @@ class SessionInfo(_message.Message):
     LEASE_REMAINING_S_FIELD_NUMBER: _builtins.int
     THROUGHPUT_THRESHOLD_FIELD_NUMBER: _builtins.int
     GRANT_FIELD_NUMBER: _builtins.int
+    JOB_MODE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Session id (the admin socket may see it)."""
     job_id: _builtins.str
@@ -1284,6 +1288,10 @@ class SessionInfo(_message.Message):
     def phases(self) -> _containers.RepeatedCompositeFieldContainer[Global___PhaseStatus]:
         """Per phase kind: the controller's view."""
 
+    @_builtins.property
+    def job_mode(self) -> Global___JobMode:
+        """Job mode: set (enabled, incarnation, node rank) when the session was opened in job mode."""
+
     def __init__(
         self,
         *,
@@ -1302,10 +1310,11 @@ class SessionInfo(_message.Message):
         lease_remaining_s: _builtins.float = ...,
         throughput_threshold: _builtins.float = ...,
         grant: _builtins.str = ...,
+        job_mode: Global___JobMode | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job_mode", b"job_mode"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attached", b"attached", "current_phase", b"current_phase", "gpu_indices", b"gpu_indices", "grant", b"grant", "iteration", b"iteration", "job_id", b"job_id", "lease_remaining_s", b"lease_remaining_s", "mode", b"mode", "opened_at_unix_s", b"opened_at_unix_s", "phases", b"phases", "rank", b"rank", "role", b"role", "session_id", b"session_id", "throughput_threshold", b"throughput_threshold", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attached", b"attached", "current_phase", b"current_phase", "gpu_indices", b"gpu_indices", "grant", b"grant", "iteration", b"iteration", "job_id", b"job_id", "job_mode", b"job_mode", "lease_remaining_s", b"lease_remaining_s", "mode", b"mode", "opened_at_unix_s", b"opened_at_unix_s", "phases", b"phases", "rank", b"rank", "role", b"role", "session_id", b"session_id", "throughput_threshold", b"throughput_threshold", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
