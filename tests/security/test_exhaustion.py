@@ -153,7 +153,8 @@ class TestStuckClients:
                 locked = fake.locked()
                 os.kill(client.pid, signal.SIGSTOP)
                 deadline = time.monotonic() + 30
-                while fake.locked() and time.monotonic() < deadline:
+                # The GPU is reset before the session is dropped: wait for both, not just the first.
+                while (fake.locked() or handle.daemon.sessions()) and time.monotonic() < deadline:
                     time.sleep(0.1)
                 after = fake.locked()
                 sessions = handle.daemon.sessions()
