@@ -4,6 +4,7 @@ eerl-bench controller --scenario NAME|FILE [--threshold 0.95] [--iterations N] [
 eerl-bench sweep --scenario NAME|FILE [--threshold 0.95] [--iterations N] [--plot PNG]
 eerl-bench headroom --scenario NAME|FILE [--threshold 0.95] [--regimes 150,...]
 eerl-bench all [--threshold 0.95] [--iterations N] [--out-dir docs/results] [--markdown docs/results.md]
+eerl-bench multinode --scenario NAME|FILE|all [--nodes N] [--seeds 1-5] [--json OUT] [--plot PNG]
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from eerl.control.eerl import create_eerl_controller
 from eerl.phases import ExecutionMode, PhaseKind
 
 from eerld.bench.headroom import Headroom, headroom
+from eerld.bench.multinode import MultinodeReport, run_multinode, with_nodes
 from eerld.bench.report import ControllerReport, exploration_cost_j, final_states
 from eerld.bench.runner import KINDS, Progress, ScenarioRun
 from eerld.errors import EerlError
@@ -35,7 +37,7 @@ _missing_extra: str | None = None
 try:
     from tqdm import tqdm
 
-    from eerld.bench.plots import pareto_plot, timeline_plot
+    from eerld.bench.plots import multinode_plot, pareto_plot, timeline_plot
 except ModuleNotFoundError as missing:  # main() says which extra to install, without a traceback
     if missing.name not in _BENCH_EXTRA:
         raise
@@ -269,6 +271,7 @@ def _cmd_all(args: argparse.Namespace) -> int:
     table = results_markdown(reports) + "\n" + HEADROOM_INTRO + headroom_markdown(rooms)
     print(table)
     if args.markdown is not None:
+        kept = _section_from(args.markdown, MULTINODE_HEADING)
         args.markdown.write_text(
             "# eerl-bench results\n\n"
             f"Written by `eerl-bench all --threshold {args.threshold}` (virtual time, simulated GPUs).\n"
@@ -276,7 +279,7 @@ def _cmd_all(args: argparse.Namespace) -> int:
             "whole run (idle waits included); the oracle is the best fixed clock pair of the exhaustive\n"
             "sweep that meets the threshold; capture = online savings / oracle savings; runtime is the\n"
             "wall time of the whole comparison. Per-scenario JSON and timelines: `docs/results/`.\n"
-            "The controller: `docs/algorithm.md`.\n\n" + table
+            "The controller: `docs/algorithm.md`.\n\n" + table + kept
         )
     return 0
 
@@ -328,6 +331,117 @@ def headroom_markdown(rooms: Sequence[Headroom]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _cmd_multinode(args: argparse.Namespace) -> int:
+    """Policies of a multi-node job side by side on the same draws, over seeds."""
+    names = builtin_scenario_names(multinode=True) if args.scenario == "all" else (args.scenario,)
+    seeds = parse_seeds(args.seeds)
+    reports: list[MultinodeReport] = []
+    print(MULTINODE_HEADER, flush=True)
+    for name in names:
+        base = with_nodes(load_scenario(name), args.nodes)
+        for seed in seeds:
+            scenario = dataclasses.replace(base, workload=dataclasses.replace(base.workload, seed=seed))
+            iterations = args.iterations or scenario.workload.iterations
+            with _progress(iterations, f"{scenario.name} seed {seed}: pricing every clock") as bar:
+                report = run_multinode(scenario, args.threshold, args.iterations, _updater(bar))
+            reports.append(report)
+            print(multinode_row(report), flush=True)
+    print()
+    print(multinode_summary(reports, args.threshold))
+    if args.json is not None:
+        runs = [report.to_json() for report in reports]
+        args.json.write_text(json.dumps({"runs": runs}, indent=2) + "\n")
+    if args.markdown is not None:
+        _write_section(args.markdown, MULTINODE_HEADING, multinode_markdown(args, reports))
+    if args.plot is not None:
+        multinode_plot(
+            reports,
+            threshold=args.threshold,
+            title=f"eerl-bench multinode --scenario {args.scenario} --seeds {args.seeds}",
+            path=args.plot,
+        )
+    return 0
+
+
+MULTINODE_HEADING = "## Multi-node jobs"
+
+
+def _section_from(path: Path, heading: str) -> str:
+    """The part of a markdown file from ``heading`` on (empty when absent), so that rewriting the rest
+    keeps a section another command writes."""
+    if not path.is_file():
+        return ""
+    text = path.read_text()
+    index = text.find("\n" + heading + "\n")
+    return "" if index < 0 else text[index:]
+
+
+def _write_section(path: Path, heading: str, section: str) -> None:
+    """Replace (or append) the section that starts at ``heading`` and runs to the end of the file."""
+    text = path.read_text() if path.is_file() else ""
+    index = text.find("\n" + heading + "\n")
+    head = text if index < 0 else text[:index]
+    path.write_text(head.rstrip("\n") + "\n\n" + section)
+
+
+def multinode_markdown(args: argparse.Namespace, reports: Sequence[MultinodeReport]) -> str:
+    """The multi-node section of docs/results.md."""
+    command = f"eerl-bench multinode --scenario {args.scenario} --seeds {args.seeds}"
+    if args.nodes is not None:
+        command += f" --nodes {args.nodes}"
+    if args.threshold != 0.95:
+        command += f" --threshold {args.threshold}"
+    return (
+        f"{MULTINODE_HEADING}\n\n"
+        f"Written by `{command} --json docs/results/multinode.json --plot docs/results/multinode.png "
+        "--markdown docs/results.md`\n(the `[workload.nodes]` model: docs/simulator.md; the policies and the "
+        "job-level controller:\ndocs/multinode.md). Every policy runs on the same draws; savings and "
+        "throughput are against the default\ngovernor on every node; the oracle is the best uniform fixed "
+        "pair of the job's sweep at the threshold;\ncapture = job savings / oracle savings. `independent` is "
+        "one controller per node fed its own node, as\nthe daemons alone would run it.\n\n"
+        + MULTINODE_HEADER
+        + "\n"
+        + "\n".join(multinode_row(r) for r in reports)
+        + "\n\n"
+        + "\n".join(f"- {line}" for line in multinode_summary(reports, args.threshold).splitlines())
+        + "\n\n![savings against throughput, every run and policy](results/multinode.png)\n"
+    )
+
+
+MULTINODE_HEADER = (
+    "| scenario | nodes | seed | oracle savings | job savings | job throughput | capture "
+    "| independent savings | independent throughput | runtime |\n|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def multinode_row(report: MultinodeReport) -> str:
+    """One run's row of the multinode table."""
+    policies = report.policies
+    oracle, job, independent = policies["oracle"], policies["job"], policies["independent"]
+    return (
+        f"| {report.scenario} | {report.nodes} | {report.seed} | {oracle.savings:.1%} | {job.savings:.1%} "
+        f"| {job.throughput_ratio:.3f} | {report.capture:.3f} | {independent.savings:.1%} "
+        f"| {independent.throughput_ratio:.3f} | {report.runtime_s:.0f} s |"
+    )
+
+
+def multinode_summary(reports: Sequence[MultinodeReport], threshold: float) -> str:
+    """Worst throughput and median capture of each online policy over every run."""
+    lines = []
+    oracle = [r.policies["oracle"].savings for r in reports]
+    for policy in ("job", "independent"):
+        runs = [r.policies[policy] for r in reports]
+        captures = [f.savings / o if o > 0 else 0.0 for f, o in zip(runs, oracle, strict=True)]
+        throughputs = [f.throughput_ratio for f in runs]
+        under = sum(t < threshold - 0.01 for t in throughputs)
+        lines.append(
+            f"{policy}: median capture {statistics.median(captures):.3f} (worst {min(captures):.3f}), "
+            f"throughput worst {min(throughputs):.3f} / median {statistics.median(throughputs):.3f}, "
+            f"{under} of {len(runs)} runs under {threshold - 0.01:.2f}"
+        )
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line."""
     parser = argparse.ArgumentParser(prog="eerl-bench", description=__doc__.splitlines()[0])
@@ -368,6 +482,17 @@ def build_parser() -> argparse.ArgumentParser:
     every.add_argument("--out-dir", type=Path, default=Path("docs/results"))
     every.add_argument("--markdown", type=Path, default=None, help="write the results table here")
     every.set_defaults(handler=_cmd_all)
+    multinode = commands.add_parser("multinode", help="policies of a multi-node job side by side")
+    common(multinode, scenario=False)
+    multinode.add_argument("--scenario", default="all", help="multi-node scenario name, TOML file, or all")
+    multinode.add_argument("--nodes", type=int, default=None, help="override the scenario's node count")
+    multinode.add_argument("--seeds", default="1", help="seeds: 1-5 or 1,3,7 (default 1)")
+    multinode.add_argument("--json", type=Path, default=None, help="write every run's figures as JSON here")
+    multinode.add_argument("--plot", type=Path, default=None, help="write savings vs throughput (PNG) here")
+    multinode.add_argument(
+        "--markdown", type=Path, default=None, help="write the table as this file's multi-node section"
+    )
+    multinode.set_defaults(handler=_cmd_multinode)
     return parser
 
 

@@ -257,6 +257,24 @@ _Totals = tuple[FloatArray, FloatArray, FloatArray]
 """Per GPU and requested clock: busy seconds, energy (J) and clock × busy seconds (MHz·s)."""
 
 
+def phase_gpu_totals(
+    scenario: Scenario, sample: IterationSample, kind: PhaseKind, sm_clocks_mhz: Sequence[int | None]
+) -> tuple[FloatArray, FloatArray]:
+    """Per GPU of the pool and requested clock: busy seconds and busy energy (J), ``[gpu, clock]``.
+
+    What :func:`evaluate_phase` sums (no idle wait, no clock-switch window); the multi-node model
+    (:mod:`eerld.sim.nodes`) scales these per node.
+    """
+    profile = scenario.gpu
+    phase = sample.phase(kind)
+    requested = np.array([clock_index(profile, c) for c in sm_clocks_mhz], dtype=np.int64)
+    if phase.segments.count == 0 or len(requested) == 0:
+        zeros = np.zeros((phase.segments.gpus, len(requested)))
+        return zeros, zeros.copy()
+    busy, energy, _ = _phase_totals(profile, phase, requested)
+    return busy, energy
+
+
 def _phase_totals(profile: GpuProfile, phase: PhaseSample, requested: IntArray) -> _Totals:
     """Per-GPU totals of a phase, split by whether the power limit can bind.
 

@@ -82,6 +82,15 @@ _WORKLOAD_RULES: dict[str, _Rule] = {
     "gpus": _Rule(int, 1, 1024),
     "seed": _Rule(int, 0, 2**63 - 1),
 }
+_NODES_RULES: dict[str, _Rule] = {
+    "count": _Rule(int, 1, 4096),
+    "gpus": _Rule(int, 1, 1024),
+    "speed_sigma": _Rule(float, 0.0, 1.0),
+    "straggle_probability": _FRACTION,
+    "noise_phase_duration": _Rule(float, 0.0, 1.0),
+    "noise_phase_power": _Rule(float, 0.0, 1.0),
+}
+_STRAGGLE_FACTOR_RULE = _Rule(float, 1.0, 100.0)
 _GROWTH_RULE = _Rule(float, -0.1, 0.1)
 _AT_ITERATION_RULE = _Rule(int, 0)
 _STALENESS_RULE = _Rule(int, 1, 1000)
@@ -147,6 +156,25 @@ class AsyncSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class NodesSpec:
+    """``[workload.nodes]``: ``count`` nodes of ``gpus`` GPUs each run the same iteration (sim-model "Nodes").
+
+    Node ``n`` draws a speed factor (log-normal, σ ``speed_sigma``) that multiplies every segment's duration
+    on it; with probability ``straggle_probability`` per node and phase a phase on that node is slowed by a
+    factor drawn uniformly from ``straggle_factor``; each phase on each GPU draws one log-normal factor for
+    its duration and one for its power (σ ``noise_phase_duration``, ``noise_phase_power``).
+    """
+
+    count: int
+    gpus: int
+    speed_sigma: float = 0.02
+    straggle_probability: float = 0.0
+    straggle_factor: tuple[float, float] = (1.15, 1.4)
+    noise_phase_duration: float = 0.01
+    noise_phase_power: float = 0.01
+
+
+@dataclass(frozen=True, slots=True)
 class IterationWorkload:
     """The generation and training parameters in force at one iteration (drift applied)."""
 
@@ -167,6 +195,8 @@ class WorkloadSpec:
     training: TrainingSpec
     drift: DriftSpec
     async_: AsyncSpec | None
+    nodes: NodesSpec | None = None
+    """Multi-node scenarios only: the nodes that each run this workload (``eerl-bench multinode``)."""
 
     def pool_gpus(self, kind: PhaseKind) -> int:
         """How many GPUs run phases of this kind (all of them in sync mode)."""
@@ -219,9 +249,15 @@ class Scenario:
     source: str
 
 
-def builtin_scenario_names() -> tuple[str, ...]:
-    """Names of the scenario files shipped in the package (eerld/sim/scenarios), sorted."""
-    return tuple(sorted(p.stem for p in SCENARIO_DIR.glob("*.toml")))
+def builtin_scenario_names(*, multinode: bool = False) -> tuple[str, ...]:
+    """Names of the scenario files shipped in the package (eerld/sim/scenarios), sorted: the single-node
+    ones, or with ``multinode`` those with a ``[workload.nodes]`` table (``eerl-bench multinode``)."""
+    names = []
+    for path in SCENARIO_DIR.glob("*.toml"):
+        workload = tomllib.loads(path.read_text(encoding="utf-8")).get("workload", {})
+        if ("nodes" in workload) == multinode:
+            names.append(path.stem)
+    return tuple(sorted(names))
 
 
 def resolve_scenario_path(path_or_name: str | Path) -> Path:
@@ -276,7 +312,7 @@ def _parse_gpu(source: str, table: Mapping[str, Any]) -> GpuProfile:
 
 
 def _parse_workload(source: str, table: Mapping[str, Any]) -> WorkloadSpec:
-    allowed = {"mode", "generation", "training", "drift", "async", *_WORKLOAD_RULES}
+    allowed = {"mode", "generation", "training", "drift", "async", "nodes", *_WORKLOAD_RULES}
     _reject_unknown(source, "workload.", table, allowed)
     mode_text = _string(source, "workload.mode", table.get("mode"), required=True)
     try:
@@ -296,6 +332,11 @@ def _parse_workload(source: str, table: Mapping[str, Any]) -> WorkloadSpec:
         async_spec = _parse_async(source, table.get("async"), int(scalars["gpus"]))
     elif "async" in table:
         raise ConfigError(f"{source}: 'workload.async' is only allowed with mode = \"async\"")
+    nodes = None
+    if "nodes" in table:
+        if mode is not ExecutionMode.SYNC:
+            raise ConfigError(f"{source}: 'workload.nodes' is only supported with mode = \"sync\"")
+        nodes = _parse_nodes(source, table["nodes"], int(scalars["gpus"]))
     return WorkloadSpec(
         mode=mode,
         iterations=int(scalars["iterations"]),
@@ -305,7 +346,28 @@ def _parse_workload(source: str, table: Mapping[str, Any]) -> WorkloadSpec:
         training=training,
         drift=drift,
         async_=async_spec,
+        nodes=nodes,
     )
+
+
+def _parse_nodes(source: str, raw: Any, gpus: int) -> NodesSpec:
+    table = _table(source, "workload.nodes", raw)
+    _reject_unknown(source, "workload.nodes.", table, {*_NODES_RULES, "straggle_factor"})
+    if "count" not in table:
+        raise ConfigError(f"{source}: 'workload.nodes.count' is missing")
+    values = _scalars(source, "workload.nodes.", table, _NODES_RULES, required=False)
+    if values.setdefault("gpus", gpus) != gpus:
+        raise ConfigError(
+            f"{source}: 'workload.nodes.gpus' must equal workload.gpus ({gpus}): each node runs the workload"
+        )
+    factor = table.get("straggle_factor", [1.15, 1.4])
+    dotted = "workload.nodes.straggle_factor"
+    if not isinstance(factor, list) or len(factor) != 2:
+        raise ConfigError(f"{source}: '{dotted}' must be a list [low, high], not {factor!r}")
+    low, high = (float(_STRAGGLE_FACTOR_RULE.check(source, dotted, value)) for value in factor)
+    if low > high:
+        raise ConfigError(f"{source}: '{dotted}' must be [low, high] with low <= high, got {factor!r}")
+    return NodesSpec(straggle_factor=(low, high), **values)
 
 
 def _parse_drift(source: str, raw: Any) -> DriftSpec:
@@ -424,3 +486,8 @@ def scenario_fields() -> dict[str, tuple[str, ...]]:
         "workload.drift": ("response_growth_per_iteration", "steps"),
         "workload.async": ("generation_gpus", "training_gpus", "staleness"),
     }
+
+
+def nodes_fields() -> tuple[str, ...]:
+    """The keys of ``[workload.nodes]`` (multi-node scenarios only; not part of :func:`scenario_fields`)."""
+    return (*_NODES_RULES, "straggle_factor")

@@ -1,0 +1,361 @@
+"""The job-level controller: one EE-RL controller for a whole multi-node job (docs/multinode.md).
+
+In synchronous RL every node runs the same phase and the slowest node gates the iteration, so one decision
+per job is right and one per node is not. :class:`JobController` wraps the very same pure controller object
+a daemon runs for one node (``eerl.control`` registry ``"eerl"`` by default) and feeds it job-level
+observations:
+
+* **plan** — the inner controller's decision for the phase becomes a :class:`~eerl.directives.Directive`
+  for every node: its clock, why (purpose: TRIAL while exploring or re-tuning at a non-default clock,
+  COMMITTED for a committed clock, CONTROL for the default governor) and a plan epoch that grows by one
+  whenever the planned clock of a kind changes (every directive carries the current epoch, so epochs never
+  go back);
+* **observe** — the nodes' :class:`NodeReport`\\ s count only when every node reported, all ACCEPTED the
+  directive (its epoch and its clock) and no node's session restarted since its previous report; otherwise
+  the phase is dropped with a reason. A counted phase's duration is the **median** of the nodes' durations (a
+  robust statistic: one straggling node is noise, not the effect of the clock), its energy and GPUs the sums,
+  its tokens the driver's workload;
+* **end_iteration** — the iteration guard. The median keeps the controller's estimates calm, but the job's
+  wall time is its slowest node's, and the inner plan can be off: the guard compares each committed
+  iteration's measured wall time with what the default governor would have needed (per-kind default
+  predictors on the median phase time, each scaled by this iteration's own slowest-to-median ratio of that
+  phase: the same stragglers would have gated the default). When the ratio over a window of iterations
+  falls under the threshold it backs off: committed clocks are lifted a step (a fraction of the top clock),
+  up to a bound; when it is above the threshold by a margin it trims them a step, down to a bound.
+
+Pure like :mod:`eerl.control`: no I/O and no clock reads; time comes in as ``now_s``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from eerl.control.base import Controller, ControllerSettings, Decision, PhaseObservation, PhaseSnapshot
+from eerl.control.predictor import BaselinePredictor
+from eerl.control.registry import DEFAULT_CONTROLLER, controller_factory
+from eerl.directives import Directive, DirectivePurpose, DirectiveVerdict
+from eerl.errors import ValidationError
+from eerl.phases import ControllerState, PhaseKind, Workload
+
+__all__ = ["GuardConfig", "JobController", "JobObservation", "NodeReport", "directive_purpose"]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReport:
+    """What one node's agent returns after EndPhase."""
+
+    node_rank: int
+    session_epoch: int
+    """Agent-side counter: +1 every time the agent (re)opened its daemon session."""
+    iteration: int
+    kind: PhaseKind
+    applied_epoch: int
+    """EndPhaseResponse.applied_epoch: the plan epoch of the directive the daemon applied."""
+    sm_clock_mhz: int | None
+    """The clock the daemon applied (EndPhaseResponse.sm_clock_mhz; 0 on the wire is None here)."""
+    verdict: DirectiveVerdict
+    duration_s: float
+    energy_j: float
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobObservation:
+    """What :meth:`JobController.observe` made of a phase's reports: counted or dropped, and why."""
+
+    accepted: bool
+    reason: str
+    observation: PhaseObservation | None
+
+
+@dataclass(frozen=True, slots=True)
+class GuardConfig:
+    """Tuning of the iteration guard (see the module docstring)."""
+
+    window: int = 24
+    """Committed iterations judged together (ratio of their summed predicted and measured wall times)."""
+    tolerance: float = 0.004
+    """Back off (lift committed clocks a step) when the window's ratio is under threshold − tolerance."""
+    trim_margin: float = 0.004
+    """Trim committed clocks a step when the window's ratio is above threshold + this."""
+    lift_fraction: float = 0.02
+    """One step moves committed clocks by this fraction of the top clock (snapped to the grid)."""
+    max_lift_steps: int = 6
+    max_trim_steps: int = 6
+    predictor_window: int = 24
+
+
+def directive_purpose(state: ControllerState, sm_clock_mhz: int | None) -> DirectivePurpose:
+    """The purpose of a directive from the controller's state and clock (see the module docstring)."""
+    if sm_clock_mhz is None:
+        return DirectivePurpose.CONTROL
+    if state in (ControllerState.EXPLORING, ControllerState.RETUNING):
+        return DirectivePurpose.TRIAL
+    if state in (ControllerState.COMMITTED, ControllerState.FIXED):
+        return DirectivePurpose.COMMITTED
+    return DirectivePurpose.CONTROL
+
+
+@dataclass(slots=True)
+class _Iteration:
+    """What the guard collects about one iteration: each kind's workload, median time and clock."""
+
+    workloads: dict[PhaseKind, Workload]
+    medians: dict[PhaseKind, float]
+    slowest: dict[PhaseKind, float] = field(default_factory=dict)
+    at_default: bool = True
+    trial: bool = False
+    """A trial ran in this iteration: the search's own cost, not what the guard judges."""
+
+
+class JobController:
+    """One controller for a whole job: plans every phase's directive and learns from complete reports."""
+
+    def __init__(
+        self,
+        settings: ControllerSettings,
+        nodes: int,
+        *,
+        incarnation: int = 1,
+        controller: Controller | None = None,
+        guard: GuardConfig | None = None,
+    ) -> None:
+        if nodes < 1:
+            raise ValidationError("nodes", "must be at least 1")
+        if incarnation < 1:
+            raise ValidationError("incarnation", "must be at least 1")
+        if controller is None:
+            controller = controller_factory(DEFAULT_CONTROLLER)(settings)
+        self._inner = controller
+        self._settings = settings
+        self._nodes = nodes
+        self._incarnation = incarnation
+        self._guard = guard or GuardConfig()
+        self._clocks = tuple(sorted(settings.supported_sm_clocks_mhz))
+        self._epoch = 0
+        self._planned_clock: dict[PhaseKind, int | None] = {}
+        self._directives: dict[PhaseKind, Directive] = {}
+        self._session_epochs: dict[int, int] = {}
+        self._predictors = {
+            kind: BaselinePredictor(kind, self._guard.predictor_window) for kind in settings.kinds
+        }
+        self._window: deque[tuple[float, float]] = deque(maxlen=self._guard.window)
+        """(predicted default wall time, measured wall time) of the iterations being judged."""
+        self._iterations: dict[int, _Iteration] = {}
+        self._lift_steps = 0
+        self._guard_history: deque[Decision] = deque(maxlen=128)
+
+    # ------------------------------------------------------------------ interface
+
+    @property
+    def nodes(self) -> int:
+        """Nodes whose reports make a phase complete."""
+        return self._nodes
+
+    @property
+    def incarnation(self) -> int:
+        """This controller's incarnation (every directive carries it)."""
+        return self._incarnation
+
+    @property
+    def epoch(self) -> int:
+        """The current plan epoch (0 before the first directive)."""
+        return self._epoch
+
+    @property
+    def lift_steps(self) -> int:
+        """The iteration guard's steps on committed clocks: positive lifts (back-off), negative trims."""
+        return self._lift_steps
+
+    def plan(self, kind: PhaseKind, iteration: int, now_s: float) -> Directive:
+        """The directive of the phase about to begin, the same for every node."""
+        decision = self._inner.decide(kind, iteration, None, now_s)
+        clock = decision.sm_clock_mhz
+        purpose = directive_purpose(decision.state, clock)
+        if purpose is DirectivePurpose.COMMITTED and self._lift_steps:
+            clock = self._lift(clock)
+            purpose = directive_purpose(decision.state, clock)
+        if kind not in self._planned_clock or self._planned_clock[kind] != clock:
+            self._epoch += 1
+            self._planned_clock[kind] = clock
+        directive = Directive(self._incarnation, self._epoch, iteration, kind, clock, purpose)
+        self._directives[kind] = directive
+        if purpose is DirectivePurpose.TRIAL:
+            self._iterations.setdefault(iteration, _Iteration({}, {})).trial = True
+        return directive
+
+    def observe(
+        self,
+        kind: PhaseKind,
+        iteration: int,
+        reports: Sequence[NodeReport],
+        workload: Workload,
+        now_s: float,
+    ) -> JobObservation:
+        """Judge a phase's reports; a complete phase is fed to the controller as one job-level observation."""
+        directive = self._directives.get(kind)
+        record = self._iterations.setdefault(iteration, _Iteration({}, {}))
+        record.workloads[kind] = workload
+        reason = self._incomplete(kind, iteration, reports, directive)
+        if reason is not None or directive is None:
+            record.at_default = False
+            return JobObservation(False, reason or "no directive was planned for this phase", None)
+        durations = [report.duration_s for report in reports]
+        median = float(statistics.median(durations))
+        energy = float(sum(report.energy_j for report in reports))
+        if median <= 0 or energy <= 0:
+            record.at_default = False
+            return JobObservation(False, "a node reported no duration or no energy", None)
+        observation = PhaseObservation(
+            kind=kind,
+            iteration=iteration,
+            workload=workload,
+            duration_s=median,
+            energy_j=energy,
+            sm_clock_mhz=directive.sm_clock_mhz,
+            gpus=sum(report.gpus for report in reports),
+            end_time_s=now_s,
+        )
+        self._inner.observe(observation, now_s)
+        record.medians[kind] = median
+        record.slowest[kind] = float(max(durations))
+        if directive.sm_clock_mhz is None:
+            predictor = self._predictors.get(kind)
+            if predictor is not None:
+                predictor.add(workload, median, energy)
+        else:
+            record.at_default = False
+        return JobObservation(True, "", observation)
+
+    def end_iteration(self, iteration: int, wall_s: float, valid_tokens: int, now_s: float) -> None:
+        """The iteration guard: the job's measured wall time against the predicted default's."""
+        record = self._iterations.pop(iteration, None)
+        for old in [i for i in self._iterations if i < iteration]:
+            del self._iterations[old]
+        if record is None or wall_s <= 0 or valid_tokens <= 0:
+            return
+        kinds = self._settings.kinds
+        if any(kind not in record.workloads for kind in kinds):
+            return
+        if record.at_default or record.trial or any(kind not in record.medians for kind in kinds):
+            return
+        predicted = self._predicted_default_wall_s(record, wall_s)
+        if predicted is None:
+            return
+        self._window.append((predicted, wall_s))
+        if len(self._window) < self._guard.window:
+            return
+        ratio = sum(p for p, _ in self._window) / sum(w for _, w in self._window)
+        threshold = self._settings.throughput_threshold
+        guard = self._guard
+        if ratio < threshold - guard.tolerance and self._lift_steps < guard.max_lift_steps:
+            self._lift_steps += 1
+            verb = "under"
+        elif ratio > threshold + guard.trim_margin and self._lift_steps > -guard.max_trim_steps:
+            self._lift_steps -= 1
+            verb = "above"
+        else:
+            return
+        self._window.clear()
+        self._note(
+            iteration,
+            now_s,
+            ratio,
+            f"iteration guard: job throughput {ratio:.3f} {verb} {threshold:.3f}; "
+            f"committed clocks {self._lift_steps:+d} step(s)",
+        )
+
+    def snapshot(self) -> Sequence[PhaseSnapshot]:
+        """The inner controller's view per phase kind."""
+        return self._inner.snapshot()
+
+    def decisions(self) -> Sequence[Decision]:
+        """The inner controller's history and the guard's back-offs, oldest first."""
+        merged = [*self._inner.decisions(), *self._guard_history]
+        return sorted(merged, key=lambda decision: decision.time_s)
+
+    # ------------------------------------------------------------------ internals
+
+    def _incomplete(
+        self, kind: PhaseKind, iteration: int, reports: Sequence[NodeReport], directive: Directive | None
+    ) -> str | None:
+        """Why these reports do not make a complete phase under ``directive`` (None: they do)."""
+        restarted = []
+        for report in reports:
+            previous = self._session_epochs.get(report.node_rank)
+            if previous is not None and previous != report.session_epoch:
+                restarted.append(report.node_rank)
+            self._session_epochs[report.node_rank] = report.session_epoch
+        if directive is None or directive.iteration != iteration:
+            return "no directive was planned for this phase"
+        ranks = sorted(report.node_rank for report in reports)
+        if ranks != list(range(self._nodes)):
+            missing = sorted(set(range(self._nodes)) - set(ranks))
+            if missing:
+                return f"node(s) {', '.join(map(str, missing))} did not report"
+            return "a report from an unknown or repeated node rank"
+        for report in reports:
+            if report.kind is not kind or report.iteration != iteration:
+                return (
+                    f"node {report.node_rank} reported another phase ({report.kind.value} {report.iteration})"
+                )
+        if restarted:
+            return f"node(s) {', '.join(map(str, restarted))} reopened their session"
+        for report in reports:
+            if report.verdict is not DirectiveVerdict.ACCEPTED:
+                return f"node {report.node_rank}: directive {report.verdict.value}"
+            if report.applied_epoch != directive.epoch:
+                return f"node {report.node_rank} applied epoch {report.applied_epoch}, not {directive.epoch}"
+            if report.sm_clock_mhz != directive.sm_clock_mhz:
+                return (
+                    f"node {report.node_rank} applied {report.sm_clock_mhz} MHz, not {directive.sm_clock_mhz}"
+                )
+        return None
+
+    def _predicted_default_wall_s(self, record: _Iteration, wall_s: float) -> float | None:
+        """What this iteration would have lasted under the default governor.
+
+        Each phase's default median time (the guard's predictors) is scaled by this iteration's own
+        slowest-to-median ratio of that phase (the same stragglers would have gated the default: a
+        straggler's slowness does not depend on the clock); the time outside the phases is kept.
+        """
+        predicted = wall_s
+        for kind in self._settings.kinds:
+            predictor = self._predictors.get(kind)
+            prediction = None if predictor is None else predictor.predict(record.workloads[kind])
+            if prediction is None or predictor is None or predictor.count < 3:
+                return None
+            gate = record.slowest[kind] / record.medians[kind]
+            predicted += prediction.duration_s * gate - record.slowest[kind]
+        return predicted
+
+    def _lift(self, clock: int | None) -> int | None:
+        """``clock`` moved by the guard's steps: up snapped up to the grid (the top clock means the default),
+        down (a trim) snapped down, never below the lowest clock."""
+        if clock is None or not self._clocks:
+            return clock
+        wanted = clock + self._lift_steps * self._guard.lift_fraction * self._clocks[-1]
+        if self._lift_steps < 0:
+            return self._clocks[max(0, bisect.bisect_right(self._clocks, wanted) - 1)]
+        index = bisect.bisect_left(self._clocks, wanted)
+        if index >= len(self._clocks) - 1:
+            return None
+        return self._clocks[index]
+
+    def _note(self, iteration: int, now_s: float, ratio: float, reason: str) -> None:
+        for kind in self._settings.kinds:
+            self._guard_history.append(
+                Decision(
+                    kind,
+                    iteration,
+                    self._planned_clock.get(kind),
+                    self._inner.state_of(kind) or ControllerState.OFF,
+                    reason,
+                    now_s,
+                    throughput_ratio=ratio,
+                )
+            )
