@@ -11,12 +11,15 @@ DEPS := pyproject.toml client/pyproject.toml $(CONSTRAINTS)
 # marks both; `make demo` alone installs only eerld, eerl-client and matplotlib (no torch, TRL, transformers).
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
+# `make demo-multinode`: the demo's install plus Ray (eerl-client[ray]).
+MULTINODE_STAMP := $(VENV)/.installed-demo-multinode
 LOCK_VENV := $(or $(TMPDIR),/tmp)/eerl-constraints-venv
 
-.PHONY: help setup demo test check-proto proto lint fmt typecheck pytest bench soak constraints clean
+.PHONY: help setup demo demo-multinode test check-proto proto lint fmt typecheck pytest bench soak constraints clean
 
 help:
 	@echo "make demo   - set up what the demo needs and run the simulated RL loop"
+	@echo "make demo-multinode - the same on a local Ray cluster of 4 simulated nodes, one decision per job"
 	@echo "make test   - set up everything and run every check (proto, ruff, import contracts, mypy, pytest)"
 	@echo "make proto  - regenerate the gRPC code from proto/"
 	@echo "make constraints - re-resolve constraints.txt (the pinned runtime dependencies) in a clean venv"
@@ -34,14 +37,22 @@ $(DEMO_STAMP): $(DEPS) | $(BIN)/python
 
 $(STAMP): $(DEPS) | $(BIN)/python
 	@echo "setup: installing everything make test needs: dev tools, bench, and torch, TRL and transformers"
-	@echo "       for the end-to-end test (about 1.8 GB; runtime dependencies at the versions of $(CONSTRAINTS))"
-	$(PIP) install --constraint $(CONSTRAINTS) -e './client[e2e]' -e '.[dev]'
-	@touch $(STAMP) $(DEMO_STAMP)
+	@echo "       for the end-to-end test, and Ray for the multi-node tests (about 2 GB; runtime dependencies at the versions of $(CONSTRAINTS))"
+	$(PIP) install --constraint $(CONSTRAINTS) -e './client[e2e,ray]' -e '.[dev]'
+	@touch $(STAMP) $(DEMO_STAMP) $(MULTINODE_STAMP)
+
+$(MULTINODE_STAMP): $(DEPS) | $(BIN)/python
+	@echo "setup: installing eerl-client with Ray, eerld and matplotlib (Ray is about 240 MB more)"
+	$(PIP) install --constraint $(CONSTRAINTS) -e './client[ray]' -e '.[demo]'
+	@touch $(MULTINODE_STAMP) $(DEMO_STAMP)
 
 setup: $(STAMP)
 
 demo: $(DEMO_STAMP)
 	$(BIN)/python -m demo
+
+demo-multinode: $(MULTINODE_STAMP)
+	$(BIN)/python -m demo.multinode $(ARGS)
 
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py

@@ -9,6 +9,8 @@ Not part of the daemon's wheel: a tool of this repository, run from its root. On
 - :mod:`demo.record`: what the demo records (each phase beside the default governor's prediction);
 - :mod:`demo.report`: the per-phase lines and the summary;
 - :mod:`demo.plot`: the timeline plot.
+- :mod:`demo.multinode`: ``make demo-multinode``, the same on a local Ray cluster of simulated nodes, driven
+  through :class:`eerl.ray.RayJob` (docs/multinode.md).
 
 It reads the controller's view through eerlctl's admin client (:mod:`eerld.ctl_client`). docs/demo.md
 explains the output.

@@ -15,6 +15,7 @@ then calls ``self.ppo_train(global_steps)``. The hook wraps, on the trainer obje
 The trainer runs inside a Ray actor, so the hook is attached there: subclass the actor class and call
 :func:`instrument` at the end of ``__init__`` (see ``docs/integrations.md``). The iteration is the
 ``global_steps`` passed to ``ppo_train``; a generation gets the iteration that follows the last one trained.
+On several nodes, pass ``eerl.ray.RayJob(job_id=...)`` instead of the session (docs/multinode.md).
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from collections.abc import Callable
 from typing import Any
 
 from eerl.integrations._counting import longest_row, rows, total
+from eerl.integrations._source import PhaseSource
 from eerl.integrations._wrapping import Patches
 from eerl.phases import PhaseKind, Workload
-from eerl.session import Session
 
 _SAMPLE_SOURCES = (
     ("train_streamer", "make_sample_batch"),
@@ -37,7 +38,7 @@ _SAMPLE_SOURCES = (
 class OpenRlhfHook:
     """The hook on one trainer; :meth:`remove` restores it."""
 
-    def __init__(self, trainer: Any, session: Session) -> None:
+    def __init__(self, trainer: Any, session: PhaseSource) -> None:
         self._session = session
         self._patches = Patches()
         self._last_samples = Workload()
@@ -112,6 +113,6 @@ def samples_workload(samples: list[Any]) -> Workload:
     )
 
 
-def instrument(trainer: Any, session: Session) -> OpenRlhfHook:
+def instrument(trainer: Any, session: PhaseSource) -> OpenRlhfHook:
     """Reports ``trainer``'s (an OpenRLHF PPO trainer, inside its actor) phases to ``session``."""
     return OpenRlhfHook(trainer, session)

@@ -6,6 +6,9 @@ Usage (two lines besides the trainer)::
     eerl.integrations.trl.instrument(trainer, session)
     trainer.train()
 
+Under accelerate or torchrun on several nodes, pass ``eerl.dist.DistJob(job_id=...)`` (built on every rank)
+instead of the session: one clock decision per step for every node (docs/multinode.md).
+
 Where the phases are, in TRL's ``GRPOTrainer`` (checked against TRL 1.x):
 
 * **generation** wraps ``_generate_and_score_completions`` — TRL's rollout: sampling completions, then
@@ -26,17 +29,17 @@ from __future__ import annotations
 from typing import Any
 
 from eerl.integrations._counting import longest_row, rows, total
+from eerl.integrations._source import PhaseLike, PhaseSource
 from eerl.phases import PhaseKind
-from eerl.session import Phase, Session
 
 
 class TrlHook:
     """The hook on one trainer; :meth:`remove` restores the trainer."""
 
-    def __init__(self, trainer: Any, session: Session) -> None:
+    def __init__(self, trainer: Any, session: PhaseSource) -> None:
         self._trainer = trainer
         self._session = session
-        self._training: Phase | None = None
+        self._training: PhaseLike | None = None
         self._original_generate = trainer._generate_and_score_completions
         self._original_prepare = trainer._prepare_inputs
         self._callback = _StepCallback(self)
@@ -99,7 +102,7 @@ class TrlHook:
             phase.__exit__(None, None, None)
 
 
-def instrument(trainer: Any, session: Session) -> TrlHook:
+def instrument(trainer: Any, session: PhaseSource) -> TrlHook:
     """Reports ``trainer``'s (a TRL ``GRPOTrainer``) phases to ``session``; returns the hook."""
     return TrlHook(trainer, session)
 

@@ -8,6 +8,9 @@ blocks on the trainer object (call it after ``trainer.init_workers()`` and befor
     eerl.integrations.verl.instrument(trainer, session)
     trainer.fit()
 
+On several nodes, pass ``eerl.ray.RayJob(job_id=...)`` instead of the session: one clock decision per phase
+for every node of the job (docs/multinode.md).
+
 * **generation** wraps ``trainer.async_rollout_manager.generate_sequences`` (agent-loop / async rollout)
   and ``trainer.actor_rollout_wg.generate_sequences`` (the older synchronous rollout), whichever the run
   uses. Tokens are the response tokens generated (``response_mask``, or the response part of
@@ -27,15 +30,15 @@ from collections.abc import Callable
 from typing import Any
 
 from eerl.integrations._counting import longest_row, rows, total
+from eerl.integrations._source import PhaseSource
 from eerl.integrations._wrapping import Patches
 from eerl.phases import PhaseKind
-from eerl.session import Session
 
 
 class VerlHook:
     """The hook on one trainer; :meth:`remove` restores it."""
 
-    def __init__(self, trainer: Any, session: Session) -> None:
+    def __init__(self, trainer: Any, session: PhaseSource) -> None:
         self._trainer = trainer
         self._session = session
         self._patches = Patches()
@@ -117,7 +120,7 @@ class VerlHook:
         return validate
 
 
-def instrument(trainer: Any, session: Session) -> VerlHook:
+def instrument(trainer: Any, session: PhaseSource) -> VerlHook:
     """Reports ``trainer``'s (a verl ``RayPPOTrainer``, after ``init_workers()``) phases to ``session``."""
     return VerlHook(trainer, session)
 

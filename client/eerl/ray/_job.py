@@ -1,0 +1,406 @@
+"""The driver's side of a Ray job: one node agent per node, and the fan-out of every phase to them."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import ray
+from ray.exceptions import RayActorError, RayError
+from ray.util import placement_group_table
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from eerl.control.base import ControllerSettings
+from eerl.directives import Directive
+from eerl.job.controller import NodeReport
+from eerl.job.node import NodeBegin
+from eerl.job.runner import JobRunner
+from eerl.phases import PhaseKind, Workload
+from eerl.ray._agent import AgentInfo, NodeAgent
+from eerl.ray._controller import (
+    ActorController,
+    ControllerPort,
+    JobControllerActor,
+    LocalController,
+    make_job_controller,
+)
+
+__all__ = ["FanOut", "RayJob"]
+
+logger = logging.getLogger("eerl")
+
+ControllerPlace = Literal["driver", "actor", "off"]
+
+
+@dataclass(frozen=True, slots=True)
+class FanOut:
+    """One begin or end fan-out as the driver saw it."""
+
+    kind: PhaseKind
+    iteration: int
+    begin: bool
+    seconds: float
+    """Wall time from the first call sent to the last reply taken (or the deadline)."""
+    answered: int
+    asked: int
+
+
+@dataclass(slots=True)
+class _Agent:
+    rank: int
+    node_id: str
+    handle: Any
+    info: AgentInfo | None = None
+    pending: Any = None
+    alive: bool = True
+
+
+class RayJob(JobRunner):
+    """One decision per phase for all the nodes of a Ray job; a drop-in for :class:`eerl.Session`.
+
+    Call it in the driver after ``ray.init()`` (and after the job's placement groups are created)::
+
+        job = eerl.ray.RayJob(job_id="my-ppo-run", placement_groups=[pg])
+        eerl.integrations.verl.instrument(trainer, job)      # the one changed line
+        trainer.fit()
+        job.close()
+
+    ``placement_groups``: the job's nodes are those their bundles were placed on
+    (``placement_group_table()["bundles_to_node_id"]``); else ``node_ids``; else every alive node with a
+    GPU (every alive node if none has one). One :class:`eerl.ray.NodeAgent` per node, pinned there
+    (``NodeAffinitySchedulingStrategy(soft=False)``, ``num_cpus=0``), holds its daemon session.
+    ``sockets``: each node's daemon socket by node id (default: discovered in the agent's environment).
+    ``gpus``: the GPUs of each node the job uses, one list for all or by node id (default: as many as the
+    node's ``GPU`` resource, 0…n-1, else ``EERL_GPUS`` / ``CUDA_VISIBLE_DEVICES`` in the agent).
+    ``policy``: the controller the job-level controller wraps (``eerl``, ``fixed`` with ``fixed_clocks``,
+    ``off``), as ``eerld --controller`` names them. ``controller``: ``"driver"`` (synchronous trainers: the
+    controller in this process), ``"actor"`` (a small named actor owned by this process, for asynchronous
+    trainers) or ``"off"`` (no directives: each
+    daemon's fallback). ``deadline_s``: the longest any fan-out waits; a node that has not answered by then
+    is absent from that phase (the phase runs anyway). ``clock``: the time the controller sees.
+
+    Fail-open: nothing here raises into the job; a failure costs one warning and the job goes on, with the
+    nodes at their daemons' fallback clocks.
+    """
+
+    def __init__(
+        self,
+        *,
+        job_id: str | None = None,
+        placement_groups: Sequence[Any] | None = None,
+        node_ids: Sequence[str] | None = None,
+        controller: ControllerPlace = "driver",
+        policy: str = "eerl",
+        fixed_clocks: Mapping[PhaseKind, int] | None = None,
+        controller_name: str | None = None,
+        threshold: float = 0.95,
+        incarnation: int | None = None,
+        deadline_s: float = 1.0,
+        start_timeout_s: float = 60.0,
+        sockets: Mapping[str, str] | None = None,
+        gpus: Sequence[int | str] | Mapping[str, Sequence[int | str]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(clock=clock)
+        self.job_id = job_id or os.environ.get("EERL_JOB_ID") or f"{socket.gethostname()}-{os.getpid()}"
+        self.incarnation = incarnation if incarnation is not None else time.time_ns() // 1_000_000
+        self.deadline_s = deadline_s
+        self.controller_name = controller_name or f"eerl-job-controller-{self.job_id}"
+        self._agents: list[_Agent] = []
+        self._port: ControllerPort | None = None
+        self._directives: dict[tuple[PhaseKind, int], Directive | None] = {}
+        self.fanouts: list[FanOut] = []
+        """Every fan-out so far (bounded to the last 10 000)."""
+        self.last_begins: list[NodeBegin] = []
+        self.last_reports: list[NodeReport] = []
+        self.last_observation: Any = None
+        self.settings: ControllerSettings | None = None
+        try:
+            self._start(placement_groups, node_ids, sockets, gpus, start_timeout_s)
+            self._start_controller(controller, policy, threshold, fixed_clocks or {})
+        except Exception:
+            self._warn_once(
+                "start", "cannot start job-level control on Ray; the job runs on without it", exc_info=True
+            )
+
+    # -- what the job reads ---------------------------------------------------------------------------
+
+    @property
+    def enabled(self) -> bool:
+        """True when at least one node agent is up."""
+        return any(agent.alive for agent in self._agents)
+
+    @property
+    def nodes(self) -> int:
+        return len(self._agents)
+
+    @property
+    def node_ids(self) -> tuple[str, ...]:
+        return tuple(agent.node_id for agent in self._agents)
+
+    @property
+    def agents(self) -> tuple[Any, ...]:
+        """The agents' actor handles, by node rank."""
+        return tuple(agent.handle for agent in self._agents)
+
+    @property
+    def infos(self) -> tuple[AgentInfo | None, ...]:
+        return tuple(agent.info for agent in self._agents)
+
+    @property
+    def controller(self) -> Any:
+        """The JobController in this process (``controller="driver"``), the actor handle
+        (``"actor"``), or None."""
+        port = self._port
+        if isinstance(port, LocalController):
+            return port.controller
+        if isinstance(port, ActorController):
+            return port.handle
+        return None
+
+    def directive(self, kind: PhaseKind, iteration: int) -> Directive | None:
+        """The directive sent for a phase (None: none was)."""
+        return self._directives.get((kind, iteration))
+
+    # -- the phases (JobRunner) -----------------------------------------------------------------------
+
+    def _begin(self, kind: PhaseKind, iteration: int) -> None:
+        started = time.monotonic()  # one deadline for the plan and the fan-out together
+        directive: Directive | None = None
+        port = self._port
+        if port is not None:
+            try:
+                directive = port.plan(kind, iteration, self._clock())
+            except Exception as e:
+                self._warn_once(
+                    "plan", f"the job-level controller did not plan ({type(e).__name__}); the nodes fall back"
+                )
+                directive = None
+        self._remember(kind, iteration, directive)
+        answers = self._fan(
+            kind, iteration, True, lambda a: a.handle.begin.remote(directive, kind, iteration), started
+        )
+        self.last_begins = [answer for answer in answers.values() if isinstance(answer, NodeBegin)]
+
+    def _end(self, kind: PhaseKind, iteration: int, workload: Workload) -> None:
+        answers = self._fan(
+            kind, iteration, False, lambda a: a.handle.end.remote(kind, iteration, workload), time.monotonic()
+        )
+        reports = [answer for answer in answers.values() if isinstance(answer, NodeReport)]
+        self.last_reports = reports
+        port = self._port
+        if port is not None and self._directives.get((kind, iteration)) is not None:
+            self.last_observation = port.observe(kind, iteration, reports, workload, self._clock())
+
+    def _iteration_done(self, iteration: int, wall_s: float, valid_tokens: int) -> None:
+        port = self._port
+        if port is not None:
+            port.end_iteration(iteration, wall_s, valid_tokens, self._clock())
+
+    def _close(self) -> None:
+        refs = []
+        for agent in self._agents:
+            if agent.alive:
+                try:
+                    refs.append(agent.handle.close.remote())
+                except Exception:  # noqa: S112 - best effort on the way out
+                    continue
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=self.deadline_s)
+        for agent in self._agents:
+            try:
+                ray.kill(agent.handle, no_restart=True)
+            except Exception:  # noqa: S112 - already gone
+                continue
+        port, self._port = self._port, None
+        if port is not None:
+            port.close()
+
+    # -- internals ------------------------------------------------------------------------------------
+
+    def _remember(self, kind: PhaseKind, iteration: int, directive: Directive | None) -> None:
+        self._directives[(kind, iteration)] = directive
+        if len(self._directives) > 64:
+            for key in list(self._directives)[:-32]:
+                del self._directives[key]
+
+    def _fan(
+        self, kind: PhaseKind, iteration: int, begin: bool, call: Callable[[_Agent], Any], started: float
+    ) -> dict[int, object]:
+        """Sends ``call`` to every live agent that is not still busy with an earlier call; waits for the
+        replies until ``deadline_s`` after ``started``; returns them by node rank (absent: no reply in
+        time)."""
+        asked: dict[Any, _Agent] = {}
+        for agent in self._agents:
+            if not agent.alive or not self._ready_for_more(agent):
+                continue
+            ref = call(agent)
+            agent.pending = ref
+            asked[ref] = agent
+        answers: dict[int, object] = {}
+        if asked:
+            left_s = max(0.0, self.deadline_s - (time.monotonic() - started))
+            ready, _ = ray.wait(list(asked), num_returns=len(asked), timeout=left_s)
+            for ref in ready:
+                agent = asked[ref]
+                agent.pending = None
+                answer = self._take(agent, ref)
+                if answer is not None:
+                    answers[agent.rank] = answer
+        self.fanouts.append(
+            FanOut(kind, iteration, begin, time.monotonic() - started, len(answers), len(asked))
+        )
+        if len(self.fanouts) > 10_000:
+            del self.fanouts[:5_000]
+        return answers
+
+    def _ready_for_more(self, agent: _Agent) -> bool:
+        """False while the agent's previous call has not returned (a node that is down or stuck): the job
+        does not wait for it again, and does not queue more work behind it."""
+        if agent.pending is None:
+            return True
+        ready, _ = ray.wait([agent.pending], timeout=0)
+        if not ready:
+            return False
+        ref, agent.pending = agent.pending, None
+        self._take(agent, ref)
+        return agent.alive
+
+    def _take(self, agent: _Agent, ref: Any) -> object | None:
+        try:
+            answer: object = ray.get(ref, timeout=0)
+        except RayActorError:
+            agent.alive = False
+            self._warn_once(
+                f"dead:{agent.rank}",
+                f"the node agent of node {agent.rank} ({agent.node_id[:8]}) is gone; the job goes on "
+                "without it",
+            )
+            return None
+        except RayError as e:
+            logger.debug("eerl: node %d: %s", agent.rank, e)
+            return None
+        return answer
+
+    def _start(
+        self,
+        placement_groups: Sequence[Any] | None,
+        node_ids: Sequence[str] | None,
+        sockets: Mapping[str, str] | None,
+        gpus: Sequence[int | str] | Mapping[str, Sequence[int | str]] | None,
+        start_timeout_s: float,
+    ) -> None:
+        if not ray.is_initialized():
+            self._warn_once("ray", "Ray is not initialised (ray.init()); job-level control is off")
+            return
+        resources = {
+            node["NodeID"]: node.get("Resources", {})
+            for node in ray.nodes()  # type: ignore[no-untyped-call]
+            if node.get("Alive", False)
+        }
+        chosen = _job_nodes(placement_groups, node_ids, resources, start_timeout_s)
+        if not chosen:
+            self._warn_once("nodes", "found no node for the job; job-level control is off")
+            return
+        for rank, node_id in enumerate(chosen):
+            node_gpus = _node_gpus(node_id, gpus, resources.get(node_id, {}))
+            handle = NodeAgent.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+            ).remote(
+                self.job_id,
+                rank,
+                self.incarnation,
+                socket_path=(sockets or {}).get(node_id),
+                gpus=node_gpus,
+                nodes=len(chosen),
+                timeout_s=max(0.05, self.deadline_s * 0.8),
+            )
+            self._agents.append(_Agent(rank, node_id, handle))
+        refs = {agent.handle.start.remote(): agent for agent in self._agents}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=start_timeout_s)
+        for ref in ready:
+            agent = refs[ref]
+            info = self._take(agent, ref)
+            if isinstance(info, AgentInfo):
+                agent.info = info
+        for agent in self._agents:
+            if agent.info is None and agent.alive:
+                self._warn_once(
+                    f"start:{agent.rank}",
+                    f"the node agent of node {agent.rank} ({agent.node_id[:8]}) did not start in "
+                    f"{start_timeout_s:g} s; that node runs at its daemon's fallback",
+                )
+            elif agent.info is not None and not agent.info.connected:
+                self._warn_once(
+                    f"connect:{agent.rank}",
+                    f"node {agent.rank} ({agent.node_id[:8]}) has no job-mode session with its eerld yet",
+                )
+
+    def _start_controller(
+        self, place: ControllerPlace, policy: str, threshold: float, fixed_clocks: Mapping[PhaseKind, int]
+    ) -> None:
+        if place == "off" or not self._agents:
+            return
+        grids = [
+            set(agent.info.supported_sm_clocks_mhz)
+            for agent in self._agents
+            if agent.info is not None and agent.info.supported_sm_clocks_mhz
+        ]
+        if not grids:
+            self._warn_once(
+                "grid",
+                "no node reported its GPUs' clock grid; the job runs at the daemons' fallback clocks",
+            )
+            return
+        grid = tuple(sorted(set.intersection(*grids)))
+        settings = ControllerSettings(
+            supported_sm_clocks_mhz=grid, throughput_threshold=threshold, fixed_clocks_mhz=dict(fixed_clocks)
+        )
+        self.settings = settings
+        if place == "driver":
+            self._port = LocalController(make_job_controller(settings, self.nodes, self.incarnation, policy))
+            return
+        handle = JobControllerActor.options(name=self.controller_name).remote(
+            settings, self.nodes, self.incarnation, policy
+        )
+        self._port = ActorController(handle, deadline_s=self.deadline_s)
+
+
+def _job_nodes(
+    placement_groups: Sequence[Any] | None,
+    node_ids: Sequence[str] | None,
+    resources: Mapping[str, Mapping[str, float]],
+    timeout_s: float,
+) -> list[str]:
+    if placement_groups:
+        chosen: list[str] = []
+        for group in placement_groups:
+            ray.get(group.ready(), timeout=timeout_s)
+            table = placement_group_table(group)
+            for _, node_id in sorted(table.get("bundles_to_node_id", {}).items()):
+                if node_id and node_id not in chosen:
+                    chosen.append(node_id)
+        return chosen
+    if node_ids:
+        return list(dict.fromkeys(node_ids))
+    with_gpus = [node for node, res in resources.items() if res.get("GPU", 0) > 0]
+    return sorted(with_gpus or resources)
+
+
+def _node_gpus(
+    node_id: str,
+    gpus: Sequence[int | str] | Mapping[str, Sequence[int | str]] | None,
+    resources: Mapping[str, float],
+) -> list[int | str] | None:
+    if isinstance(gpus, Mapping):
+        listed = gpus.get(node_id)
+        return list(listed) if listed is not None else None
+    if gpus is not None:
+        return list(gpus)
+    count = int(resources.get("GPU", 0))
+    return list(range(count)) if count > 0 else None

@@ -1,0 +1,79 @@
+"""eerl.dist.DistJob: 4 CPU ranks on 2 simulated nodes (gloo, init_method file://), a daemon per node."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch_mp = pytest.importorskip("torch.multiprocessing")
+
+from eerl.dist import _leaders  # noqa: E402
+
+from eerld.testing import DaemonHandle, running_daemon  # noqa: E402
+from tests.client.job._dist_worker import run_rank  # noqa: E402
+from tests.conftest import short_socket_dir  # noqa: E402
+
+WORLD = 4
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[DaemonHandle]]:
+    with ExitStack() as stack:
+        handles = []
+        for _ in range(2):
+            directory = stack.enter_context(short_socket_dir())
+            handles.append(stack.enter_context(running_daemon(directory, controller="off", fixed_clocks="")))
+        yield handles
+
+
+def run_job(daemons: list[DaemonHandle], tmp_path: Path, stall_rank: int = -1) -> list[dict[str, Any]]:
+    sockets = [str(d.socket_path) for d in daemons]
+    torch_mp.spawn(
+        run_rank,
+        args=(WORLD, str(tmp_path / "init"), sockets, str(tmp_path), stall_rank),
+        nprocs=WORLD,
+        join=True,
+    )
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
+
+
+@pytest.mark.slow
+def test_rank_0_decides_and_each_node_leader_applies(daemons: list[DaemonHandle], tmp_path: Path) -> None:
+    results = run_job(daemons, tmp_path)
+    assert [r["leader"] for r in results] == [True, False, True, False]
+    assert [r["node_rank"] for r in results] == [0, None, 1, None]
+    assert all(r["nodes"] == 2 for r in results)
+    assert [r["has_controller"] for r in results] == [True, False, False, False]
+    leaders = [results[0], results[2]]
+    for a, b in zip(leaders[0]["phases"], leaders[1]["phases"], strict=True):
+        assert a["verdict"] == b["verdict"] == "accepted"
+        assert a["clock"] == b["clock"] == (1200 if a["kind"] == "generation" else 1500)
+    # The controller counted the nodes (2), not the ranks (4).
+    assert all(p.get("accepted") for p in results[0]["phases"])
+    for daemon in daemons:
+        assert daemon.backend.locked() == {}  # closed: back at default
+        assert not daemon.daemon.sessions()
+
+
+@pytest.mark.slow
+def test_a_stalled_rank_turns_job_control_off_and_the_job_goes_on(
+    daemons: list[DaemonHandle], tmp_path: Path
+) -> None:
+    results = run_job(daemons, tmp_path, stall_rank=3)
+    assert all(len(r["phases"]) == 6 for r in results)
+    assert all(r["phases"][0]["enabled"] for r in results)
+    assert not any(r["enabled"] for r in results)
+    # Each rank paid at most about one timeout (2 s) beyond the stall itself.
+    assert max(r["elapsed_s"] for r in results) < 3.0 + 2 * 2.0 + 2.0
+    for daemon in daemons:
+        assert daemon.backend.locked() == {}
+
+
+def test_node_leaders_are_local_rank_0_else_the_first_rank_of_each_host() -> None:
+    assert _leaders([("a", 0, "j", 1), ("a", 1, "j", 1), ("b", 0, "j", 1), ("b", 1, "j", 1)]) == [0, 2]
+    assert _leaders([("a", None, "j", 1), ("b", None, "j", 1), ("a", None, "j", 1)]) == [0, 1]

@@ -1,0 +1,239 @@
+"""eerl.ray on a local 4-node Ray cluster, one sim eerld per node (see conftest.py).
+
+The test order matters a little: the node-removal case is last, and it puts the node back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+import ray
+from eerl.directives import Directive, DirectivePurpose, DirectiveVerdict
+from eerl.job.node import NodeBegin
+from eerl.phases import PhaseKind
+from eerl.ray import RayJob
+from ray.util import placement_group_table
+from ray.util.placement_group import placement_group, remove_placement_group
+
+from tests.ray.conftest import MAX_TRIALS, NODES, LocalCluster
+
+pytestmark = pytest.mark.slow
+
+GEN, TRAIN = PhaseKind.GENERATION, PhaseKind.TRAINING
+CLOCKS = {GEN: 1200, TRAIN: 1500}
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float) -> float | None:
+    """Seconds until ``predicate`` held, or None if it did not within ``timeout_s``."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if predicate():
+            return time.monotonic() - started
+        time.sleep(0.02)
+    return None
+
+
+def fixed_job(job_id: str, **kwargs: object) -> RayJob:
+    options: dict[str, object] = {"policy": "fixed", "fixed_clocks": CLOCKS, "deadline_s": 2.0}
+    options.update(kwargs)
+    return RayJob(job_id=job_id, **options)  # type: ignore[arg-type]
+
+
+def test_without_ray_the_job_runs_on_without_control(caplog: pytest.LogCaptureFixture) -> None:
+    if ray.is_initialized():
+        pytest.skip("Ray is already up in this process")
+    job = RayJob(job_id="no-ray")
+    ran = []
+    for iteration in range(2):
+        with job.phase(GEN, iteration) as phase:
+            phase.report(tokens=1)
+            ran.append(iteration)
+    job.close()
+    assert ran == [0, 1]
+    assert not job.enabled
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "eerl: Ray is not initialised (ray.init()); job-level control is off"
+    ]
+
+
+def test_a_job_s_phases_clock_every_node_alike(local_cluster: LocalCluster) -> None:
+    job = fixed_job("alike")
+    try:
+        assert job.nodes == NODES
+        assert all(info is not None and info.connected for info in job.infos)
+        by_id = local_cluster.by_node_id()
+        assert set(job.node_ids) == set(by_id)
+        for iteration in range(3):
+            for kind in (GEN, TRAIN):
+                with job.phase(kind, iteration) as phase:
+                    assert len(job.last_begins) == NODES
+                    assert {b.verdict for b in job.last_begins} == {DirectiveVerdict.ACCEPTED}
+                    for node in local_cluster.nodes:
+                        assert node.locks() == [CLOCKS[kind]] * 2, node.node_id
+                    time.sleep(0.25)  # the sim energy counters step every 100 ms
+                    phase.report(tokens=1000, valid_tokens=500)
+                reports = job.last_reports
+                assert len(reports) == NODES
+                assert {r.sm_clock_mhz for r in reports} == {CLOCKS[kind]}
+                assert len({r.applied_epoch for r in reports}) == 1
+                assert job.last_observation is not None
+                assert job.last_observation.accepted
+        p50 = sorted(f.seconds for f in job.fanouts)[len(job.fanouts) // 2]
+        assert p50 < 1.0
+    finally:
+        job.close()
+    for node in local_cluster.nodes:
+        assert wait_until(lambda node=node: node.locks() == [None, None], 3.0) is not None  # type: ignore[misc]
+
+
+def test_the_nodes_are_those_of_the_job_s_placement_groups(local_cluster: LocalCluster) -> None:
+    group = placement_group([{"GPU": 2}] * 2, strategy="STRICT_SPREAD")
+    ray.get(group.ready(), timeout=30)
+    job = fixed_job("placed", placement_groups=[group])
+    try:
+        placed = set(placement_group_table(group)["bundles_to_node_id"].values())
+        assert job.nodes == 2
+        assert set(job.node_ids) == placed
+        with job.phase(GEN, 0):
+            assert {b.verdict for b in job.last_begins} == {DirectiveVerdict.ACCEPTED}
+            for node in local_cluster.nodes:
+                expected = [CLOCKS[GEN]] * 2 if node.node_id in placed else [None, None]
+                assert node.locks() == expected
+    finally:
+        job.close()
+        remove_placement_group(group)
+
+
+def test_the_controller_killed_every_daemon_falls_back(local_cluster: LocalCluster) -> None:
+    job = fixed_job("killed", controller="actor")
+    try:
+        with job.phase(GEN, 0):
+            assert {b.verdict for b in job.last_begins} == {DirectiveVerdict.ACCEPTED}
+        ray.kill(job.controller, no_restart=True)
+        started = time.monotonic()
+        with job.phase(GEN, 1):
+            assert time.monotonic() - started < job.deadline_s + 0.5
+            assert len(job.last_begins) == NODES
+            assert {b.verdict for b in job.last_begins} == {DirectiveVerdict.MISSING}
+            # The fallback: the last accepted committed clock of the phase kind (never a trial).
+            assert {b.sm_clock_mhz for b in job.last_begins} == {CLOCKS[GEN]}
+        with job.phase(TRAIN, 1):
+            # No committed training clock was ever accepted: the default governor.
+            assert {b.verdict for b in job.last_begins} == {DirectiveVerdict.MISSING}
+            for node in local_cluster.nodes:
+                assert node.locks() == [None, None]
+    finally:
+        job.close()
+
+
+def test_a_stale_second_controller_is_fenced_off(local_cluster: LocalCluster) -> None:
+    newer = fixed_job("fenced", incarnation=20)
+    older = None
+    try:
+        with newer.phase(GEN, 0):
+            assert {b.verdict for b in newer.last_begins} == {DirectiveVerdict.ACCEPTED}
+        newer.close()  # the newer controller's sessions end; each daemon remembers incarnation 20
+        older = fixed_job("fenced", incarnation=10, start_timeout_s=10.0)
+        with older.phase(TRAIN, 0):
+            # Refused at every node (its sessions are not opened): no node applies its directive.
+            assert not any(b.reached for b in older.last_begins)
+            for node in local_cluster.nodes:
+                assert node.locks() == [None, None]
+    finally:
+        newer.close()
+        if older is not None:
+            older.close()
+
+
+def test_bad_directives_are_refused_on_every_node(local_cluster: LocalCluster) -> None:
+    """Sent through the real node agents: off the grid, under the floor, and a flood of trials."""
+    job = RayJob(job_id="refused", controller="off", deadline_s=2.0)
+    try:
+
+        def begin_end(directive: Directive, iteration: int) -> list[NodeBegin]:
+            begins = ray.get([a.begin.remote(directive, GEN, iteration) for a in job.agents], timeout=10)
+            ray.get([a.end.remote(GEN, iteration, None) for a in job.agents], timeout=10)
+            return list(begins)
+
+        def directive(iteration: int, clock: int, purpose: DirectivePurpose, epoch: int = 1) -> Directive:
+            return Directive(job.incarnation, epoch, iteration, GEN, clock, purpose)
+
+        committed = DirectivePurpose.COMMITTED
+        assert {b.verdict for b in begin_end(directive(0, 1201, committed), 0)} == {DirectiveVerdict.OFF_GRID}
+        assert {b.verdict for b in begin_end(directive(1, 345, committed), 1)} == {
+            DirectiveVerdict.BELOW_FLOOR
+        }
+        verdicts = [
+            {
+                b.verdict
+                for b in begin_end(directive(2 + i, 1200 + 15 * (i % 2), DirectivePurpose.TRIAL), 2 + i)
+            }
+            for i in range(MAX_TRIALS + 1)
+        ]
+        assert verdicts == [{DirectiveVerdict.ACCEPTED}] * MAX_TRIALS + [{DirectiveVerdict.TRIAL_BUDGET}]
+        # Refused: the fallback, never a trial clock (no committed clock yet: the default governor).
+        last = begin_end(directive(9, 1200, DirectivePurpose.TRIAL), 9)
+        assert {(b.verdict, b.sm_clock_mhz) for b in last} == {(DirectiveVerdict.TRIAL_BUDGET, None)}
+    finally:
+        job.close()
+
+
+def test_a_daemon_killed_and_restarted_resets_and_the_agent_reopens(local_cluster: LocalCluster) -> None:
+    job = fixed_job("restart")
+    victim = local_cluster.nodes[1]
+    rank = job.node_ids.index(victim.node_id)
+    try:
+        with job.phase(GEN, 0):
+            assert victim.locks() == [CLOCKS[GEN]] * 2
+        first_epoch = {r.node_rank: r.session_epoch for r in job.last_reports}[rank]
+        with job.phase(TRAIN, 0):
+            victim.kill()
+            assert victim.locks() == [CLOCKS[TRAIN]] * 2  # SIGKILL leaves the lock on the "hardware"
+        # The phase's end found no daemon on that node: it did not report, and the job went on.
+        assert rank not in {
+            r.node_rank for r in job.last_reports if r.verdict is not DirectiveVerdict.MISSING
+        }
+        victim.start()  # boots, and resets the GPUs its ledger says were locked
+        assert victim.locks() == [None, None]
+        reopened = None
+        for iteration in range(1, 6):
+            with job.phase(GEN, iteration):
+                pass
+            mine = [r for r in job.last_reports if r.node_rank == rank]
+            if mine and mine[0].verdict is DirectiveVerdict.ACCEPTED:
+                reopened = mine[0]
+                break
+            time.sleep(0.3)
+        assert reopened is not None
+        assert reopened.session_epoch == first_epoch + 1
+    finally:
+        job.close()
+
+
+def test_a_node_removed_mid_phase_goes_to_default_and_the_job_goes_on(local_cluster: LocalCluster) -> None:
+    job = fixed_job("removed", deadline_s=1.0)
+    victim = local_cluster.nodes[-1]
+    try:
+        with job.phase(GEN, 0):
+            assert victim.locks() == [CLOCKS[GEN]] * 2
+            local_cluster.remove(victim)
+            to_default = wait_until(lambda: victim.locks() == [None, None], 5.0)
+            assert to_default is not None
+            assert to_default < 2.0, to_default
+        print(f"node removed mid-phase -> its GPUs at default in {to_default:.2f} s")
+        for iteration in range(1, 3):
+            for kind in (GEN, TRAIN):
+                started = time.monotonic()
+                with job.phase(kind, iteration):
+                    pass
+                assert time.monotonic() - started < 2 * job.deadline_s + 0.5
+                assert (
+                    len([b for b in job.last_begins if b.verdict is DirectiveVerdict.ACCEPTED]) == NODES - 1
+                )
+        assert job.last_observation is not None
+        assert not job.last_observation.accepted
+    finally:
+        job.close()
+        local_cluster.add_back(victim)
