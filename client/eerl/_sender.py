@@ -37,14 +37,15 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import grpc
 
 from eerl._channel import make_channel, refused_by_kernel
-from eerl._pb_enums import KIND_TO_PB
+from eerl._pb_enums import KIND_TO_PB, STATE_FROM_PB
 from eerl._validate import Finding, Problem, check_iteration, check_workload
 from eerl.config import ClientConfig
-from eerl.phases import PhaseKind, Workload
+from eerl.phases import ControllerState, PhaseKind, Workload
 from eerl.v1 import eerl_pb2, eerl_pb2_grpc
 
 logger = logging.getLogger("eerl")
@@ -53,6 +54,8 @@ _RETRYING = "the job runs on without clock control and eerl keeps retrying"
 _GRANT_HINT = "ask for a grant: eerlctl grant, see docs/security.md"
 _FAILURES_BEFORE_REOPEN = 3
 """Phase events in a row that fail (refused, or past their deadline) before the session is reopened."""
+_ANSWERS_KEPT = 64
+"""The daemon's answers (begins and ends) that :meth:`Sender.answer` can still return."""
 _TICKET_TIMEOUT_S = 1.0
 """The deadline of one IssueClaimTicket call, and of the CloseSession of a dying sender (at most
 ``rpc_timeout_s``)."""
@@ -128,6 +131,93 @@ class ClientStats:
     resyncs: int
     resets: int
     sender_errors: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuClockReading:
+    """One GPU's clock as the daemon read it back after applying a phase's decision."""
+
+    index: int
+    uuid: str
+    sm_clock_mhz: int
+    """What holds now."""
+    requested_sm_clock_mhz: int
+    """The lock requested; 0: the default governor."""
+    source: str
+    """Who decides the clock: ``default``, ``session`` or ``admin_pin`` (``""``: not said)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseAnswer:
+    """The daemon's answer to one phase event of this session (:meth:`eerl.Session.answer`).
+
+    For a begin: ``sm_clock_mhz`` is the clock the controller chose (0: the default governor), ``clocks``
+    what each GPU holds now, ``resynced`` that an earlier phase was abandoned unmetered. For an end: the
+    phase as the daemon metered it (``duration_s``, ``energy_j``, ``mean_power_w`` over ``gpus`` GPUs) and
+    the clock that held over it. ``state``: the controller's state for the phase kind, None if not said.
+    """
+
+    begin: bool
+    sm_clock_mhz: int
+    state: ControllerState | None
+    clocks: tuple[GpuClockReading, ...] = ()
+    resynced: bool = False
+    duration_s: float = 0.0
+    energy_j: float = 0.0
+    mean_power_w: float = 0.0
+    gpus: int = 0
+
+    @classmethod
+    def from_begin(cls, reply: eerl_pb2.BeginPhaseResponse) -> PhaseAnswer:
+        """The answer a ``BeginPhaseResponse`` carries."""
+        return cls(
+            begin=True,
+            sm_clock_mhz=reply.target_sm_clock_mhz,
+            state=STATE_FROM_PB.get(reply.state),
+            clocks=tuple(
+                GpuClockReading(
+                    index=clock.index,
+                    uuid=clock.uuid,
+                    sm_clock_mhz=clock.sm_clock_mhz,
+                    requested_sm_clock_mhz=clock.requested_sm_clock_mhz,
+                    source=_source_name(clock.source),
+                )
+                for clock in reply.clocks
+            ),
+            resynced=reply.resynced,
+        )
+
+    @classmethod
+    def from_end(cls, reply: eerl_pb2.EndPhaseResponse) -> PhaseAnswer:
+        """The answer an ``EndPhaseResponse`` carries (energy in joules: the wire says millijoules)."""
+        return cls(
+            begin=False,
+            sm_clock_mhz=reply.sm_clock_mhz,
+            state=STATE_FROM_PB.get(reply.state),
+            duration_s=reply.duration_s,
+            energy_j=reply.energy_mj / 1000.0,
+            mean_power_w=reply.mean_power_w,
+            gpus=reply.gpus,
+        )
+
+
+class EventSink(Protocol):
+    """What a :class:`eerl.Session` needs of its sender: the daemon's (:class:`Sender`) or a sidecar's."""
+
+    @property
+    def connected(self) -> bool: ...
+
+    def start(self) -> None: ...
+
+    def submit(self, event: Event) -> None: ...
+
+    def stats(self) -> ClientStats: ...
+
+    def wait_until_connected(self, timeout_s: float) -> bool: ...
+
+    def answer(self, phase_id: int, begin: bool) -> PhaseAnswer | None: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -206,6 +296,7 @@ class Sender:
         self._failures_in_a_row = 0
         self._dead = False
         self._backoff_s = config.reconnect_initial_s
+        self._answers: dict[tuple[int, bool], eerl_pb2.BeginPhaseResponse | eerl_pb2.EndPhaseResponse] = {}
         self._thread = threading.Thread(target=self._run, name="eerl-sender", daemon=True)
 
     # -- caller side ---------------------------------------------------------------------------------
@@ -260,6 +351,19 @@ class Sender:
             resets=counters.resets,
             sender_errors=counters.errors,
         )
+
+    def answer(self, phase_id: int, begin: bool) -> PhaseAnswer | None:
+        """The daemon's answer to the begin (or end) of phase ``phase_id``; None if there was none (yet).
+
+        The answers to the last 64 events are kept; they are stored as they came (the sender's thread does
+        no more than a dict insert per event) and converted here.
+        """
+        reply = self._answers.get((phase_id, begin))
+        if reply is None:
+            return None
+        if isinstance(reply, eerl_pb2.BeginPhaseResponse):
+            return PhaseAnswer.from_begin(reply)
+        return PhaseAnswer.from_end(reply)
 
     def close(self) -> None:
         """Flushes what it can within ``close_timeout_s``, closes the session and stops the thread."""
@@ -614,16 +718,18 @@ class Sender:
                     timeout=timeout_s,
                 )
                 link.open_phases.add(event.phase_id)
+                self._remember(event.phase_id, True, reply)
                 if reply.resynced:
                     self._counters.resyncs += 1
                     logger.debug("eerl: eerld abandoned a phase it never saw end (%s %d)", kind, iteration)
             else:
-                link.stub.EndPhase(
+                ended = link.stub.EndPhase(
                     eerl_pb2.EndPhaseRequest(
                         session_id=session_id, kind=kind_pb, iteration=iteration, workload=workload
                     ),
                     timeout=timeout_s,
                 )
+                self._remember(event.phase_id, False, ended)
         except grpc.RpcError as e:
             self._counters.failed += 1
             if event.begin and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -632,6 +738,15 @@ class Sender:
             return
         self._counters.sent += 1
         self._failures_in_a_row = 0
+
+    def _remember(
+        self, phase_id: int, begin: bool, reply: eerl_pb2.BeginPhaseResponse | eerl_pb2.EndPhaseResponse
+    ) -> None:
+        """Keeps the daemon's answer for :meth:`answer`; forgets the oldest beyond ``_ANSWERS_KEPT``."""
+        answers = self._answers
+        answers[(phase_id, begin)] = reply
+        if len(answers) > _ANSWERS_KEPT:
+            del answers[next(iter(answers))]
 
     def _checked(self, event: Event) -> eerl_pb2.Workload | None:
         """The event's workload as the daemon accepts it; counts and reports what had to change."""
@@ -696,6 +811,16 @@ class Sender:
 
 def _cancel(call: grpc.CallIterator[eerl_pb2.SessionEvent]) -> None:
     call.cancel()  # type: ignore[no-untyped-call]  # grpc-stubs leaves RpcContext.cancel untyped
+
+
+def _source_name(source: eerl_pb2.ClockSource.ValueType) -> str:
+    """``default``, ``session`` or ``admin_pin`` for a ``ClockSource``; ``""`` for UNSPECIFIED or unknown."""
+    if source == eerl_pb2.CLOCK_SOURCE_UNSPECIFIED:
+        return ""
+    try:
+        return eerl_pb2.ClockSource.Name(source).removeprefix("CLOCK_SOURCE_").lower()
+    except ValueError:
+        return ""
 
 
 def _gpu_ref(gpu: int | str) -> eerl_pb2.GpuRef:

@@ -10,6 +10,8 @@ Environment variables read by :meth:`ClientConfig.from_env`:
                     the first, and each other one gives a claim ticket for its GPUs (default: discovered
                     under ``EERL_RUN_DIR``, see :func:`discover_sockets`).
 ``EERL_RUN_DIR``    where the daemon's sockets live (default ``/run/eerld``).
+``EERL_SIDECAR``    the job's sidecar (``http://127.0.0.1:9479`` or ``unix:/path``): phase events go to
+                    it, and it holds the daemon session (docs/sidecar.md); wins over the three below.
 ``EERL_ADDRESS``    ``host:port`` of the daemon over TCP (mutual TLS); wins over ``EERL_SOCKET``.
 ``EERL_TLS_CA``, ``EERL_TLS_CERT``, ``EERL_TLS_KEY``
                     PEM files for TCP: the CA that signed the daemon's certificate, and this client's
@@ -29,6 +31,7 @@ from typing import Literal
 
 from eerl.errors import ConfigError
 from eerl.gpus import GpuId, parse_gpu_list
+from eerl.sidecar._address import parse_address
 
 DEFAULT_SOCKET_PATH = "/run/eerld/eerld.sock"
 """Where the daemon's shared worker socket lives unless configured otherwise."""
@@ -43,7 +46,7 @@ _GRANT_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"", "0", "false", "no", "off"})
 
-Transport = Literal["uds", "tcp", "disabled"]
+Transport = Literal["uds", "tcp", "sidecar", "disabled"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +84,15 @@ class ClientConfig:
     client_name: str = ""
     ticket_socket_paths: tuple[str, ...] = ()
     scoped: bool = False
+    sidecar_url: str | None = None
 
     def __post_init__(self) -> None:
         if self.transport == "uds" and not self.socket_path:
             raise ConfigError("socket_path: required for a Unix-socket config")
+        if self.transport == "sidecar":
+            if not self.sidecar_url:
+                raise ConfigError("sidecar_url: required for a sidecar config")
+            object.__setattr__(self, "sidecar_url", parse_address(self.sidecar_url, what="sidecar_url").url)
         if self.ticket_socket_paths:
             if self.transport != "uds":
                 raise ConfigError("ticket_socket_paths: only with a Unix-socket config")
@@ -120,6 +128,9 @@ class ClientConfig:
         if self.transport == "tcp":
             assert self.address is not None
             return self.address
+        if self.transport == "sidecar":
+            assert self.sidecar_url is not None
+            return self.sidecar_url
         return ""
 
     @property
@@ -164,6 +175,12 @@ class ClientConfig:
         )
 
     @classmethod
+    def sidecar(cls, url: str) -> ClientConfig:
+        """The job's sidecar (``eerl-sidecar``), which holds the daemon session: ``http://127.0.0.1:9479``
+        or ``unix:/path/to/sidecar.sock`` (docs/sidecar.md)."""
+        return cls(transport="sidecar", sidecar_url=url)
+
+    @classmethod
     def disabled_config(cls) -> ClientConfig:
         """A config that never connects (what ``EERL_DISABLE=1`` gives)."""
         return cls(transport="disabled")
@@ -181,6 +198,10 @@ class ClientConfig:
         base: ClientConfig
         if disable in _TRUE:
             base = cls.disabled_config()
+        elif env.get("EERL_SIDECAR", "").strip():
+            base = cls(
+                transport="sidecar", sidecar_url=parse_address(env["EERL_SIDECAR"], default_port=None).url
+            )
         elif env.get("EERL_ADDRESS"):
             missing = [name for name in ("EERL_TLS_CA", "EERL_TLS_CERT", "EERL_TLS_KEY") if not env.get(name)]
             if missing:
@@ -210,6 +231,7 @@ class ClientConfig:
             gpus=gpus,
             ticket_socket_paths=base.ticket_socket_paths,
             scoped=base.scoped,
+            sidecar_url=base.sidecar_url,
         )
 
 

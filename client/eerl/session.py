@@ -24,7 +24,7 @@ from types import TracebackType
 from typing import ParamSpec, TypeVar
 
 from eerl._pb_enums import MODE_TO_PB, ROLE_TO_PB
-from eerl._sender import ClientStats, Event, OpenRequest, Sender
+from eerl._sender import ClientStats, Event, EventSink, OpenRequest, PhaseAnswer, Sender
 from eerl._validate import MAX_ITERATION, to_count
 from eerl._version import __version__
 from eerl.config import ClientConfig
@@ -211,7 +211,7 @@ class Session:
     nothing.
     """
 
-    def __init__(self, sender: Sender | None, *, gpus: tuple[GpuId, ...] = (), job_id: str = "") -> None:
+    def __init__(self, sender: EventSink | None, *, gpus: tuple[GpuId, ...] = (), job_id: str = "") -> None:
         self._sender = sender
         self._gpus = gpus
         self._job_id = job_id
@@ -279,6 +279,15 @@ class Session:
     def stats(self) -> ClientStats:
         """What the sender has done so far (all zero for a disabled session)."""
         return self._sender.stats() if self._sender is not None else _DISABLED_STATS
+
+    def answer(self, phase: Phase, *, begin: bool) -> PhaseAnswer | None:
+        """The daemon's answer to ``phase``'s begin (or, ``begin=False``, its end): the clock applied, or
+        what was metered. None until the sender has it, and for an event that got none (not sent, refused,
+        a disabled session); the answers to a session's last 64 events are kept. Never waits: a caller who
+        wants the answer waits with ``wait_for_clock_s`` or :meth:`flush` first (the sidecar does)."""
+        if self._sender is None or phase._phase_id == 0:
+            return None
+        return self._sender.answer(phase._phase_id, begin)
 
     def wait_until_connected(self, timeout_s: float) -> bool:
         """Waits up to ``timeout_s`` for the daemon session to be open; True if it is."""
@@ -403,6 +412,13 @@ def connect(
     if config.disabled:
         logger.debug("eerl: disabled by configuration")
         return Session(None)
+    if config.transport == "sidecar":
+        # The sidecar holds the daemon session (its own GPUs and job id); this session only forwards.
+        from eerl.sidecar.client import SidecarSender  # noqa: PLC0415 - only jobs that use a sidecar load it
+
+        sidecar = SidecarSender(config)
+        sidecar.start()
+        return Session(sidecar, gpus=explicit_gpus or (), job_id=job_id or config.job_id or "")
     try:
         chosen_gpus = explicit_gpus if explicit_gpus is not None else _default_gpus(config)
     except ConfigError as e:

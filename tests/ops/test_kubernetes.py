@@ -38,8 +38,8 @@ def documents() -> list[dict[str, Any]]:
     return docs
 
 
-def one(kind: str) -> dict[str, Any]:
-    (doc,) = (d for d in documents() if d["kind"] == kind)
+def one(kind: str, name: str | None = None) -> dict[str, Any]:
+    (doc,) = (d for d in documents() if d["kind"] == kind and name in (None, d["metadata"]["name"]))
     return doc
 
 
@@ -66,7 +66,7 @@ class TestManifests:
                 continue
             model = MODELS[(doc["apiVersion"], doc["kind"])]
             model.model_validate(doc)
-        assert sorted(kinds) == ["DaemonSet", "Namespace", "Pod", "Service", "ServiceMonitor"]
+        assert sorted(kinds) == ["DaemonSet", "Namespace", "Pod", "Pod", "Service", "ServiceMonitor"]
 
     def test_a_misspelt_field_is_caught(self) -> None:
         """The validation is strict: a typo in a container field fails."""
@@ -238,7 +238,7 @@ class TestCdiSidecar:
 class TestWiring:
     def test_the_rl_pod_gets_its_gpus_sockets_through_cdi_not_a_host_path(self) -> None:
         """No hostPath, no EERL_SOCKET: the client looks for CDI-mounted sockets where eerld serves them."""
-        pod = one("Pod")["spec"]
+        pod = one("Pod", "rl-job-example")["spec"]
         container = pod["containers"][0]
         assert not any("hostPath" in v for v in pod.get("volumes", []))
         assert "volumeMounts" not in container
@@ -248,7 +248,7 @@ class TestWiring:
 
     def test_the_rl_pod_requests_gpus_and_runs_as_a_non_root_user(self) -> None:
         """nvidia.com/gpu from the scheduler (hence the CDI devices); runAsNonRoot with a non-zero uid."""
-        pod = one("Pod")["spec"]
+        pod = one("Pod", "rl-job-example")["spec"]
         assert int(pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) > 0
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["runAsUser"] != 0

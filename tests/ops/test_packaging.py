@@ -108,9 +108,9 @@ class TestInstalledWheels:
         for path in done.stdout.split():
             assert Path(path).is_relative_to(installed.venv), path
 
-    @pytest.mark.parametrize("command", ["eerld", "eerlctl"])
+    @pytest.mark.parametrize("command", ["eerld", "eerlctl", "eerl-sidecar", "eerl"])
     def test_the_commands_start(self, installed: Installed, command: str) -> None:
-        """eerld --help and eerlctl --help print their usage."""
+        """eerld, eerlctl, eerl-sidecar and eerl print their usage with --help."""
         done = installed.run(command, "--help")
         assert (done.returncode, done.stderr) == (0, "")
         assert done.stdout.startswith(f"usage: {command}")

@@ -1,0 +1,103 @@
+"""``eerl``: phase events from a shell script, through the job's sidecar (docs/sidecar.md).
+
+    eerl phase begin generation --iteration 3
+    eerl phase end generation --iteration 3 --tokens 123456 --sequences 64
+    eerl status
+
+The sidecar is ``EERL_SIDECAR`` (``http://127.0.0.1:9479`` or ``unix:/path``), else ``--sidecar``, else
+``http://127.0.0.1:9479``. Fail-open: whatever happens to the sidecar (absent, slow, refusing the event),
+the command exits 0 after at most ``--timeout`` seconds (default 1), with one line on stderr when the
+sidecar refused the event or when the ``EERL_SIDECAR`` it was given cannot be reached; ``--strict`` makes
+those exit 1 instead. ``EERL_DISABLE=1``: does nothing. Usage errors (an unknown option, a count that is not
+a number) exit 2, as the Python client raises ``ConfigError`` only for invalid arguments. ``--json`` prints
+the sidecar's answer (the clock now applied; the phase's duration and energy) on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from eerl.errors import ConfigError
+from eerl.sidecar._address import DEFAULT_URL, parse_address
+from eerl.sidecar.client import SidecarHttp, SidecarUnreachable
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_COUNTS = ("tokens", "valid_tokens", "sequences", "max_response_tokens", "prompt_tokens")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--sidecar", help=f"the sidecar (default: EERL_SIDECAR, else {DEFAULT_URL})")
+    common.add_argument("--timeout", type=float, default=1.0, help="seconds to wait at most (default 1)")
+    common.add_argument("--strict", action="store_true", help="exit 1 when the event did not get through")
+    common.add_argument("--json", action="store_true", help="print the sidecar's answer")
+    parser = argparse.ArgumentParser(prog="eerl", description="eerl phase events through the job's sidecar")
+    commands = parser.add_subparsers(dest="command", required=True)
+    phase = commands.add_parser("phase", help="a phase begins or ends")
+    edges = phase.add_subparsers(dest="edge", required=True)
+    begin = edges.add_parser("begin", parents=[common], help="a phase begins")
+    end = edges.add_parser("end", parents=[common], help="a phase ends")
+    for sub in (begin, end):
+        sub.add_argument("kind", help="generation or training (aliases: gen, rollout, train, update)")
+        sub.add_argument("--iteration", "-i", type=int, help="the iteration (default: the sidecar counts)")
+    for name in _COUNTS:
+        flag = "--" + name.replace("_", "-")
+        begin.add_argument(flag, type=int, dest=name, help="a hint known before the phase")
+        end.add_argument(flag, type=int, dest=name, help="what the phase processed")
+    commands.add_parser("status", parents=[common], help="the sidecar's session and phases")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if os.environ.get("EERL_DISABLE", "").strip().lower() in _TRUE:
+        return 0
+    given = args.sidecar or os.environ.get("EERL_SIDECAR", "").strip()
+    try:
+        address = parse_address(given or DEFAULT_URL, what="--sidecar" if args.sidecar else "EERL_SIDECAR")
+    except ConfigError as e:
+        parser.error(str(e))
+    if args.timeout <= 0:
+        parser.error("--timeout: must be positive")
+    if args.command == "status":
+        method, path, body = "GET", "/v1/status", None
+    else:
+        method, path, body = "POST", f"/v1/phases/{args.edge}", _body(args)
+    client = SidecarHttp(address, args.timeout)
+    try:
+        code, reply = client.request(method, path, body)
+    except SidecarUnreachable as e:
+        if given or args.strict:  # no sidecar at the default address: eerl is simply not deployed here
+            print(f"eerl: cannot reach the sidecar at {address.url} ({e}); the job goes on", file=sys.stderr)
+        return 1 if args.strict else 0
+    finally:
+        client.close()
+    if code != 200:
+        print(f"eerl: the sidecar refused it ({code}): {reply.get('error', '?')}", file=sys.stderr)
+        return 1 if args.strict else 0
+    if args.json:
+        print(json.dumps(reply, separators=(",", ":")))
+    return 0
+
+
+def _body(args: argparse.Namespace) -> dict[str, Any]:
+    body: dict[str, Any] = {"kind": args.kind}
+    if args.iteration is not None:
+        body["iteration"] = args.iteration
+    counts = {name: getattr(args, name) for name in _COUNTS if getattr(args, name) is not None}
+    if args.edge == "begin":
+        if counts:
+            body["hints"] = counts
+    else:
+        body.update(counts)
+    return body
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

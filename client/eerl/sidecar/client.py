@@ -1,0 +1,437 @@
+"""Talking to a sidecar: a small HTTP/1.1 client, and the sender behind ``EERL_SIDECAR``.
+
+:class:`SidecarHttp` is one kept-alive connection to the sidecar (TCP or a Unix socket), with a deadline
+on every request; ``eerl phase`` uses it. :class:`SidecarSender` is what :func:`eerl.connect` gives a
+:class:`eerl.Session` when ``EERL_SIDECAR`` is set (or ``config=ClientConfig.sidecar(url)``): the same
+fail-open contract as the daemon's sender (:mod:`eerl._sender`), with the sidecar in the daemon's place. The
+training thread only queues an event; a background thread posts it. The rules that keep the numbers honest
+are the same: the queue is bounded, a begin that waited longer than ``stale_after_s`` is dropped with its
+end, an end is sent only if the sidecar took its begin, nothing is retried, and every workload and iteration
+is checked first (a bad value is clamped or dropped, one warning per kind) so that the sidecar, which
+refuses what the daemon would, gets only what it accepts. When the sidecar cannot be reached, the sender
+backs off (``reconnect_initial_s`` to ``reconnect_max_s``) and drops the events of that time.
+"""
+
+from __future__ import annotations
+
+import collections
+import http.client
+import json
+import logging
+import socket
+import threading
+import time
+from typing import Any
+
+from eerl._sender import ClientStats, Event, GpuClockReading, PhaseAnswer, _Counters, _Wakeup
+from eerl._validate import check_iteration, check_workload
+from eerl.config import ClientConfig
+from eerl.phases import ControllerState, Workload
+from eerl.sidecar._address import SidecarAddress, parse_address
+
+logger = logging.getLogger("eerl")
+
+_ANSWERS_KEPT = 64
+_STATUS_PERIOD_S = 5.0
+"""How often an idle sender asks the sidecar whether its daemon session is open."""
+
+
+class SidecarUnreachable(Exception):
+    """The sidecar did not answer: not there, not listening, or past the deadline."""
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class SidecarHttp:
+    """One kept-alive HTTP connection to a sidecar; not thread-safe (one per thread)."""
+
+    def __init__(self, address: SidecarAddress, timeout_s: float) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._connection: http.client.HTTPConnection | None = None
+
+    def request(
+        self, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        """The status and JSON body of one request; raises :class:`SidecarUnreachable`.
+
+        A kept-alive connection that the sidecar closed meanwhile is reopened once, for that request.
+        """
+        data = json.dumps(body, separators=(",", ":")).encode() if body is not None else None
+        reused = self._connection is not None
+        try:
+            return self._once(method, path, data)
+        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as e:
+            self.close()
+            if not reused:
+                raise SidecarUnreachable(_describe(e)) from None
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            self.close()
+            raise SidecarUnreachable(_describe(e)) from None
+        try:
+            return self._once(method, path, data)
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            self.close()
+            raise SidecarUnreachable(_describe(e)) from None
+
+    def _once(self, method: str, path: str, data: bytes | None) -> tuple[int, dict[str, Any]]:
+        connection = self._connection
+        if connection is None:
+            if self.address.path:
+                connection = _UnixConnection(self.address.path, self.timeout_s)
+            else:
+                connection = http.client.HTTPConnection(
+                    self.address.host, self.address.port, timeout=self.timeout_s
+                )
+            self._connection = connection
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        connection.request(method, path, body=data, headers=headers)
+        response = connection.getresponse()
+        payload = response.read()
+        if response.will_close:
+            self.close()
+        value = json.loads(payload) if payload else {}
+        return response.status, value if isinstance(value, dict) else {"value": value}
+
+    def close(self) -> None:
+        """Closes the connection (the next request opens a new one)."""
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+
+class SidecarSender:
+    """A :class:`eerl.Session`'s sender that posts phase events to the job's sidecar (see the module)."""
+
+    def __init__(self, config: ClientConfig) -> None:
+        assert config.sidecar_url is not None
+        self._config = config
+        self._url = config.sidecar_url
+        self._http = SidecarHttp(parse_address(config.sidecar_url), config.rpc_timeout_s)
+        self._queue: collections.deque[Event] = collections.deque()
+        self._queue_lock = threading.Lock()
+        self._wake = _Wakeup()
+        self._closing = threading.Event()
+        self._connected = threading.Event()
+        self._poll_now = threading.Event()
+        self._counters = _Counters()
+        self._answers: dict[tuple[int, bool], PhaseAnswer] = {}
+        self._begun: set[int] = set()
+        self._reachable = False
+        self._retry_at_s = 0.0
+        self._backoff_s = config.reconnect_initial_s
+        self._next_status_s = 0.0
+        self._session: str | None = None
+        self._attached = False
+        self._warned: set[str] = set()
+        self._dead = False
+        self._thread = threading.Thread(target=self._run, name="eerl-sidecar-sender", daemon=True)
+
+    # -- caller side (what Session uses) ---------------------------------------------------------------
+
+    def start(self) -> None:
+        """Starts the background thread; returns at once."""
+        self._thread.start()
+
+    def submit(self, event: Event) -> None:
+        """Queues an event without blocking; drops (and counts) the oldest when the queue is full."""
+        with self._queue_lock:
+            if self._dead:
+                if event.done is not None:
+                    event.done.set()
+                return
+            if len(self._queue) >= self._config.queue_size:
+                dropped = self._queue.popleft()
+                self._counters.dropped += 1
+                if dropped.done is not None:
+                    dropped.done.set()
+            self._queue.append(event)
+        self._wake.set()
+
+    @property
+    def connected(self) -> bool:
+        """True while the sidecar answers and its daemon session is open."""
+        return self._connected.is_set()
+
+    def wait_until_connected(self, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` for the sidecar to say its daemon session is open."""
+        deadline_s = time.monotonic() + timeout_s
+        while not self._connected.is_set() and not self._closing.is_set():
+            remaining_s = deadline_s - time.monotonic()
+            if remaining_s <= 0:
+                break
+            self._poll_now.set()
+            self._wake.set()
+            self._connected.wait(min(remaining_s, 0.05))
+        return self._connected.is_set()
+
+    def stats(self) -> ClientStats:
+        """A snapshot of the counters (``session_id``: the sidecar's session, shortened)."""
+        counters = self._counters
+        return ClientStats(
+            connected=self.connected,
+            session_id=self._session if self.connected else None,
+            attached=self.connected and self._attached,
+            queued_events=len(self._queue),
+            sent_events=counters.sent,
+            dropped_events=counters.dropped,
+            stale_events=counters.stale,
+            failed_events=counters.failed,
+            opens=counters.opens,
+            connect_failures=counters.connect_failures,
+            clamped_values=counters.clamped_values,
+            dropped_values=counters.dropped_values,
+            invalid_events=counters.invalid,
+            resyncs=counters.resyncs,
+            resets=counters.resets,
+            sender_errors=counters.errors,
+        )
+
+    def answer(self, phase_id: int, begin: bool) -> PhaseAnswer | None:
+        """The sidecar's account of the daemon's answer to that event, if it had one."""
+        return self._answers.get((phase_id, begin))
+
+    def close(self) -> None:
+        """Posts what is queued (bounded by ``close_timeout_s``) and stops; the sidecar's session stays."""
+        self._closing.set()
+        self._wake.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(self._config.close_timeout_s + 0.1)
+
+    # -- the background thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._closing.is_set():
+                self._step()
+            deadline_s = time.monotonic() + self._config.close_timeout_s
+            while time.monotonic() < deadline_s and (event := self._pop()) is not None:
+                self._handle(event)
+        except Exception:  # never reach the job
+            logger.exception(
+                "eerl: the sidecar sender stopped on an unexpected error; eerl is off for this job"
+            )
+        finally:
+            self._http.close()
+            with self._queue_lock:
+                self._dead = True
+                for event in self._queue:
+                    if event.done is not None:
+                        event.done.set()
+                self._queue.clear()
+            self._connected.clear()
+
+    def _pop(self) -> Event | None:
+        with self._queue_lock:
+            return self._queue.popleft() if self._queue else None
+
+    def _step(self) -> None:
+        event = self._pop()
+        if event is not None:
+            self._handle(event)
+            return
+        now_s = time.monotonic()
+        if self._poll_now.is_set() or now_s >= self._next_status_s:
+            self._poll_now.clear()
+            if now_s >= self._retry_at_s:
+                self._poll_status()
+        wait_s = max(0.01, min(self._next_status_s, max(self._retry_at_s, now_s + 0.01)) - now_s)
+        self._wake.wait(min(wait_s, 1.0))
+
+    def _poll_status(self) -> None:
+        self._next_status_s = time.monotonic() + _STATUS_PERIOD_S
+        try:
+            code, body = self._http.request("GET", "/v1/status")
+        except SidecarUnreachable as e:
+            self._unreachable(str(e))
+            return
+        if code == 200:
+            self._reached(body)
+
+    def _handle(self, event: Event) -> None:
+        try:
+            self._send(event)
+        except Exception:
+            self._counters.errors += 1
+            self._warn_once("bug", "an unexpected error while posting a phase event; it is dropped")
+            logger.debug("eerl: sidecar sender error", exc_info=True)
+        finally:
+            if event.done is not None:
+                event.done.set()
+
+    def _send(self, event: Event) -> None:
+        kind = event.kind
+        if kind is None:
+            return
+        iteration = check_iteration(event.iteration)
+        if iteration is None:
+            self._counters.invalid += 1
+            if event.begin:
+                self._warn_once("iteration", f"iteration={event.iteration!r} in a {kind} phase is not sent")
+            return
+        if event.begin:
+            if time.monotonic() - event.enqueued_s > self._config.stale_after_s:
+                self._counters.stale += 1
+                return
+        elif event.phase_id not in self._begun:
+            self._counters.stale += 1
+            return
+        else:
+            self._begun.discard(event.phase_id)
+        if not self._reachable and time.monotonic() < self._retry_at_s:
+            self._counters.stale += 1  # the sidecar was not there a moment ago: no wait per event
+            return
+        body: dict[str, Any] = {"kind": kind.value, "iteration": iteration}
+        workload = self._checked(event)
+        if event.begin:
+            if workload is not None:
+                body["hints"] = _workload_fields(workload)
+        elif workload is not None:
+            body.update(_workload_fields(workload))
+        try:
+            code, reply = self._http.request(
+                "POST", "/v1/phases/begin" if event.begin else "/v1/phases/end", body
+            )
+        except SidecarUnreachable as e:
+            self._counters.failed += 1
+            self._unreachable(str(e))
+            return
+        if code != 200:
+            self._counters.failed += 1
+            self._warn_once(
+                f"refused:{code}",
+                f"the sidecar at {self._url} refused a {kind} {'begin' if event.begin else 'end'} "
+                f"({code}: {reply.get('error', '?')})",
+            )
+            return
+        self._counters.sent += 1
+        self._reached(reply)
+        if event.begin:
+            self._begun.add(event.phase_id)
+            if len(self._begun) > _ANSWERS_KEPT:  # ends that never came
+                self._begun.discard(min(self._begun))
+            if reply.get("resynced"):
+                self._counters.resyncs += 1
+        answer = _answer(event.begin, reply)
+        if answer is not None:
+            self._answers[(event.phase_id, event.begin)] = answer
+            if len(self._answers) > _ANSWERS_KEPT:
+                del self._answers[next(iter(self._answers))]
+
+    def _checked(self, event: Event) -> Workload | None:
+        if event.rejected:
+            self._counters.dropped_values += event.rejected
+            self._warn_once("value:nan", f"{event.rejected_what}: not a whole number, dropped (sent as 0)")
+        if event.workload is None:
+            return None
+        checked = check_workload(event.workload)
+        if checked.findings:
+            self._counters.clamped_values += checked.clamped
+            self._counters.dropped_values += checked.dropped
+            for finding in checked.findings:
+                self._warn_once(f"value:{finding.problem.name}", f"{finding.what}: {finding.problem.value}")
+        return checked.workload
+
+    def _reached(self, body: dict[str, Any]) -> None:
+        if not self._reachable:
+            self._reachable = True
+            self._counters.opens += 1
+            if "connection" in self._warned:
+                logger.info("eerl: reached the sidecar at %s", self._url)
+        self._backoff_s = self._config.reconnect_initial_s
+        self._retry_at_s = 0.0
+        if "session" in body:
+            session = body.get("session")
+            self._session = session if isinstance(session, str) else None
+            self._attached = bool(body.get("attached"))
+        if body.get("connected"):
+            self._connected.set()
+        else:
+            self._connected.clear()
+
+    def _unreachable(self, why: str) -> None:
+        self._reachable = False
+        self._connected.clear()
+        self._counters.connect_failures += 1
+        self._retry_at_s = time.monotonic() + self._backoff_s
+        self._backoff_s = min(self._backoff_s * 2, self._config.reconnect_max_s)
+        self._warn_once(
+            "connection",
+            f"cannot reach the sidecar at {self._url} ({why}); the job runs on without clock control and "
+            "eerl keeps retrying",
+        )
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key in self._warned:
+            logger.debug("eerl: %s", message)
+            return
+        self._warned.add(key)
+        logger.warning("eerl: %s", message)
+
+
+def _workload_fields(workload: Workload) -> dict[str, int]:
+    return {
+        "tokens": workload.tokens,
+        "valid_tokens": workload.valid_tokens,
+        "sequences": workload.sequences,
+        "max_response_tokens": workload.max_response_tokens,
+        "prompt_tokens": workload.prompt_tokens,
+    }
+
+
+def _answer(begin: bool, reply: dict[str, Any]) -> PhaseAnswer | None:
+    """A sidecar's begin or end answer as a :class:`PhaseAnswer` (None: the daemon had not answered)."""
+    if not reply.get("answered" if begin else "metered"):
+        return None
+    state_text = reply.get("state")
+    try:
+        state = ControllerState(state_text) if isinstance(state_text, str) else None
+    except ValueError:
+        state = None
+    clocks = (
+        tuple(
+            GpuClockReading(
+                index=int(gpu.get("index") or 0),
+                uuid=str(gpu.get("uuid") or ""),
+                sm_clock_mhz=int(gpu.get("sm_clock_mhz") or 0),
+                requested_sm_clock_mhz=int(gpu.get("requested_sm_clock_mhz") or 0),
+                source=str(gpu.get("source") or ""),
+            )
+            for gpu in reply.get("gpus") or ()
+            if isinstance(gpu, dict)
+        )
+        if begin
+        else ()
+    )
+    return PhaseAnswer(
+        begin=begin,
+        sm_clock_mhz=int(reply.get("sm_clock_mhz") or 0),
+        state=state,
+        clocks=clocks,
+        resynced=bool(reply.get("resynced")),
+        duration_s=float(reply.get("duration_s") or 0.0),
+        energy_j=float(reply.get("energy_j") or 0.0),
+        mean_power_w=float(reply.get("mean_power_w") or 0.0),
+        gpus=int(reply.get("gpus") or 0) if not begin else 0,
+    )
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, TimeoutError | socket.timeout):
+        return "timed out"
+    text = str(error) or type(error).__name__
+    return " ".join(text.split())[:120]

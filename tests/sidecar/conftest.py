@@ -1,0 +1,262 @@
+"""Fixtures for the sidecar tests: eerld on the sim backend and ``eerl-sidecar``, each a real process."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from eerl.v1 import eerl_pb2
+
+from eerld.ctl_client import AdminClient
+from tests.conftest import short_socket_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB_SH = Path(__file__).with_name("job.sh")
+START_TIMEOUT_S = 30.0
+GENERATION_MHZ = 1200
+TRAINING_MHZ = 1500
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout_s: float = START_TIMEOUT_S) -> Any:
+    deadline_s = time.monotonic() + timeout_s
+    while time.monotonic() < deadline_s:
+        result = check()
+        if result:
+            return result
+        time.sleep(0.02)
+    pytest.fail(f"{what}: not within {timeout_s:g} s")
+
+
+def stop_process(proc: subprocess.Popen[Any], *, timeout_s: float = 15.0) -> None:
+    """SIGTERM, then SIGKILL; by the process's own id."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@dataclass
+class SimEerld:
+    """``eerld --backend sim`` in its own process: two GPUs, the fixed controller (1200 / 1500 MHz)."""
+
+    directory: Path
+    process: subprocess.Popen[bytes] | None = None
+    log: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log = self.directory / "eerld.log"
+
+    @property
+    def socket_path(self) -> Path:
+        return self.directory / "eerld.sock"
+
+    @property
+    def admin_socket_path(self) -> Path:
+        return self.directory / "admin.sock"
+
+    def start(self) -> SimEerld:
+        args = [
+            sys.executable,
+            "-m",
+            "eerld.main",
+            "--backend=sim",
+            "--sim-gpus=2",
+            f"--sim-state={self.directory / 'sim-state'}",
+            f"--socket={self.socket_path}",
+            f"--admin-socket={self.admin_socket_path}",
+            f"--state-dir={self.directory / 'state'}",
+            "--tenancy=single",
+            "--controller=fixed",
+            f"--fixed-clocks=generation={GENERATION_MHZ},training={TRAINING_MHZ}",
+            "--log-format=json",
+        ]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        with AdminClient(self.admin_socket_path) as admin:
+            if not admin.wait_ready(START_TIMEOUT_S):
+                pytest.fail(f"eerld did not start:\n{self.log.read_text()[-3000:]}")
+        return self
+
+    def status(self) -> eerl_pb2.StatusResponse:
+        with AdminClient(self.admin_socket_path) as admin:
+            return admin.status(timeout_s=5)
+
+    def session_of(self, job_id: str) -> eerl_pb2.SessionInfo | None:
+        for session in self.status().sessions:
+            if session.job_id == job_id:
+                return session
+        return None
+
+    def metered(self, job_id: str) -> dict[str, int]:
+        """Phases metered per kind for the session of ``job_id`` (empty if it has none)."""
+        session = self.session_of(job_id)
+        if session is None:
+            return {}
+        return {eerl_pb2.PhaseKind.Name(p.kind): p.phases for p in session.phases}
+
+    def locks(self) -> list[int | None]:
+        """Each GPU's SM clock lock (None: the default governor)."""
+        return [
+            gpu.locked_sm_clock_mhz if gpu.HasField("locked_sm_clock_mhz") else None
+            for gpu in self.status().gpus
+        ]
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop_process(self.process)
+
+
+@pytest.fixture(scope="module")
+def eerld_sim() -> Iterator[SimEerld]:
+    """One sim eerld for a test module (each test uses its own job id)."""
+    with short_socket_dir("eerl-sc-") as directory:
+        daemon = SimEerld(directory).start()
+        try:
+            yield daemon
+        finally:
+            daemon.stop()
+
+
+class SidecarProcess:
+    """``python -m eerl.sidecar.server ...`` (what ``eerl-sidecar`` runs), started and read to its URL."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+        command = [sys.executable, "-m", "eerl.sidecar.server", *args]
+        environment = {**os.environ, **(env or {})}
+        environment.pop("EERL_SIDECAR", None)
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the fixture
+        self.process: subprocess.Popen[bytes] = subprocess.Popen(
+            command, env=environment, stdout=subprocess.PIPE, stderr=self.log
+        )
+        self.url = self._read_url()
+
+    def _read_url(self) -> str:
+        assert self.process.stdout is not None
+        selector = selectors.DefaultSelector()
+        selector.register(self.process.stdout, selectors.EVENT_READ)
+        line = b""
+        deadline_s = time.monotonic() + START_TIMEOUT_S
+        while not line.endswith(b"\n") and time.monotonic() < deadline_s:
+            if selector.select(timeout=0.1):
+                chunk = os.read(self.process.stdout.fileno(), 1)
+                if not chunk:
+                    break
+                line += chunk
+        selector.close()
+        text = line.decode().strip()
+        if not text.startswith("eerl-sidecar: listening on "):
+            self.kill()
+            pytest.fail(f"the sidecar did not start ({text!r}):\n{self.stderr()[-3000:]}")
+        return text.removeprefix("eerl-sidecar: listening on ")
+
+    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, dict[str, Any]]:
+        assert self.url.startswith("http://")
+        request = urllib.request.Request(self.url + path, data=body, method=method)
+        request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as reply:
+                return reply.status, json.loads(reply.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def post(self, path: str, value: object) -> tuple[int, dict[str, Any]]:
+        return self.request("POST", path, json.dumps(value).encode())
+
+    def status(self) -> dict[str, Any]:
+        code, body = self.request("GET", "/v1/status")
+        assert code == 200
+        return body
+
+    def stderr(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self._close()
+
+    def stop(self) -> None:
+        stop_process(self.process)
+        self._close()
+
+    def _close(self) -> None:
+        if self.process.stdout is not None and not self.process.stdout.closed:
+            self.process.stdout.close()
+
+
+@pytest.fixture
+def start_sidecar() -> Iterator[Callable[..., SidecarProcess]]:
+    """Starts sidecars; stops (SIGTERM) whatever is still running at the end of the test."""
+    started: list[SidecarProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> SidecarProcess:
+        sidecar = SidecarProcess(list(args), env)
+        started.append(sidecar)
+        return sidecar
+
+    yield start
+    for sidecar in started:
+        sidecar.stop()
+        sidecar.log.close()
+
+
+def start_job(url: str, *, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """Starts tests/sidecar/job.sh with ``EERL_SIDECAR=url``; read it with ``communicate``."""
+    environment = {**os.environ, "EERL_SIDECAR": url, **(env or {})}
+    return subprocess.Popen(
+        ["bash", str(JOB_SH)], env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def run_job(url: str, *, env: dict[str, str] | None = None) -> tuple[list[Call], bool, int]:
+    """Runs job.sh to its end: its calls, whether it finished, its exit status."""
+    proc = start_job(url, env=env)
+    out, _ = proc.communicate(timeout=120)
+    calls, finished = parse_job_output(out)
+    return calls, finished, proc.returncode
+
+
+@dataclass(frozen=True)
+class Call:
+    """One line of job.sh's output."""
+
+    edge: str
+    kind: str
+    iteration: int
+    code: int
+    seconds: float
+    answer: dict[str, Any]
+
+
+def parse_job_output(text: str) -> tuple[list[Call], bool]:
+    """The calls job.sh made, and whether it reached its end."""
+    calls: list[Call] = []
+    finished = False
+    for line in text.splitlines():
+        if line.startswith("done "):
+            finished = True
+            continue
+        edge, kind, iteration, code, seconds, *rest = line.split(" ", 5)
+        answer_text = rest[0] if rest else ""
+        answer = json.loads(answer_text) if answer_text.strip() else {}
+        calls.append(Call(edge, kind, int(iteration), int(code), float(seconds), answer))
+    return calls, finished

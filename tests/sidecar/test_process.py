@@ -1,0 +1,83 @@
+"""The eerl-sidecar process: its command line, its wrapper mode (``-- command``), and a clean stop."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+
+from tests.sidecar.conftest import JOB_SH, SidecarProcess, SimEerld, parse_job_output, wait_until
+
+
+def sidecar_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "eerl.sidecar.server", *args]
+
+
+def run(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "EERL_SIDECAR"}
+    return subprocess.run(
+        sidecar_command(*args), env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+    )
+
+
+class TestCommandLine:
+    def test_refuses_to_listen_beyond_loopback(self) -> None:
+        result = run("--job-id", "j", "--gpus", "0", "--listen", "0.0.0.0:9479")
+        assert result.returncode == 2
+        assert "not a loopback address" in result.stderr
+
+    @pytest.mark.parametrize(
+        "args",
+        [["--listen", "https://127.0.0.1:1"], ["--gpus", "0,,x y"], ["--socket-mode", "rw"]],
+    )
+    def test_bad_flags_are_usage_errors(self, args: list[str]) -> None:
+        assert run("--job-id", "j", *args).returncode == 2
+
+    def test_a_busy_port_is_an_error(self, start_sidecar: Callable[..., SidecarProcess]) -> None:
+        first = start_sidecar(
+            "--job-id", "j", "--gpus", "0", "--listen", "127.0.0.1:0", "--socket", "/nonexistent"
+        )
+        result = run("--job-id", "j", "--gpus", "0", "--listen", first.url, "--socket", "/nonexistent")
+        assert result.returncode == 1
+        assert "cannot listen" in result.stderr
+
+
+class TestLifecycle:
+    def test_sigterm_closes_the_session_and_resets_the_gpus(
+        self, eerld_sim: SimEerld, start_sidecar: Callable[..., SidecarProcess]
+    ) -> None:
+        sidecar = start_sidecar(
+            "--job-id", "term-job", "--gpus", "0,1", "--listen", "127.0.0.1:0",
+            "--socket", str(eerld_sim.socket_path),
+        )  # fmt: skip
+        wait_until("the sidecar's session", lambda: sidecar.status()["connected"])
+        assert sidecar.post("/v1/phases/begin", {"kind": "training", "iteration": 0})[0] == 200
+        assert eerld_sim.locks() == [1500, 1500]
+        sidecar.stop()
+        assert sidecar.process.returncode == 0
+        assert eerld_sim.locks() == [None, None]
+        assert eerld_sim.session_of("term-job") is None
+
+    @pytest.mark.skipif(shutil.which("curl") is None, reason="the shell job needs curl")
+    def test_wrapping_a_job_sets_eerl_sidecar_and_exits_with_its_status(self, eerld_sim: SimEerld) -> None:
+        wrapped = run(
+            "--job-id", "wrapped", "--gpus", "0,1", "--listen", "127.0.0.1:0",
+            "--socket", str(eerld_sim.socket_path), "--", "bash", str(JOB_SH),
+        )  # fmt: skip
+        assert wrapped.returncode == 0, wrapped.stderr
+        first, *job_lines = wrapped.stdout.splitlines()
+        assert first.startswith("eerl-sidecar: listening on http://127.0.0.1:")
+        calls, finished = parse_job_output("\n".join(job_lines))
+        assert finished
+        assert len(calls) == 12
+        assert all(c.code == 200 for c in calls)
+        # The job started once the session was open (--connect-wait-s): every phase was metered.
+        assert all(c.answer["metered"] for c in calls if c.edge == "end")
+        assert eerld_sim.session_of("wrapped") is None  # closed when the job ended
+        failing = run("--job-id", "x", "--gpus", "0", "--listen", "127.0.0.1:0", "--socket", "/nonexistent",
+                      "--", "bash", "-c", "exit 3")  # fmt: skip
+        assert failing.returncode == 3
