@@ -74,6 +74,8 @@ class _Link:
     supported: tuple[int, ...]
     attach_call: grpc.CallIterator[eerl_pb2.SessionEvent] | None = None
     broken: threading.Event = field(default_factory=threading.Event)
+    attached: threading.Event = field(default_factory=threading.Event)
+    """Set by the first Attach event: from then on the session ends with this process."""
     open_phase: tuple[PhaseKind, int] | None = None
     begin_verdict: DirectiveVerdict = DirectiveVerdict.MISSING
     failures: int = 0
@@ -121,6 +123,12 @@ class NodeLink:
         try:
             if config.disabled:
                 self._disabled_why = "disabled by configuration"
+            elif config.transport == "sidecar":
+                # A sidecar holds a one-node session; job mode needs the daemon's own socket.
+                self._disabled_why = (
+                    "EERL_SIDECAR names a sidecar, which cannot carry job-mode directives; give the node "
+                    "agent the daemon's socket (EERL_SOCKET)"
+                )
             else:
                 chosen = parse_gpus(list(gpus)) if gpus is not None else _default_gpus(config)
                 if not chosen and not config.scoped:
@@ -336,6 +344,10 @@ class NodeLink:
         self._supported = _intersection(reply.gpus)
         link = _Link(channel, stub, reply.session_id, self._epoch, len(reply.gpus), self._supported)
         self._attach(link)
+        # Wait (bounded) for the daemon to confirm the binding: until then the session is lease-bound, and
+        # a phase begun in that window would outlive an agent that died in it.
+        if not link.attached.wait(self._timeout_s):
+            logger.debug("eerl: node %d: Attach not confirmed in %.1f s", self._node_rank, self._timeout_s)
         self._link = link
         if "open" in self._warned or "lost" in self._warned:
             logger.info("eerl: node %d: session open again (epoch %d)", self._node_rank, link.epoch)
@@ -424,6 +436,7 @@ def _read_attach(link: _Link, call: grpc.CallIterator[eerl_pb2.SessionEvent]) ->
     """The attach thread: reads until the stream ends, then marks the link broken."""
     try:
         for event in call:
+            link.attached.set()
             logger.debug("eerl: %s", event.message)
     except grpc.RpcError as e:
         logger.debug("eerl: the Attach stream ended (%s)", _describe(e))

@@ -174,6 +174,22 @@ def test_a_disabled_or_gpu_less_link_does_nothing() -> None:
     assert not gpu_less.enabled
 
 
+def test_a_sidecar_config_is_refused_with_one_warning_naming_the_socket(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A sidecar holds a one-node session: a node agent given EERL_SIDECAR says so and stays off."""
+    link = NodeLink(
+        ClientConfig.sidecar("http://127.0.0.1:9"), job_id="j", node_rank=1, incarnation=1, gpus=[0]
+    )
+    assert not link.enabled
+    assert not link.connect()
+    assert link.begin(None, GEN, 0).verdict is DirectiveVerdict.MISSING
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1
+    assert "EERL_SIDECAR" in warnings[0]
+    assert "EERL_SOCKET" in warnings[0]
+
+
 def test_a_bug_inside_never_reaches_the_job(daemon: DaemonHandle, monkeypatch: pytest.MonkeyPatch) -> None:
     with link_to(daemon.socket_path) as link:
         monkeypatch.setattr(link, "_begin", lambda *a: 1 / 0)
