@@ -2,8 +2,9 @@
 
     eerlctl [--socket PATH] [--json] [--debug] [--timeout S] COMMAND ...
 
-Commands: ``status``, ``pin``, ``unpin``, ``sessions``, ``decisions``, ``reset``, ``grant``, ``revoke``,
-``grants``, ``health``, ``version``, ``completion``. Tables for people, ``--json`` for scripts. Session
+Commands: ``status``, ``pin``, ``unpin``, ``pins``, ``sessions``, ``decisions``, ``reset``, ``drain``,
+``undrain``, ``grant``, ``revoke``, ``grants``, ``health``, ``version``, ``completion``. Every time shown
+is UTC. Tables for people, ``--json`` for scripts. Session
 tokens are shown as a prefix (a full token is a credential) unless ``--show-tokens``. A failure prints
 one ``Error: …`` line on stderr (the traceback only with ``--debug``) and exits 1; bad usage exits 2.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pwd
 import sys
 import time
 import traceback
@@ -39,16 +41,19 @@ from eerld.ctl_args import (
     parse_uid,
     parse_until_s,
 )
-from eerld.ctl_client import AdminClient
+from eerld.ctl_client import CALLER_METADATA, AdminClient
 from eerld.ctl_completion import COMMANDS, completion_script
 from eerld.ctl_format import (
     clocks_dict,
-    clocks_text,
     decision_dict,
     decisions_table,
+    drain_text,
+    gpu_pin_dict,
     grant_dict,
     grant_text,
     grants_table,
+    pin_text,
+    pins_table,
     redact_tokens,
     reset_text,
     revoke_text,
@@ -56,6 +61,8 @@ from eerld.ctl_format import (
     sessions_table,
     status_dict,
     status_text,
+    undrain_text,
+    unpin_text,
 )
 from eerld.errors import EerlError, ValidationError
 
@@ -98,6 +105,18 @@ def _admin(ctx: _Context) -> eerl_pb2_grpc.AdminServiceStub:
     return ctx.connect().stub
 
 
+def _caller() -> tuple[tuple[str, str], ...]:
+    """Who runs eerlctl, for the record eerld keeps of a pin or drain (eerld cannot ask the kernel)."""
+    uid = os.getuid()
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = f"uid {uid}"
+    sudo = os.environ.get("SUDO_USER")
+    via = f", sudo from {sudo}" if sudo and uid == 0 and sudo.isprintable() else ""
+    return ((CALLER_METADATA, f"{name} (uid {uid}{via})"),)
+
+
 # --------------------------------------------------------------------------- commands
 
 
@@ -118,19 +137,20 @@ def _cmd_pin(ctx: _Context) -> int:
         mem_clock_mhz=parse_sm_mhz(a.mem_mhz, flag="--mem-mhz") if a.mem_mhz is not None else 0,
         duration_s=parse_duration_s(a.duration) if a.duration is not None else 0.0,
         reason=a.reason,
+        replace=a.replace,
     )
     stub = _admin(ctx)
     deadline = time.monotonic() + a.timeout
     while True:  # a GPU whose clock-change budget is spent takes a pin again within a second or two
         try:
-            reply = stub.Pin(request, timeout=max(0.1, deadline - time.monotonic()))
+            reply = stub.Pin(request, timeout=max(0.1, deadline - time.monotonic()), metadata=_caller())
             break
         except grpc.RpcError as e:
             if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or time.monotonic() + 0.5 > deadline:
                 raise
             time.sleep(0.5)
-    data = clocks_dict(reply.clocks)
-    _emit(ctx, data, clocks_text("pinned", data))
+    data = {**clocks_dict(reply.clocks), "replaced": [gpu_pin_dict(r) for r in reply.replaced]}
+    _emit(ctx, data, pin_text(data, time.time()))
     return _EXIT_OK
 
 
@@ -138,8 +158,53 @@ def _cmd_unpin(ctx: _Context) -> int:
     selection = parse_gpus(ctx.args.gpus)
     request = eerl_pb2.UnpinRequest(gpus=_gpu_refs(selection), all=selection.all)
     reply = _admin(ctx).Unpin(request, timeout=ctx.args.timeout)
-    data = clocks_dict(reply.clocks)
-    _emit(ctx, data, clocks_text("unpinned", data))
+    data = {
+        **clocks_dict(reply.clocks),
+        "removed": [gpu_pin_dict(r) for r in reply.removed],
+        "not_pinned": list(reply.not_pinned),
+    }
+    _emit(ctx, data, unpin_text(data, time.time()))
+    return _EXIT_OK
+
+
+def _cmd_pins(ctx: _Context) -> int:
+    data = status_dict(ctx.connect().status(timeout_s=ctx.args.timeout))
+    pins = [{"index": g["index"], "uuid": g["uuid"], **g["owner"]["pin"]} for g in data["gpus"]
+            if g["owner"] is not None and g["owner"]["pin"] is not None]  # fmt: skip
+    _emit(ctx, {"pins": pins}, pins_table(pins, time.time()))
+    return _EXIT_OK
+
+
+def _cmd_drain(ctx: _Context) -> int:
+    a = ctx.args
+    selection = parse_gpus(a.gpus)
+    request = eerl_pb2.DrainRequest(
+        gpus=_gpu_refs(selection),
+        all=selection.all,
+        duration_s=parse_duration_s(a.duration) if a.duration is not None else 0.0,
+        reason=a.reason,
+        keep_sessions=a.keep_sessions,
+    )
+    reply = _admin(ctx).Drain(request, timeout=a.timeout, metadata=_caller())
+    data = _shown(
+        ctx,
+        {
+            "gpu_indices": list(reply.gpu_indices),
+            **clocks_dict(reply.clocks),
+            "closed_session_ids": list(reply.closed_session_ids),
+            "duration_s": request.duration_s or None,
+        },
+    )
+    _emit(ctx, data, drain_text(data, time.time()))
+    return _EXIT_OK
+
+
+def _cmd_undrain(ctx: _Context) -> int:
+    selection = parse_gpus(ctx.args.gpus)
+    request = eerl_pb2.UndrainRequest(gpus=_gpu_refs(selection), all=selection.all)
+    reply = _admin(ctx).Undrain(request, timeout=ctx.args.timeout)
+    data = {"undrained": list(reply.undrained), "not_drained": list(reply.not_drained)}
+    _emit(ctx, data, undrain_text(data))
     return _EXIT_OK
 
 
@@ -170,7 +235,9 @@ def _cmd_decisions(ctx: _Context) -> int:
 
 def _cmd_reset(ctx: _Context) -> int:
     selection = parse_gpus(ctx.args.gpus)
-    request = eerl_pb2.ResetAllRequest(gpus=_gpu_refs(selection), all=selection.all, reason=ctx.args.reason)
+    request = eerl_pb2.ResetAllRequest(
+        gpus=_gpu_refs(selection), all=selection.all, reason=ctx.args.reason, keep_pins=ctx.args.keep_pins
+    )
     reply = _admin(ctx).ResetAll(request, timeout=ctx.args.timeout)
     data = _shown(ctx, {**clocks_dict(reply.clocks), "closed_session_ids": list(reply.closed_session_ids)})
     _emit(ctx, data, reset_text(data, data["closed_session_ids"]))
@@ -260,11 +327,17 @@ def _cmd_completion(ctx: _Context) -> int:
 
 _COMMANDS: dict[str, tuple[Callable[[_Context], int], str]] = {
     "status": (_cmd_status, "GPUs, clocks, owners and sessions of the node"),
-    "pin": (_cmd_pin, "pin GPUs to an SM clock (beats any session)"),
+    "pin": (_cmd_pin, "pin GPUs to an SM clock (beats any session; a pinned GPU needs --replace)"),
     "unpin": (_cmd_unpin, "remove pins"),
+    "pins": (_cmd_pins, "the admin pins in force: clock, reason, who set them, expiry"),
     "sessions": (_cmd_sessions, "open sessions and their controllers"),
-    "decisions": (_cmd_decisions, "the controllers' decision history"),
-    "reset": (_cmd_reset, "return GPUs to default clocks (closes the sessions holding them)"),
+    "decisions": (_cmd_decisions, "the controllers' decision history (times in UTC)"),
+    "reset": (
+        _cmd_reset,
+        "return GPUs to default clocks (closes the sessions holding them; removes pins unless --keep-pins)",
+    ),
+    "drain": (_cmd_drain, "no new claims of GPUs until undrained (closes the sessions holding them)"),
+    "undrain": (_cmd_undrain, "end drains: the GPUs may be claimed again"),
     "grant": (_cmd_grant, "create a worker socket for a user or group that may claim these GPUs"),
     "revoke": (_cmd_revoke, "remove grants: close their sessions and sockets (GPUs back to default)"),
     "grants": (_cmd_grants, "the worker sockets and the GPUs each may claim"),
@@ -325,7 +398,18 @@ def _parser() -> argparse.ArgumentParser:
         "--for", dest="duration", metavar="DURATION", help="expire after e.g. 30m, 2h (default never)"
     )
     p.add_argument("--reason", default="", help="why (shown in status and logs)")
+    p.add_argument("--replace", action="store_true", help="replace pins already on these GPUs")
     parsers["unpin"].add_argument("--gpus", required=True, help=gpus_help)
+    p = parsers["drain"]
+    p.add_argument("--gpus", required=True, help=gpus_help)
+    p.add_argument(
+        "--for", dest="duration", metavar="DURATION", help="end after e.g. 30m, 2h (default: until undrain)"
+    )
+    p.add_argument("--reason", default="", help="why (shown in status and to a refused claim)")
+    p.add_argument(
+        "--keep-sessions", action="store_true", help="let the sessions holding the GPUs run until they close"
+    )
+    parsers["undrain"].add_argument("--gpus", required=True, help=gpus_help)
     p = parsers["decisions"]
     p.add_argument("--session", metavar="ID", help="only this session (a prefix of its id is enough)")
     p.add_argument("--phase", choices=[k.value for k in PhaseKind], help="only this phase kind")
@@ -333,6 +417,9 @@ def _parser() -> argparse.ArgumentParser:
     p = parsers["reset"]
     p.add_argument("--gpus", default="all", help=gpus_help + " (default all)")
     p.add_argument("--reason", default="eerlctl reset", help="why (logged)")
+    p.add_argument(
+        "--keep-pins", action="store_true", help="leave admin pins in place (the Slurm prolog and epilog)"
+    )
     p = parsers["grant"]
     p.add_argument("--gpus", required=True, help="GPU indices or UUIDs, comma-separated")
     p.add_argument("--uid", metavar="USER", help="the socket's owner: a user name or uid (mode 0600)")
@@ -350,6 +437,34 @@ def _parser() -> argparse.ArgumentParser:
     parsers["health"].add_argument("--service", default="", help="service name (default: the whole server)")
     parsers["completion"].add_argument("shell", choices=("bash", "zsh"))
     return parser
+
+
+_VALUE_OPTIONS = frozenset(
+    {"--for", "--until", "--sm-mhz", "--mem-mhz", "--reason", "--limit", "--timeout", "--gpus"}
+)
+
+
+def _join_dash_values(argv: Sequence[str]) -> list[str]:
+    """``--for -5m`` as ``--for=-5m``: argparse takes a value that starts with ``-`` for an option and says
+    only "expected one argument"; joined, the value reaches its parser, which says what is wrong."""
+    out: list[str] = []
+    items = list(argv)
+    i = 0
+    while i < len(items):
+        item = items[i]
+        following = items[i + 1] if i + 1 < len(items) else None
+        if (
+            item in _VALUE_OPTIONS
+            and following is not None
+            and following.startswith("-")
+            and (not following.startswith("--"))
+        ):
+            out.append(f"{item}={following}")
+            i += 2
+            continue
+        out.append(item)
+        i += 1
+    return out
 
 
 def _explain_rpc_error(error: grpc.RpcError, socket: str, timeout_s: float) -> str:
@@ -377,7 +492,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
     err = err if err is not None else sys.stderr
     parser = _parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(_join_dash_values(sys.argv[1:] if argv is None else argv))
     except SystemExit as e:  # argparse already printed usage or help
         return e.code if isinstance(e.code, int) else _EXIT_USAGE
     socket = args.socket or os.environ.get("EERLCTL_SOCKET") or DEFAULT_ADMIN_SOCKET

@@ -54,12 +54,18 @@ def parse_gpus(text: str, *, flag: str = "--gpus") -> GpuSelection:
             uuids.append(part)
         else:
             raise ValidationError(flag, f"{part!r} is not a GPU index, a UUID (GPU-…) or 'all'")
-    return GpuSelection(indices=tuple(dict.fromkeys(indices)), uuids=tuple(dict.fromkeys(uuids)))
+    listed = [str(i) for i in indices] + uuids
+    twice = sorted({x for x in listed if listed.count(x) > 1})
+    if twice:
+        raise ValidationError(flag, f"GPU {', '.join(twice)} is listed twice")
+    return GpuSelection(indices=tuple(indices), uuids=tuple(uuids))
 
 
 def parse_duration_s(text: str, *, flag: str = "--for") -> float:
     """Parse ``90``, ``90s``, ``30m``, ``2h``, ``1h30m`` or ``1d`` into seconds (> 0)."""
     stripped = text.strip().lower()
+    if stripped.startswith("-"):
+        raise ValidationError(flag, f"{text!r}: a duration cannot be negative; give how long, e.g. 30m or 2h")
     try:
         seconds = float(stripped)
     except ValueError:

@@ -19,13 +19,20 @@ __all__ = [
     "clocks_text",
     "decision_dict",
     "decisions_table",
+    "drain_text",
     "gpu_dict",
+    "gpu_pin_dict",
+    "pin_text",
+    "pins_table",
     "render_table",
     "reset_text",
     "session_dict",
     "sessions_table",
     "status_dict",
     "status_text",
+    "undrain_text",
+    "unpin_text",
+    "utc",
 ]
 
 JsonDict = dict[str, Any]
@@ -49,6 +56,21 @@ def _pin_dict(pin: eerl_pb2.AdminPin) -> JsonDict:
         "reason": pin.reason,
         "expires_at_unix_s": pin.expires_at_unix_s or None,
         "created_at_unix_s": pin.created_at_unix_s,
+        "set_by": pin.set_by or None,
+    }
+
+
+def gpu_pin_dict(pin: eerl_pb2.GpuPin) -> JsonDict:
+    """A pin with its GPU (what a pin replaced, what an unpin removed)."""
+    return {"index": pin.index, "uuid": pin.uuid, **_pin_dict(pin.pin)}
+
+
+def _drain_dict(drain: eerl_pb2.GpuDrain) -> JsonDict:
+    return {
+        "reason": drain.reason,
+        "created_at_unix_s": drain.created_at_unix_s,
+        "expires_at_unix_s": drain.expires_at_unix_s or None,
+        "set_by": drain.set_by or None,
     }
 
 
@@ -85,6 +107,7 @@ def gpu_dict(gpu: eerl_pb2.GpuStatus) -> JsonDict:
         "degraded": bool(gpu.degraded_reason),
         "degraded_reason": gpu.degraded_reason or None,
         "clock_event_reasons": list(gpu.clock_event_reasons),
+        "drain": _drain_dict(gpu.drain) if gpu.HasField("drain") else None,
     }
 
 
@@ -123,6 +146,8 @@ def session_dict(session: eerl_pb2.SessionInfo) -> JsonDict:
         "throughput_threshold": session.throughput_threshold,
         "grant": session.grant or "shared",
         "job_mode": _job_mode_dict(session.job_mode) if session.job_mode.enabled else None,
+        "held_since_unix_s": session.held_since_unix_s or None,
+        "held_sm_clock_mhz": _mhz_or_none(session.held_sm_clock_mhz),
         "phases": [_phase_dict(p) for p in session.phases],
     }
 
@@ -261,6 +286,11 @@ def _energy(joules: float) -> str:
     return f"{joules:.1f} J"
 
 
+def utc(unix_s: float) -> str:
+    """``2026-12-01T14:08:39Z``: every time eerlctl prints is UTC."""
+    return dt.datetime.fromtimestamp(unix_s, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _when(unix_s: float | None, now_unix_s: float) -> str:
     if unix_s is None:
         return "no expiry"
@@ -284,10 +314,25 @@ def _owner(gpu: Mapping[str, Any], now_unix_s: float) -> str:
     if owner["pin"] is not None:
         pin = owner["pin"]
         reason = f' "{pin["reason"]}"' if pin["reason"] else ""
-        parts.append(f"admin pin{reason} {_when(pin['expires_at_unix_s'], now_unix_s)}")
+        by = f" by {_who(pin['set_by'])}" if pin.get("set_by") else ""
+        parts.append(f"admin pin{reason}{by} {_when(pin['expires_at_unix_s'], now_unix_s)}")
     if owner["session_id"] is not None:
         parts.append(f"job {owner['job_id']} rank {owner['rank']}")
     return "; ".join(parts)
+
+
+def _who(set_by: str | None) -> str:
+    """The short form of a ``set_by``: the reported user, without the admin socket's details."""
+    return (set_by or "unknown").split(" via ")[0].removesuffix(", as reported by the client")
+
+
+def _drained(gpu: Mapping[str, Any], now_unix_s: float) -> str:
+    drain = gpu.get("drain")
+    if drain is None:
+        return ""
+    reason = f' "{drain["reason"]}"' if drain["reason"] else ""
+    until = _when(drain["expires_at_unix_s"], now_unix_s) if drain["expires_at_unix_s"] else "until undrained"
+    return f"DRAINED{reason} {until}"
 
 
 def _locked(gpu: Mapping[str, Any]) -> str:
@@ -307,7 +352,7 @@ def sessions_table(sessions: Sequence[Mapping[str, Any]]) -> str:
     rows = []
     for s in sessions:
         gpus = ",".join(str(i) for i in s["gpu_indices"])
-        now = s["current_phase"] or "-"
+        now = _now_text(s)
         for p in s["phases"] or [{}]:
             rows.append(
                 [
@@ -315,7 +360,7 @@ def sessions_table(sessions: Sequence[Mapping[str, Any]]) -> str:
                     s["job_id"],
                     str(s["rank"]),
                     gpus,
-                    f"{now}@{s['iteration']}",
+                    now,
                     p.get("kind") or "-",
                     _clock(p.get("sm_clock_mhz")),
                     p.get("state") or "-",
@@ -327,6 +372,16 @@ def sessions_table(sessions: Sequence[Mapping[str, Any]]) -> str:
                 rows[-1].append(_job_mode_text(s.get("job_mode")))
     headers = ["SESSION", "JOB", "RANK", "GPUS", "NOW", "PHASE", "CLOCK", "STATE", "SAVINGS", "J/TOKEN"]
     return render_table([*headers, "JOB MODE"] if job_mode else headers, rows)
+
+
+def _now_text(session: Mapping[str, Any]) -> str:
+    """``generation@3``; between phases ``none@3``, and with the GPUs still locked ``none@3, held at
+    1200 MHz since 2026-12-01T14:08:41Z``."""
+    phase = session["current_phase"]
+    text = f"{phase or 'none'}@{session['iteration']}"
+    if phase is None and session.get("held_since_unix_s"):
+        text += f", held at {session['held_sm_clock_mhz']} MHz since {utc(session['held_since_unix_s'])}"
+    return text
 
 
 def _job_mode_text(job_mode: Mapping[str, Any] | None) -> str:
@@ -363,7 +418,7 @@ def status_text(status: Mapping[str, Any], now_unix_s: float) -> str:
             f"{g['min_sm_clock_mhz']}-{g['max_sm_clock_mhz']}",
             f"{g['power_w']:.0f} W",
             _energy(g["energy_j"]),
-            _owner(g, now_unix_s),
+            "; ".join(x for x in (_drained(g, now_unix_s), _owner(g, now_unix_s)) if x and x != "-") or "-",
             f"degraded: {g['degraded_reason']}" if g["degraded"] else "ok",
         ]
         for g in status["gpus"]
@@ -388,6 +443,77 @@ def clocks_text(verb: str, clocks: Mapping[str, Any]) -> str:
             f"decided by {_SOURCE_WORDS.get(c['source'], c['source'])}"
             f"{dry}{degraded}"
         )
+    return "\n".join(lines) if lines else "No GPU changed."
+
+
+def pin_text(outcome: Mapping[str, Any], now_unix_s: float) -> str:
+    """What a pin did: the clocks read back, and the pins it replaced."""
+    text = clocks_text("pinned", outcome)
+    for r in outcome.get("replaced", ()):
+        text += f"\nGPU {r['index']}: replaced the pin {_pin_words(r, now_unix_s)}"
+    return text
+
+
+def _pin_words(pin: Mapping[str, Any], now_unix_s: float) -> str:
+    reason = f' "{pin["reason"]}"' if pin["reason"] else " (no reason)"
+    set_at = f", set {utc(pin['created_at_unix_s'])}" if pin.get("created_at_unix_s") else ""
+    by = f" by {_who(pin['set_by'])}" if pin.get("set_by") else ""
+    return f"at {pin['sm_clock_mhz']} MHz{reason}{set_at}{by}, {_when(pin['expires_at_unix_s'], now_unix_s)}"
+
+
+def unpin_text(outcome: Mapping[str, Any], now_unix_s: float) -> str:
+    """What an unpin did: per GPU the pin removed and the clock read back after; the GPUs with no pin."""
+    removed = {r["index"]: r for r in outcome.get("removed", ())}
+    lines = []
+    for c in outcome["clocks"]:
+        pin = removed.get(c["index"])
+        what = f"removed the pin {_pin_words(pin, now_unix_s)}" if pin else "unpinned"
+        lines.append(
+            f"GPU {c['index']}: {what}; SM clock now {c['sm_clock_mhz']} MHz, "
+            f"decided by {_SOURCE_WORDS.get(c['source'], c['source'])}"
+            + (" (dry run: not applied)" if c["dry_run"] else "")
+            + (f" (degraded: {c['degraded_reason']})" if c["degraded_reason"] else "")
+        )
+    lines += [f"GPU {i}: had no pin; nothing changed" for i in outcome.get("not_pinned", ())]
+    return "\n".join(lines) if lines else "No GPU changed."
+
+
+def pins_table(pins: Sequence[Mapping[str, Any]], now_unix_s: float) -> str:
+    """The admin pins in force: GPU, clocks, reason, when and by whom they were set, expiry."""
+    if not pins:
+        return "No pins."
+    rows = [
+        [
+            str(p["index"]),
+            str(p["sm_clock_mhz"]),
+            str(p["mem_clock_mhz"] or "-"),
+            p["reason"] or "-",
+            utc(p["created_at_unix_s"]) if p["created_at_unix_s"] else "-",
+            p["set_by"] or "unknown",
+            _when(p["expires_at_unix_s"], now_unix_s) if p["expires_at_unix_s"] else "never",
+        ]
+        for p in pins
+    ]
+    return render_table(["GPU", "SM MHZ", "MEM MHZ", "REASON", "SET (UTC)", "SET BY", "EXPIRES"], rows)
+
+
+def drain_text(outcome: Mapping[str, Any], now_unix_s: float) -> str:
+    """What a drain did: the GPUs drained until when, the sessions closed, the clocks read back."""
+    gpus = ", ".join(str(i) for i in outcome["gpu_indices"])
+    duration = outcome.get("duration_s")
+    until = _when(now_unix_s + duration, now_unix_s) if duration else "until eerlctl undrain"
+    text = f"GPU(s) {gpus} drained {until}: no new claims"
+    if outcome["clocks"]:
+        text += "\n" + clocks_text("drained", outcome)
+    if outcome["closed_session_ids"]:
+        text += "\nClosed sessions: " + ", ".join(outcome["closed_session_ids"])
+    return text
+
+
+def undrain_text(outcome: Mapping[str, Any]) -> str:
+    """What an undrain did."""
+    lines = [f"GPU {i}: undrained; it may be claimed again" for i in outcome["undrained"]]
+    lines += [f"GPU {i}: was not drained; nothing changed" for i in outcome["not_drained"]]
     return "\n".join(lines) if lines else "No GPU changed."
 
 
@@ -456,7 +582,7 @@ def decisions_table(decisions: Sequence[Mapping[str, Any]]) -> str:
     job_mode = any(d.get("verdict") for d in decisions)
     rows = [
         [
-            dt.datetime.fromtimestamp(d["timestamp_unix_s"], tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            utc(d["timestamp_unix_s"]),
             d["session_id"],
             d["kind"] or "-",
             str(d["iteration"]),

@@ -148,6 +148,9 @@ class Session:
         self.active: ActivePhase | None = None
         self.last_iteration: int | None = None
         self.last_ended: dict[PhaseKind, int] = {}
+        self.held_since_unix_s: float | None = None
+        """When the last phase ended (wall clock): from then on, until the next, its lock holds between
+        phases."""
         self.totals: dict[PhaseKind, PhaseTotals] = {k: PhaseTotals() for k in self.kinds}
         self.last_decision: dict[PhaseKind, Decision] = {}
         self.lock = threading.Lock()

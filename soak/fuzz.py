@@ -207,6 +207,7 @@ class Fuzzer:
         while daemon.sessions() and time.monotonic() < deadline:
             time.sleep(0.01)
         daemon.unpin(None)
+        daemon.undrain(None)  # an accepted Drain would refuse the baseline's session
         self.clock.advance(60.0)  # a fresh start: the socket's session-open budget refills
         phase = pb.OpenSessionRequest(job_id="fuzz", gpus=[pb.GpuRef(index=0)])
         code, sid = self._open(phase)

@@ -10,9 +10,11 @@
 # /run/eerld/grants/job-<id>.sock owned by the job's user (mode 0600) through which sessions may claim
 # exactly these GPUs. The eerl client finds it by the job id (SLURM_JOB_ID) without configuration.
 # Epilog: the job's grant is revoked (its sessions close, its socket goes), then its GPUs are reset.
-# With eerld running, `eerlctl reset` also closes any session still holding those GPUs (and removes
-# admin pins on them). Only when eerld is not running at all (no admin socket) does
-# `eerld --reset-clocks` reset every GPU of the node: locks whose owner died with the daemon.
+# With eerld running, `eerlctl reset --keep-pins` also closes any session still holding those GPUs and
+# releases their locks, but never removes an operator's admin pin (a pinned GPU goes back to its pin) nor
+# ends a drain (`eerlctl drain`): those last until the operator removes them or they expire. Only when
+# eerld is not running at all (no admin socket) does `eerld --reset-clocks` reset every GPU of the node:
+# locks whose owner died with the daemon (the pins stay in the state directory for the next start).
 # Never fails the job: Slurm drains a node whose prolog or epilog fails, and a clock left at its default
 # is no reason for that. Problems are logged to syslog (tag eerl-slurm) and stderr.
 #
@@ -49,9 +51,9 @@ eerl_reset_job_gpus() {
             eerl_revoke_job_grant "${eerlctl}" "${socket}" "${timeout_s}" "${reason}"
         fi
         if ! output="$("${eerlctl}" --socket "${socket}" --timeout "${timeout_s}" reset --gpus "${gpus}" \
-            --reason "${reason}" 2>&1)"; then
+            --keep-pins --reason "${reason}" 2>&1)"; then
             # A running daemon owns its locks; resetting behind its back would race it. Log and leave it.
-            eerl_log "eerlctl reset --gpus ${gpus} failed: ${output}"
+            eerl_log "eerlctl reset --gpus ${gpus} --keep-pins failed: ${output}"
             return 0
         fi
         if [[ "${when}" == "prolog" ]]; then

@@ -33,11 +33,13 @@ from eerld.daemon import (
     DaemonView,
     DecisionView,
     GpuInfoView,
+    GpuPinView,
     GpuStatusView,
     GrantView,
     PhaseStatusView,
     SessionView,
 )
+from eerld.daemon.drains import Drain
 from eerld.daemon.jobmode import ReceivedDirective
 from eerld.errors import ValidationError
 from eerld.grants import MAX_UNIX_ID, NAME_RULE, GrantSpec, is_grant_name
@@ -281,6 +283,7 @@ class PinArgs:
     mem_clock_mhz: int
     duration_s: float
     reason: str
+    replace: bool = False
 
 
 def pin(req: pb.PinRequest) -> PinArgs:
@@ -294,7 +297,7 @@ def pin(req: pb.PinRequest) -> PinArgs:
         raise ValidationError("mem_clock_mhz", f"{req.mem_clock_mhz} MHz is out of range")
     duration = _finite(req.duration_s, "duration_s", 0.0, MAX_PIN_DURATION_S)
     reason = _text(req.reason, "reason", MAX_REASON_CHARS)
-    return PinArgs(gpus, req.sm_clock_mhz, req.mem_clock_mhz, duration, reason)
+    return PinArgs(gpus, req.sm_clock_mhz, req.mem_clock_mhz, duration, reason, req.replace)
 
 
 def unpin(req: pb.UnpinRequest) -> tuple[GpuSelector, ...] | None:
@@ -303,8 +306,33 @@ def unpin(req: pb.UnpinRequest) -> tuple[GpuSelector, ...] | None:
 
 
 def reset(req: pb.ResetAllRequest) -> tuple[tuple[GpuSelector, ...] | None, str]:
-    """ResetAllRequest → (GPUs or None for all, reason)."""
+    """ResetAllRequest → (GPUs or None for all, reason); ``keep_pins`` is read as it is."""
     return _targets(req.gpus, req.all), _text(req.reason, "reason", MAX_REASON_CHARS)
+
+
+@dataclass(frozen=True, slots=True)
+class DrainArgs:
+    """A validated DrainRequest."""
+
+    gpus: tuple[GpuSelector, ...] | None
+    duration_s: float
+    reason: str
+    keep_sessions: bool
+
+
+def drain(req: pb.DrainRequest) -> DrainArgs:
+    """DrainRequest → DrainArgs."""
+    return DrainArgs(
+        _targets(req.gpus, req.all),
+        _finite(req.duration_s, "duration_s", 0.0, MAX_PIN_DURATION_S),
+        _text(req.reason, "reason", MAX_REASON_CHARS),
+        req.keep_sessions,
+    )
+
+
+def undrain(req: pb.UndrainRequest) -> tuple[GpuSelector, ...] | None:
+    """UndrainRequest → the GPUs (None: all)."""
+    return _targets(req.gpus, req.all)
 
 
 def grant(req: pb.GrantRequest) -> GrantSpec:
@@ -402,6 +430,22 @@ def pin_out(p: Pin) -> pb.AdminPin:
         reason=p.reason,
         expires_at_unix_s=p.expires_at_unix_s,
         created_at_unix_s=p.created_at_unix_s,
+        set_by=p.set_by,
+    )
+
+
+def gpu_pin_out(v: GpuPinView) -> pb.GpuPin:
+    """A pin and its GPU → GpuPin."""
+    return pb.GpuPin(index=v.index, uuid=v.pin.uuid, pin=pin_out(v.pin))
+
+
+def drain_out(d: Drain) -> pb.GpuDrain:
+    """Drain → GpuDrain."""
+    return pb.GpuDrain(
+        reason=d.reason,
+        created_at_unix_s=d.created_at_unix_s,
+        expires_at_unix_s=d.expires_at_unix_s,
+        set_by=d.set_by,
     )
 
 
@@ -423,6 +467,8 @@ def gpu_status_out(g: GpuStatusView) -> pb.GpuStatus:
         degraded_reason=g.degraded_reason,
         clock_event_reasons=list(g.clock_event_reasons),
     )
+    if g.drain is not None:
+        msg.drain.CopyFrom(drain_out(g.drain))
     if g.locked_sm_clock_mhz is not None:
         msg.locked_sm_clock_mhz = g.locked_sm_clock_mhz
     if g.would_lock_sm_clock_mhz is not None:
@@ -482,6 +528,8 @@ def session_out(s: SessionView) -> pb.SessionInfo:
         lease_remaining_s=s.lease_remaining_s,
         throughput_threshold=s.throughput_threshold,
         grant=s.grant,
+        held_since_unix_s=s.held_since_unix_s or 0.0,
+        held_sm_clock_mhz=s.held_sm_clock_mhz or 0,
     )
     if s.job is not None:
         msg.job_mode.CopyFrom(

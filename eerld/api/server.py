@@ -180,7 +180,9 @@ class Server:
         worker = self._build(
             SHARED_NAME, WORKER_SERVICES, config.max_workers, PhaseServicer(daemon, SHARED_NAME)
         )
-        admin = self._build("admin", ADMIN_SERVICES, ADMIN_WORKERS, AdminServicer(daemon))
+        admin = self._build(
+            "admin", ADMIN_SERVICES, ADMIN_WORKERS, AdminServicer(daemon, config.admin_socket_path)
+        )
         self.worker, self.worker_health = worker.server, worker.health
         self.admin, self.admin_health = admin.server, admin.health
         self._worker_endpoint, self._admin_endpoint = worker, admin

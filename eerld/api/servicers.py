@@ -7,8 +7,12 @@ Errors are not handled here; :mod:`eerld.api.interceptors` maps them. The worker
 
 from __future__ import annotations
 
+import os
+import pwd
 import queue
+import stat
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 from eerl.v1 import eerl_pb2 as pb
@@ -19,6 +23,10 @@ from eerld.daemon import Daemon
 from eerld.grants import SHARED_NAME
 
 ATTACH_POLL_S = 0.5
+CALLER_METADATA = "eerl-caller"
+"""The metadata key eerlctl reports its user in (``alice (uid 1000)``); not authenticated."""
+MAX_CALLER_CHARS = 80
+REPORTED = ", as reported by the client"
 
 
 class PhaseServicer(pb_grpc.PhaseServiceServicer):
@@ -104,8 +112,26 @@ class PhaseServicer(pb_grpc.PhaseServiceServicer):
 class AdminServicer(pb_grpc.AdminServiceServicer):
     """The admin API."""
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: Daemon, admin_socket: Path | None = None) -> None:
         self._daemon = daemon
+        self._admin_socket = admin_socket
+
+    def _set_by(self, context: grpc.ServicerContext) -> str:
+        """Who asked, in words: the user the client reported, then the admin socket's owner.
+
+        gRPC Python does not expose the peer's credentials (SO_PEERCRED), so the one identity the kernel
+        vouches for is the admin socket's: its owner and mode decide who could connect at all.
+        """
+        parts: list[str] = []
+        for key, value in context.invocation_metadata() or ():
+            if key == CALLER_METADATA and isinstance(value, str):
+                shown = "".join(ch for ch in value if ch.isprintable())[:MAX_CALLER_CHARS]
+                if shown:
+                    parts.append(f"{shown}{REPORTED}")
+                break
+        if self._admin_socket is not None:
+            parts.append(_socket_owner(self._admin_socket))
+        return " via ".join(parts)
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusResponse:
         status = self._daemon.status()
@@ -118,14 +144,27 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
 
     def Pin(self, request: pb.PinRequest, context: grpc.ServicerContext) -> pb.PinResponse:
         args = codec.pin(request)
-        clocks = self._daemon.pin(
-            args.gpus, args.sm_clock_mhz, args.mem_clock_mhz, args.duration_s, args.reason
+        outcome = self._daemon.pin(
+            args.gpus,
+            args.sm_clock_mhz,
+            args.mem_clock_mhz,
+            args.duration_s,
+            args.reason,
+            replace=args.replace,
+            set_by=self._set_by(context),
         )
-        return pb.PinResponse(clocks=[codec.clock_out(c) for c in clocks])
+        return pb.PinResponse(
+            clocks=[codec.clock_out(c) for c in outcome.clocks],
+            replaced=[codec.gpu_pin_out(r) for r in outcome.replaced],
+        )
 
     def Unpin(self, request: pb.UnpinRequest, context: grpc.ServicerContext) -> pb.UnpinResponse:
-        clocks = self._daemon.unpin(codec.unpin(request))
-        return pb.UnpinResponse(clocks=[codec.clock_out(c) for c in clocks])
+        outcome = self._daemon.unpin(codec.unpin(request))
+        return pb.UnpinResponse(
+            clocks=[codec.clock_out(c) for c in outcome.clocks],
+            removed=[codec.gpu_pin_out(r) for r in outcome.removed],
+            not_pinned=list(outcome.not_pinned),
+        )
 
     def ListSessions(
         self, request: pb.ListSessionsRequest, context: grpc.ServicerContext
@@ -140,11 +179,30 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
 
     def ResetAll(self, request: pb.ResetAllRequest, context: grpc.ServicerContext) -> pb.ResetAllResponse:
         gpus, reason = codec.reset(request)
-        outcome = self._daemon.reset(gpus, reason or "admin reset")
+        outcome = self._daemon.reset(gpus, reason or "admin reset", keep_pins=request.keep_pins)
         return pb.ResetAllResponse(
             clocks=[codec.clock_out(c) for c in outcome.clocks],
             closed_session_ids=list(outcome.closed_session_ids),
         )
+
+    def Drain(self, request: pb.DrainRequest, context: grpc.ServicerContext) -> pb.DrainResponse:
+        args = codec.drain(request)
+        outcome = self._daemon.drain(
+            args.gpus,
+            args.duration_s,
+            args.reason or "admin drain",
+            keep_sessions=args.keep_sessions,
+            set_by=self._set_by(context),
+        )
+        return pb.DrainResponse(
+            clocks=[codec.clock_out(c) for c in outcome.clocks],
+            closed_session_ids=list(outcome.closed_session_ids),
+            gpu_indices=list(outcome.gpu_indices),
+        )
+
+    def Undrain(self, request: pb.UndrainRequest, context: grpc.ServicerContext) -> pb.UndrainResponse:
+        outcome = self._daemon.undrain(codec.undrain(request))
+        return pb.UndrainResponse(undrained=list(outcome.undrained), not_drained=list(outcome.not_drained))
 
     def Grant(self, request: pb.GrantRequest, context: grpc.ServicerContext) -> pb.GrantResponse:
         outcome = self._daemon.grant(codec.grant(request))
@@ -163,3 +221,18 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         self, request: pb.ListGrantsRequest, context: grpc.ServicerContext
     ) -> pb.ListGrantsResponse:
         return pb.ListGrantsResponse(grants=[codec.grant_out(g) for g in self._daemon.grants()])
+
+
+def _socket_owner(path: Path) -> str:
+    """``the admin socket of root (uid 0, mode 0600)``; what is known when it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return f"the admin socket {path}"
+    try:
+        name = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        name = f"uid {st.st_uid}"
+    mode = stat.S_IMODE(st.st_mode)
+    group = f", group gid {st.st_gid}" if mode & 0o060 else ""
+    return f"the admin socket of {name} (uid {st.st_uid}, mode {mode:04o}{group})"

@@ -48,6 +48,9 @@ class Pin:
     created_at_unix_s: float
     expires_at_unix_s: float
     """0 means never."""
+    set_by: str = ""
+    """Who set it, in words (the admin socket's owner and the user eerlctl reported); "" when unknown (a
+    pin written by an older eerld)."""
 
     def expired(self, now_unix_s: float) -> bool:
         """Whether the pin has run out at ``now_unix_s``."""
@@ -93,6 +96,7 @@ def parse_pin(item: object) -> Pin:
         reason=_text_field(item, "reason", MAX_REASON_CHARS, required=False),
         created_at_unix_s=_time_field(item, "created_at_unix_s"),
         expires_at_unix_s=_time_field(item, "expires_at_unix_s"),
+        set_by=_text_field(item, "set_by", MAX_REASON_CHARS, required=False),
     )
 
 

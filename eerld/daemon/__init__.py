@@ -4,7 +4,9 @@ One module per job:
 
 - :mod:`~eerld.daemon.core`: :class:`Daemon`, the hub — life cycle (start, tick, shutdown), sessions and
   phases, subscriptions (:meth:`Daemon.subscribe`); every RPC of both services is one of its methods;
-- :mod:`~eerld.daemon.admin`: pins, resets and grants (what the admin socket changes);
+- :mod:`~eerld.daemon.admin`: pins, drains, resets and grants (what the admin socket changes);
+- :mod:`~eerld.daemon.drains`: the GPUs drained of new claims;
+- :mod:`~eerld.daemon.timebase`: the wall-clock times of phase-clock readings (decisions in UTC);
 - :mod:`~eerld.daemon.status`: the read model behind Status, ListSessions, GetDecisions and metrics;
 - :mod:`~eerld.daemon.inventory`: the node's GPUs, selectors → indices, supported clocks per GPU;
 - :mod:`~eerld.daemon.jobmode`: job mode — the checks on a job-level controller's directives, the fallback;
@@ -21,8 +23,10 @@ from eerld.daemon.views import (
     DecisionView,
     DirectiveObserver,
     DirectiveRecord,
+    DrainOutcome,
     EndedPhase,
     GpuInfoView,
+    GpuPinView,
     GpuStatusView,
     GrantOutcome,
     GrantView,
@@ -30,12 +34,15 @@ from eerld.daemon.views import (
     PhaseObserver,
     PhaseRecord,
     PhaseStatusView,
+    PinOutcome,
     ResetOutcome,
     RevokeOutcome,
     RpcObserver,
     SessionView,
     StatusView,
     TicketView,
+    UndrainOutcome,
+    UnpinOutcome,
     Unsubscribe,
 )
 
@@ -48,8 +55,10 @@ __all__ = [
     "DecisionView",
     "DirectiveObserver",
     "DirectiveRecord",
+    "DrainOutcome",
     "EndedPhase",
     "GpuInfoView",
+    "GpuPinView",
     "GpuStatusView",
     "GrantOutcome",
     "GrantView",
@@ -57,11 +66,14 @@ __all__ = [
     "PhaseObserver",
     "PhaseRecord",
     "PhaseStatusView",
+    "PinOutcome",
     "ResetOutcome",
     "RevokeOutcome",
     "RpcObserver",
     "SessionView",
     "StatusView",
     "TicketView",
+    "UndrainOutcome",
+    "UnpinOutcome",
     "Unsubscribe",
 ]

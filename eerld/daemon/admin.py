@@ -1,9 +1,12 @@
-"""What the admin socket changes: pins, resets and grants (their sockets, sessions and claim tickets).
+"""What the admin socket changes: pins, drains, resets and grants (their sockets, sessions and claim tickets).
 
 A pin is written to the pin file before the arbiter applies it and survives restarts (:meth:`Admin.
-restore_pins` re-checks each one at start, as the Pin RPC checks a new one); a reset closes the sessions
-holding the GPUs and removes their pins; a removed or expired grant closes the sessions whose authority
-came from it and returns its GPUs to default. Closing a session and telling its attached client are the
+restore_pins` re-checks each one at start, as the Pin RPC checks a new one); a GPU already pinned takes a
+new pin only with ``replace`` (the reply names the pins replaced), and every pin records who set it. A
+drain refuses new claims of its GPUs until undrained or expired (:mod:`eerld.daemon.drains`); a reset
+closes the sessions holding the GPUs and removes their pins unless told to keep them (the Slurm prolog and
+epilog keep them); a removed or expired grant closes the sessions whose authority came from it and
+returns its GPUs to default. Closing a session and telling its attached client are the
 daemon's (:mod:`eerld.daemon.core`): this module is handed the two callables, and calls nothing else back.
 """
 
@@ -17,9 +20,19 @@ from eerl.control.clocks import nearest_supported_text
 from eerld.access import Access
 from eerld.clocks.arbiter import AppliedClock, ClockArbiter
 from eerld.clocks.pins import Pin, PinStore, pin_problem
+from eerld.daemon.drains import Drain, DrainStore, utc_text
 from eerld.daemon.inventory import Inventory
-from eerld.daemon.views import ResetOutcome, RevokeOutcome, TicketView
-from eerld.errors import Exhausted, ValidationError
+from eerld.daemon.views import (
+    DrainOutcome,
+    GpuPinView,
+    PinOutcome,
+    ResetOutcome,
+    RevokeOutcome,
+    TicketView,
+    UndrainOutcome,
+    UnpinOutcome,
+)
+from eerld.errors import Conflict, Exhausted, ValidationError
 from eerld.grants import Grant, GrantSpec
 from eerld.sessions import GpuSelector, Session, SessionRegistry
 
@@ -56,6 +69,7 @@ class Admin:
         self._wall = wall_clock
         self._close = close
         self._notify = notify
+        self.drains = DrainStore()
 
     # -- pins ---------------------------------------------------------------------------------------
 
@@ -107,6 +121,10 @@ class Admin:
             self._pins.remove_many([p.uuid for p in expired])
             self._arbiter.clear_pins(indices)
             log.info("pins_expired", gpu_indices=indices)
+        drains = self.drains.expire(now_unix)
+        if drains:
+            ended = [i for d in drains if (i := self._inventory.index_of(d.uuid)) is not None]
+            log.info("drains_expired", gpu_indices=ended)
 
     def flush_pins(self) -> None:
         """Retry writing the pin file where an earlier write failed."""
@@ -119,9 +137,29 @@ class Admin:
         mem_clock_mhz: int,
         duration_s: float,
         reason: str,
-    ) -> list[AppliedClock]:
-        """Pin GPUs (None: all) to a supported clock, durably, until unpinned or expired."""
+        *,
+        replace: bool = False,
+        set_by: str = "",
+    ) -> PinOutcome:
+        """Pin GPUs (None: all) to a supported clock, durably, until unpinned or expired.
+
+        A GPU that already has a pin is a Conflict naming that pin unless ``replace``; the outcome lists
+        the pins replaced. ``set_by`` says who asked (recorded with the pin).
+        """
         indices = self._inventory.select(selectors)
+        now_unix = self._wall()
+        existing = [
+            GpuPinView(i, pin)
+            for i in indices
+            if (pin := self._pins.get(self._inventory.uuid(i))) is not None and not pin.expired(now_unix)
+        ]
+        if existing and not replace:
+            first = existing[0]
+            more = f" (and {len(existing) - 1} more GPU(s))" if len(existing) > 1 else ""
+            raise Conflict(
+                f"GPU {first.index} is already pinned: {describe_pin(first.pin)}{more}; "
+                "replace it explicitly (eerlctl pin --replace) or unpin it first"
+            )
         for index in indices:
             supported = self._inventory.supported_sm_clocks_mhz(index)
             if supported and sm_clock_mhz not in supported:
@@ -144,7 +182,6 @@ class Admin:
                 f"GPU {spent[0]} changed clocks more often than its limit allows in the last seconds; "
                 "retry in a second (--max-clock-changes-per-s)"
             )
-        now_unix = self._wall()
         pins = [
             Pin(
                 uuid=self._inventory.uuid(i),
@@ -153,28 +190,50 @@ class Admin:
                 reason=reason,
                 created_at_unix_s=now_unix,
                 expires_at_unix_s=now_unix + duration_s if duration_s > 0 else 0.0,
+                set_by=set_by,
             )
             for i in indices
         ]
         self._pins.put_many(pins)
         results = self._arbiter.set_pins(pins, indices)
         log.info(
-            "pin", gpu_indices=list(indices), sm_clock_mhz=sm_clock_mhz, reason=reason, duration_s=duration_s
+            "pin",
+            gpu_indices=list(indices),
+            sm_clock_mhz=sm_clock_mhz,
+            reason=reason,
+            duration_s=duration_s,
+            set_by=set_by,
+            replaced=[{"gpu_index": r.index, **_pin_log(r.pin)} for r in existing],
         )
         self._notify(indices, f"admin pin at {sm_clock_mhz} MHz on GPU(s) {_fmt(indices)}: {reason}")
-        return results
+        return PinOutcome(tuple(results), tuple(existing))
 
-    def unpin(self, selectors: Sequence[GpuSelector] | None) -> list[AppliedClock]:
-        """Remove pins; the holding session or the default governor decides again."""
+    def unpin(self, selectors: Sequence[GpuSelector] | None) -> UnpinOutcome:
+        """Remove pins; the holding session or the default governor decides again.
+
+        Only the GPUs that had a pin change (their clocks are read back after the change); the others are
+        named in ``not_pinned``.
+        """
         indices = self._inventory.select(selectors)
-        self._pins.remove_many([self._inventory.uuid(i) for i in indices])
-        results = self._arbiter.clear_pins(indices)
-        log.info("unpin", gpu_indices=list(indices))
-        self._notify(indices, f"admin pin removed on GPU(s) {_fmt(indices)}")
-        return results
+        removed = {
+            self._inventory.index_of(p.uuid): p
+            for p in self._pins.remove_many([self._inventory.uuid(i) for i in indices])
+        }
+        # a pin the arbiter holds but the file lost (a failed write) is removed all the same
+        pinned = [i for i in indices if i in removed or self._arbiter.view(i).pin is not None]
+        results = self._arbiter.clear_pins(pinned) if pinned else []
+        not_pinned = tuple(i for i in indices if i not in pinned)
+        log.info("unpin", gpu_indices=pinned, not_pinned=list(not_pinned))
+        if pinned:
+            self._notify(pinned, f"admin pin removed on GPU(s) {_fmt(pinned)}")
+        views = tuple(GpuPinView(i, p) for i, p in removed.items() if i is not None)
+        return UnpinOutcome(tuple(results), views, not_pinned)
 
-    def reset(self, selectors: Sequence[GpuSelector] | None, reason: str) -> ResetOutcome:
-        """Remove pins of the GPUs, close the sessions holding them, and return them to default clocks."""
+    def reset(
+        self, selectors: Sequence[GpuSelector] | None, reason: str, *, keep_pins: bool = False
+    ) -> ResetOutcome:
+        """Close the sessions holding the GPUs and return them to default clocks; remove their pins too
+        unless ``keep_pins`` (then a pinned GPU goes back to its pin's clock)."""
         indices = self._inventory.select(selectors)
         closed: list[str] = []
         for index in indices:
@@ -183,10 +242,74 @@ class Admin:
                 self._notify(holder.gpu_indices, f"session closed by admin reset: {reason}")
                 self._close(holder, f"admin reset: {reason}")
                 closed.append(holder.session_id)
-        self._pins.remove_many([self._inventory.uuid(i) for i in indices])
-        results = self._arbiter.clear_pins(indices)
-        log.info("admin_reset", gpu_indices=list(indices), reason=reason, closed_sessions=len(closed))
+        if keep_pins:
+            # the sessions are gone: each GPU to its pin, else the default governor (a full reset first)
+            free = [i for i in indices if self._sessions.holder(i) is None]
+            results = self._arbiter.set_session(free, None, None) if free else []
+        else:
+            self._pins.remove_many([self._inventory.uuid(i) for i in indices])
+            results = self._arbiter.clear_pins(indices)
+        log.info(
+            "admin_reset",
+            gpu_indices=list(indices),
+            reason=reason,
+            closed_sessions=len(closed),
+            keep_pins=keep_pins,
+        )
         return ResetOutcome(tuple(results), tuple(closed))
+
+    # -- drains -------------------------------------------------------------------------------------
+
+    def put_drains(
+        self, selectors: Sequence[GpuSelector] | None, duration_s: float, reason: str, set_by: str
+    ) -> tuple[int, ...]:
+        """Record drains of the GPUs (from now on no session may claim them); return their indices."""
+        indices = self._inventory.select(selectors)
+        now_unix = self._wall()
+        self.drains.put_many(
+            Drain(
+                uuid=self._inventory.uuid(i),
+                reason=reason,
+                created_at_unix_s=now_unix,
+                expires_at_unix_s=now_unix + duration_s if duration_s > 0 else 0.0,
+                set_by=set_by,
+            )
+            for i in indices
+        )
+        return indices
+
+    def evict(self, indices: Sequence[int], reason: str, *, keep_sessions: bool) -> DrainOutcome:
+        """After :meth:`put_drains`: close the sessions holding the GPUs (unless ``keep_sessions``)."""
+        closed: list[str] = []
+        if not keep_sessions:
+            for index in indices:
+                holder = self._sessions.holder(index)
+                if holder is not None and holder.session_id not in closed:
+                    self._notify(holder.gpu_indices, f"session closed: GPUs drained by an admin: {reason}")
+                    self._close(holder, f"admin drain: {reason}")
+                    closed.append(holder.session_id)
+        free = [i for i in indices if self._sessions.holder(i) is None]
+        clocks = self._arbiter.set_session(free, None, None) if free else []
+        log.info(
+            "drain",
+            gpu_indices=list(indices),
+            reason=reason,
+            closed_sessions=len(closed),
+            keep_sessions=keep_sessions,
+        )
+        return DrainOutcome(tuple(indices), tuple(clocks), tuple(closed))
+
+    def undrain(self, selectors: Sequence[GpuSelector] | None) -> UndrainOutcome:
+        """End the drains of the GPUs: they may be claimed again."""
+        indices = self._inventory.select(selectors)
+        removed = {d.uuid for d in self.drains.remove_many(self._inventory.uuid(i) for i in indices)}
+        undrained = tuple(i for i in indices if self._inventory.uuid(i) in removed)
+        log.info("undrain", gpu_indices=list(undrained))
+        return UndrainOutcome(undrained, tuple(i for i in indices if i not in undrained))
+
+    def drain_of(self, index: int) -> Drain | None:
+        """The drain in force on the GPU at ``index``, if any."""
+        return self.drains.get(self._inventory.uuid(index), self._wall())
 
     # -- grants -------------------------------------------------------------------------------------
 
@@ -245,4 +368,25 @@ def _fmt(indices: Sequence[int]) -> str:
     return ", ".join(str(i) for i in indices)
 
 
-__all__ = ["Admin", "CloseSession", "Notify"]
+def describe_pin(pin: Pin) -> str:
+    """``1200 MHz "maint", set 2026-12-01T14:08:39Z by …, expires 2026-12-01T14:18:39Z``."""
+    parts = [f"{pin.sm_clock_mhz} MHz"]
+    if pin.mem_clock_mhz:
+        parts[0] += f" (memory {pin.mem_clock_mhz} MHz)"
+    parts[0] += f' "{pin.reason}"' if pin.reason else " (no reason given)"
+    if pin.created_at_unix_s:
+        parts.append(f"set {utc_text(pin.created_at_unix_s)}" + (f" by {pin.set_by}" if pin.set_by else ""))
+    parts.append(f"expires {utc_text(pin.expires_at_unix_s)}" if pin.expires_at_unix_s else "never expires")
+    return ", ".join(parts)
+
+
+def _pin_log(pin: Pin) -> dict[str, object]:
+    return {
+        "sm_clock_mhz": pin.sm_clock_mhz,
+        "reason": pin.reason,
+        "set_by": pin.set_by,
+        "expires_at_unix_s": pin.expires_at_unix_s,
+    }
+
+
+__all__ = ["Admin", "CloseSession", "Notify", "describe_pin"]

@@ -53,6 +53,7 @@ from eerld.daemon.jobmode import (
     to_default,
 )
 from eerld.daemon.status import DEFAULT_DECISIONS_LIMIT, StatusReader
+from eerld.daemon.timebase import PhaseTimebase
 from eerld.daemon.views import (
     BeganPhase,
     ClosedSession,
@@ -60,6 +61,7 @@ from eerld.daemon.views import (
     DecisionView,
     DirectiveObserver,
     DirectiveRecord,
+    DrainOutcome,
     EndedPhase,
     GpuStatusView,
     GrantOutcome,
@@ -67,12 +69,15 @@ from eerld.daemon.views import (
     OpenedSession,
     PhaseObserver,
     PhaseRecord,
+    PinOutcome,
     ResetOutcome,
     RevokeOutcome,
     RpcObserver,
     SessionView,
     StatusView,
     TicketView,
+    UndrainOutcome,
+    UnpinOutcome,
     Unsubscribe,
 )
 from eerld.energy import phase_energy, read_counters
@@ -140,9 +145,10 @@ class Daemon:
         self._default_lease_ttl_s = default_lease_ttl_s
         self._clock = clock
         self._wall = wall_clock
-        self._phase_clock = phase_clock if phase_clock is not None else clock
+        # every phase-clock reading is paired with the wall clock: decisions are shown in UTC
+        self._timebase = PhaseTimebase(phase_clock if phase_clock is not None else clock, wall_clock)
+        self._phase_clock = self._timebase.now
         started_s = clock()
-        mono_to_unix_s = wall_clock() - clock()
         self._lock = threading.RLock()
         self._stopping = False
         self._sessions = SessionRegistry()
@@ -190,7 +196,8 @@ class Daemon:
             controller_name=controller_name,
             clock=clock,
             started_s=started_s,
-            mono_to_unix_s=mono_to_unix_s,
+            timebase=self._timebase,
+            drain_of=self._admin.drain_of,
         )
         self._observers_lock = threading.Lock()
         self._rpc_observers: tuple[RpcObserver, ...] = ()
@@ -342,6 +349,7 @@ class Daemon:
         requested = self._inventory.resolve(spec.gpus) if spec.gpus else ()
         authorization = self.access.authorize(grant, spec.job_id, requested, spec.claim_tickets)
         indices = authorization.gpu_indices
+        self._check_not_drained(indices)
         supported = self._inventory.common_sm_clocks_mhz(indices)
         kinds = spec.role.kinds()
         threshold = spec.throughput_threshold or DEFAULT_THROUGHPUT_THRESHOLD
@@ -375,6 +383,7 @@ class Daemon:
         )
         with self._lock:
             self._check_running()
+            self._check_not_drained(indices)  # again, under the lock a drain is recorded under
             self._sessions.add(session)
             if spec.job is not None:  # only a session that opened raises the job's incarnation
                 self._incarnations.accept(job_key, spec.job.incarnation)
@@ -405,6 +414,16 @@ class Daemon:
                 for g in gpus
             )
         return OpenedSession(session.session_id, session.lease_ttl_s, gpus)
+
+    def _check_not_drained(self, indices: Sequence[int]) -> None:
+        """Conflict naming the drain when one of the GPUs is drained (no new claims)."""
+        for index in indices:
+            drain = self._admin.drain_of(index)
+            if drain is not None:
+                raise Conflict(
+                    f"gpus: GPU {index} is {drain.describe()}; no session may claim it until an admin "
+                    "undrains it (eerlctl undrain) or the drain ends"
+                )
 
     def attach(self, session_id: str) -> Attachment:
         """Bind a session's life to a stream; the caller must call :meth:`detach` when the stream ends."""
@@ -683,6 +702,7 @@ class Daemon:
             )
             session.active = None
             session.last_ended[kind] = iteration
+            session.held_since_unix_s = self._wall()
             session.totals[kind].add(
                 energy.energy_mj, workload.valid_tokens, workload.tokens, energy.duration_s
             )
@@ -764,20 +784,50 @@ class Daemon:
         mem_clock_mhz: int,
         duration_s: float,
         reason: str,
-    ) -> list[AppliedClock]:
-        """Pin GPUs (None: all) to a supported clock, durably, until unpinned or expired."""
+        *,
+        replace: bool = False,
+        set_by: str = "",
+    ) -> PinOutcome:
+        """Pin GPUs (None: all) to a supported clock, durably, until unpinned or expired; a pinned GPU
+        only with ``replace`` (the outcome names the pins replaced)."""
         self._check_running()
-        return self._admin.pin(selectors, sm_clock_mhz, mem_clock_mhz, duration_s, reason)
+        return self._admin.pin(
+            selectors, sm_clock_mhz, mem_clock_mhz, duration_s, reason, replace=replace, set_by=set_by
+        )
 
-    def unpin(self, selectors: Sequence[GpuSelector] | None) -> list[AppliedClock]:
+    def unpin(self, selectors: Sequence[GpuSelector] | None) -> UnpinOutcome:
         """Remove pins; the holding session or the default governor decides again."""
         self._check_running()
         return self._admin.unpin(selectors)
 
-    def reset(self, selectors: Sequence[GpuSelector] | None, reason: str) -> ResetOutcome:
-        """Remove pins of the GPUs, close the sessions holding them, and return them to default clocks."""
+    def reset(
+        self, selectors: Sequence[GpuSelector] | None, reason: str, *, keep_pins: bool = False
+    ) -> ResetOutcome:
+        """Close the sessions holding the GPUs and return them to default clocks (or to their pins, with
+        ``keep_pins``; otherwise the pins are removed too)."""
         self._check_running()
-        return self._admin.reset(selectors, reason)
+        return self._admin.reset(selectors, reason, keep_pins=keep_pins)
+
+    def drain(
+        self,
+        selectors: Sequence[GpuSelector] | None,
+        duration_s: float,
+        reason: str,
+        *,
+        keep_sessions: bool = False,
+        set_by: str = "",
+    ) -> DrainOutcome:
+        """No new claims of the GPUs until undrained or ``duration_s`` (0: until undrained) has passed;
+        the sessions holding them are closed unless ``keep_sessions``; pins stay."""
+        self._check_running()
+        with self._lock:  # a claim in flight either added its session already or sees the drain
+            indices = self._admin.put_drains(selectors, duration_s, reason, set_by)
+        return self._admin.evict(indices, reason, keep_sessions=keep_sessions)
+
+    def undrain(self, selectors: Sequence[GpuSelector] | None) -> UndrainOutcome:
+        """End the drains of the GPUs: they may be claimed again."""
+        self._check_running()
+        return self._admin.undrain(selectors)
 
     def open_grants(self) -> None:
         """Open the per-GPU sockets and the persisted grants (after :meth:`start`, once serving)."""

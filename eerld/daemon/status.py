@@ -20,9 +20,11 @@ from eerl.directives import DirectiveVerdict
 from eerl.phases import ControllerState, PhaseKind
 
 from eerld.access import Access
-from eerld.clocks.arbiter import ClockArbiter
+from eerld.clocks.arbiter import ClockArbiter, ClockSource
+from eerld.daemon.drains import Drain
 from eerld.daemon.inventory import Inventory
 from eerld.daemon.jobmode import JobDecision, JobSessions, JobState, ReceivedDirective
+from eerld.daemon.timebase import PhaseTimebase
 from eerld.daemon.views import (
     DaemonView,
     DecisionView,
@@ -62,8 +64,11 @@ class StatusReader:
         controller_name: str,
         clock: Callable[[], float],
         started_s: float,
-        mono_to_unix_s: float,
+        timebase: PhaseTimebase,
+        drain_of: Callable[[int], Drain | None] = lambda _index: None,
     ) -> None:
+        """``timebase`` turns the phase-clock times of decisions into wall-clock times; ``drain_of`` is
+        the drain in force on a GPU (the admin's)."""
         self._backend = backend
         self._inventory = inventory
         self._arbiter = arbiter
@@ -73,7 +78,8 @@ class StatusReader:
         self._controller_name = controller_name
         self._clock = clock
         self._started_s = started_s
-        self._mono_to_unix_s = mono_to_unix_s
+        self._timebase = timebase
+        self._drain_of = drain_of
         self._closed_decisions: deque[tuple[str, tuple[_Entry, ...]]] = deque(maxlen=CLOSED_SESSIONS_KEPT)
 
     def record_closed(self, session: Session, job: JobState | None = None) -> None:
@@ -140,6 +146,7 @@ class StatusReader:
             utilization_gpu_percent=util.gpu_percent if util is not None else 0,
             degraded_reason=degraded,
             clock_event_reasons=tuple(reasons.names()) if reasons is not None else (),
+            drain=self._drain_of(index),
         )
 
     def sessions(self) -> tuple[SessionView, ...]:
@@ -176,6 +183,12 @@ class StatusReader:
                 )
             )
         active = session.active
+        held_since, held_mhz = None, None
+        if active is None and session.held_since_unix_s is not None and session.gpu_indices:
+            view = self._arbiter.view(session.gpu_indices[0])
+            if view.source is ClockSource.SESSION:  # a pin's lock is the pin's, not the session's
+                held_mhz = view.locked_sm_clock_mhz or view.would_lock_sm_clock_mhz
+            held_since = session.held_since_unix_s if held_mhz is not None else None
         return SessionView(
             session_id=session.session_id,
             job_id=session.spec.job_id,
@@ -194,6 +207,8 @@ class StatusReader:
             client_name=session.spec.client_name,
             grant=session.grant,
             job=session.spec.job,
+            held_since_unix_s=held_since,
+            held_sm_clock_mhz=held_mhz,
         )
 
     def grants(self) -> tuple[GrantView, ...]:
@@ -224,7 +239,7 @@ class StatusReader:
             if not histories:
                 raise NotFound("session_id: no session with this id")
         views = [
-            DecisionView(sid, d, d.time_s + self._mono_to_unix_s, directive, verdict)
+            DecisionView(sid, d, self._timebase.to_unix_s(d.time_s), directive, verdict)
             for sid, history in histories
             for d, directive, verdict in history
             if kind is None or d.kind == kind

@@ -16,6 +16,7 @@ from eerl.phases import ControllerState, ExecutionMode, GpuRole, PhaseKind
 
 from eerld.clocks.arbiter import AppliedClock, ClockSource
 from eerld.clocks.pins import Pin
+from eerld.daemon.drains import Drain
 from eerld.daemon.jobmode import ReceivedDirective
 from eerld.grants import SHARED_NAME, Grant
 from eerld.sessions import JobModeSpec
@@ -55,6 +56,8 @@ class GpuStatusView:
     utilization_gpu_percent: int
     degraded_reason: str
     clock_event_reasons: tuple[str, ...]
+    drain: Drain | None = None
+    """The drain in force: no session may claim the GPU."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +102,11 @@ class SessionView:
     grant: str = SHARED_NAME
     job: JobModeSpec | None = None
     """Job mode: the incarnation and node rank it was opened with; None for a session not in job mode."""
+    held_since_unix_s: float | None = None
+    """Between phases with its GPUs still locked at the last phase's clock: when that phase ended (wall
+    clock); None during a phase, before the first, or when the GPUs are on the default governor."""
+    held_sm_clock_mhz: int | None = None
+    """The SM clock held between phases (with ``held_since_unix_s``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +229,48 @@ class ClosedSession:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuPinView:
+    """An admin pin and the index of its GPU."""
+
+    index: int
+    pin: Pin
+
+
+@dataclass(frozen=True, slots=True)
+class PinOutcome:
+    """The answer to Pin: the clocks read back and the pins it replaced."""
+
+    clocks: tuple[AppliedClock, ...]
+    replaced: tuple[GpuPinView, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class UnpinOutcome:
+    """The answer to Unpin: the clocks read back after the change, the pins removed, the GPUs unpinned."""
+
+    clocks: tuple[AppliedClock, ...]
+    removed: tuple[GpuPinView, ...]
+    not_pinned: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DrainOutcome:
+    """The answer to Drain."""
+
+    gpu_indices: tuple[int, ...]
+    clocks: tuple[AppliedClock, ...]
+    closed_session_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class UndrainOutcome:
+    """The answer to Undrain."""
+
+    undrained: tuple[int, ...]
+    not_drained: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ResetOutcome:
     """The answer to ResetAll."""
 
@@ -275,8 +325,10 @@ __all__ = [
     "DecisionView",
     "DirectiveObserver",
     "DirectiveRecord",
+    "DrainOutcome",
     "EndedPhase",
     "GpuInfoView",
+    "GpuPinView",
     "GpuStatusView",
     "GrantOutcome",
     "GrantView",
@@ -284,11 +336,14 @@ __all__ = [
     "PhaseObserver",
     "PhaseRecord",
     "PhaseStatusView",
+    "PinOutcome",
     "ResetOutcome",
     "RevokeOutcome",
     "RpcObserver",
     "SessionView",
     "StatusView",
     "TicketView",
+    "UndrainOutcome",
+    "UnpinOutcome",
     "Unsubscribe",
 ]

@@ -85,4 +85,6 @@ class TestContractRules:
             "Grant",
             "Revoke",
             "ListGrants",
+            "Drain",
+            "Undrain",
         }

@@ -13,9 +13,16 @@ class TestParseGpus:
         """'all' (any case) selects every GPU."""
         assert parse_gpus("ALL") == GpuSelection(all=True)
 
-    def test_indices_and_uuids_mix_and_deduplicate(self) -> None:
-        """Slurm's comma-separated form works; repeats are dropped, order is kept."""
-        assert parse_gpus("2, 0,GPU-abc,2") == GpuSelection(indices=(2, 0), uuids=("GPU-abc",))
+    def test_indices_and_uuids_mix_in_order(self) -> None:
+        """Slurm's comma-separated form works; order is kept."""
+        assert parse_gpus("2, 0,GPU-abc") == GpuSelection(indices=(2, 0), uuids=("GPU-abc",))
+
+    @pytest.mark.parametrize(("text", "twice"), [("0,0", "GPU 0 "), ("2, 0,GPU-abc,2", "GPU 2 "),
+                                                 ("GPU-abc,GPU-abc", "GPU GPU-abc ")])  # fmt: skip
+    def test_a_gpu_listed_twice_is_refused_naming_it(self, text: str, twice: str) -> None:
+        """``--gpus 0,0`` is a mistake, not a request for GPU 0: refused, naming the GPU."""
+        with pytest.raises(ValidationError, match=f"--gpus: {twice}is listed twice"):
+            parse_gpus(text)
 
     @pytest.mark.parametrize("text", ["", "0,,1", "-1", "gpu0", "0;1"])
     def test_anything_else_is_rejected_naming_the_flag(self, text: str) -> None:
@@ -37,6 +44,12 @@ class TestParseDuration:
     def test_zero_negative_or_malformed_is_rejected(self, text: str) -> None:
         """A duration must be positive and well formed."""
         with pytest.raises(ValidationError, match="--for"):
+            parse_duration_s(text)
+
+    @pytest.mark.parametrize("text", ["-5m", "-5", " -1h30m"])
+    def test_a_negative_duration_says_so(self, text: str) -> None:
+        """``-5m`` is named as negative, not as malformed."""
+        with pytest.raises(ValidationError, match=r"--for: .* a duration cannot be negative"):
             parse_duration_s(text)
 
 

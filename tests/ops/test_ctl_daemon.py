@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import pwd
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -135,3 +138,155 @@ class TestMetricsOfTheDaemon:
         assert daemon.daemon.subscribers == (before[0] + 1, before[1] + 1)
         server.close()
         assert daemon.daemon.subscribers == before
+
+
+class TestPinsMeanWhatTheySay:
+    def test_a_second_pin_on_a_pinned_gpu_is_refused_naming_the_pin_in_force(
+        self, daemon: DaemonHandle
+    ) -> None:
+        """Re-pinning without --replace fails (exit 1) with the existing pin's clock, reason and expiry;
+        the operator's pin stays as it was."""
+        assert (
+            ctl(daemon, "pin", "--gpus", "1", "--sm-mhz", "1200", "--for", "10m", "--reason", "maint")[0] == 0
+        )
+        code, out, err = ctl(daemon, "pin", "--gpus", "1", "--sm-mhz", "1005")
+        pin = ctl_json(daemon, "status")["gpus"][1]["owner"]["pin"]
+        assert (code, out) == (1, "")
+        assert 'GPU 1 is already pinned: 1200 MHz "maint"' in err
+        assert "expires 20" in err
+        assert "--replace" in err
+        assert (pin["sm_clock_mhz"], pin["reason"]) == (1200, "maint")
+        assert pin["expires_at_unix_s"] is not None
+
+    def test_replace_replaces_and_says_what_it_replaced(self, daemon: DaemonHandle) -> None:
+        """With --replace the new pin holds, and the reply names the pin it replaced."""
+        ctl(daemon, "pin", "--gpus", "1", "--sm-mhz", "1200", "--for", "10m", "--reason", "maint")
+        code, out, _ = ctl(daemon, "pin", "--gpus", "1", "--sm-mhz", "1005", "--replace", "--reason", "tune")
+        data = ctl_json(daemon, "pin", "--gpus", "1", "--sm-mhz", "990", "--replace")
+        assert code == 0
+        assert 'GPU 1: replaced the pin at 1200 MHz "maint"' in out
+        assert [(r["index"], r["sm_clock_mhz"], r["reason"]) for r in data["replaced"]] == [(1, 1005, "tune")]
+        assert ctl_json(daemon, "status")["gpus"][1]["locked_sm_clock_mhz"] == 990
+
+    def test_a_gpu_listed_twice_is_refused(self, daemon: DaemonHandle) -> None:
+        """``--gpus 0,0`` pins nothing and says why."""
+        code, _, err = ctl(daemon, "pin", "--gpus", "1,1", "--sm-mhz", "1005")
+        assert (code, err) == (1, "Error: --gpus: GPU 1 is listed twice\n")
+        assert ctl_json(daemon, "status")["gpus"][1]["owner"] is None
+
+    def test_a_negative_duration_is_a_real_message(self, daemon: DaemonHandle) -> None:
+        """``--for -5m`` reaches the duration parser (not argparse's "expected one argument")."""
+        code, _, err = ctl(daemon, "pin", "--gpus", "1", "--sm-mhz", "1005", "--for", "-5m")
+        assert code == 1
+        assert err == "Error: --for: '-5m': a duration cannot be negative; give how long, e.g. 30m or 2h\n"
+
+    def test_unpin_names_the_pin_removed_and_the_clock_read_back_after(self, daemon: DaemonHandle) -> None:
+        """The reply's clock is the GPU's clock after the pin went (the default governor's), not the pin's;
+        a GPU with no pin says so."""
+        ctl(daemon, "pin", "--gpus", "1", "--sm-mhz", "1005", "--reason", "maint")
+        data = ctl_json(daemon, "unpin", "--gpus", "1,2")
+        after = daemon.backend.clocks(1).sm_clock_mhz
+        assert [(r["index"], r["sm_clock_mhz"], r["reason"]) for r in data["removed"]] == [(1, 1005, "maint")]
+        assert [(c["index"], c["sm_clock_mhz"], c["source"]) for c in data["clocks"]] == [
+            (1, after, "default")
+        ]
+        assert after != 1005
+        assert data["not_pinned"] == [2]
+        code, out, _ = ctl(daemon, "unpin", "--gpus", "1")
+        assert (code, out) == (0, "GPU 1: had no pin; nothing changed\n")
+
+    def test_a_pin_records_who_set_it(self, daemon: DaemonHandle) -> None:
+        """The user eerlctl runs as and the admin socket's owner are recorded and shown by ``pins``."""
+        ctl(daemon, "pin", "--gpus", "1", "--sm-mhz", "1005", "--reason", "maint")
+        pins = ctl_json(daemon, "pins")["pins"]
+        uid = os.getuid()
+        assert [(p["index"], p["reason"]) for p in pins] == [(1, "maint")]
+        assert f"{pwd.getpwuid(uid).pw_name} (uid {uid}" in pins[0]["set_by"]
+        assert (
+            f"via the admin socket of {pwd.getpwuid(uid).pw_name} (uid {uid}, mode 0600)" in pins[0]["set_by"]
+        )
+        assert "SET BY" in ctl(daemon, "pins")[1]
+
+    def test_reset_keep_pins_closes_the_session_and_leaves_the_pin(self, daemon: DaemonHandle) -> None:
+        """``reset --keep-pins`` closes the session on GPU 0 and leaves GPU 1's pin locked."""
+        ctl(daemon, "pin", "--gpus", "1", "--sm-mhz", "1005", "--reason", "maint")
+        result = ctl_json(daemon, "reset", "--keep-pins")
+        gpus = ctl_json(daemon, "status")["gpus"]
+        assert len(result["closed_session_ids"]) == 1
+        assert (gpus[0]["locked_sm_clock_mhz"], gpus[0]["owner"]) == (None, None)
+        assert (gpus[1]["locked_sm_clock_mhz"], gpus[1]["owner"]["pin"]["reason"]) == (1005, "maint")
+
+
+def open_on(handle: DaemonHandle, index: int) -> str:
+    with grpc.insecure_channel(f"unix:{handle.socket_path}") as channel:
+        reply = eerl_pb2_grpc.PhaseServiceStub(channel).OpenSession(
+            eerl_pb2.OpenSessionRequest(job_id="job-43", gpus=[eerl_pb2.GpuRef(index=index)]), timeout=10
+        )
+    session_id: str = reply.session_id
+    return session_id
+
+
+class TestDrain:
+    def test_a_drained_gpu_refuses_new_claims_naming_the_drain_until_undrained(
+        self, daemon: DaemonHandle
+    ) -> None:
+        """drain closes the session on GPU 0; a new OpenSession is FAILED_PRECONDITION naming the drain;
+        status shows it; after undrain the GPU may be claimed again."""
+        drained = ctl_json(daemon, "drain", "--gpus", "0", "--for", "15m", "--reason", "fan swap")
+        with pytest.raises(grpc.RpcError) as refused:
+            open_on(daemon, 0)
+        status = ctl_json(daemon, "status")
+        text = ctl(daemon, "status")[1]
+        assert (drained["gpu_indices"], len(drained["closed_session_ids"])) == ([0], 1)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "GPU 0 is drained until 20" in (refused.value.details() or "")
+        assert "fan swap" in (refused.value.details() or "")
+        assert status["sessions"] == []
+        assert status["gpus"][0]["drain"]["reason"] == "fan swap"
+        assert status["gpus"][0]["drain"]["expires_at_unix_s"] > time.time() + 14 * 60
+        assert status["gpus"][1]["drain"] is None
+        assert 'DRAINED "fan swap" until' in text
+        assert open_on(daemon, 1)  # the other GPUs are not drained
+        assert ctl(daemon, "undrain", "--gpus", "0")[1] == "GPU 0: undrained; it may be claimed again\n"
+        assert open_on(daemon, 0)
+        assert ctl(daemon, "undrain", "--gpus", "0")[1] == "GPU 0: was not drained; nothing changed\n"
+
+    def test_keep_sessions_lets_the_holder_run_and_a_drain_ends_by_itself(self, daemon: DaemonHandle) -> None:
+        """With --keep-sessions the session on GPU 0 stays; once the drain's time is up, claims work again."""
+        ctl_json(daemon, "drain", "--gpus", "1", "--for", "1s", "--keep-sessions")
+        drained = ctl_json(daemon, "drain", "--gpus", "0", "--keep-sessions")
+        with pytest.raises(grpc.RpcError):
+            open_on(daemon, 1)
+        time.sleep(1.1)
+        daemon.daemon.tick()
+        assert drained["closed_session_ids"] == []
+        assert len(ctl_json(daemon, "sessions")["sessions"]) == 1
+        assert open_on(daemon, 1)
+
+
+class TestBetweenPhases:
+    def test_status_says_none_and_since_when_the_gpu_is_held(self, daemon: DaemonHandle) -> None:
+        """After EndPhase the session's GPU stays locked at 1200 MHz: status says no phase runs, and since
+        when (UTC) the lock is held."""
+        session_id = daemon.daemon.sessions()[0].session_id
+        with grpc.insecure_channel(f"unix:{daemon.socket_path}") as channel:
+            eerl_pb2_grpc.PhaseServiceStub(channel).EndPhase(
+                eerl_pb2.EndPhaseRequest(
+                    session_id=session_id,
+                    kind=eerl_pb2.PHASE_KIND_GENERATION,
+                    iteration=1,
+                    workload=eerl_pb2.Workload(tokens=10, valid_tokens=8, sequences=1),
+                )
+            )
+        ended = time.time()
+        session = ctl_json(daemon, "status")["sessions"][0]
+        text = ctl(daemon, "status")[1]
+        assert session["current_phase"] is None
+        assert session["held_sm_clock_mhz"] == 1200
+        assert abs(session["held_since_unix_s"] - ended) < 5
+        assert "none@1, held at 1200 MHz since 20" in text
+
+    def test_during_a_phase_nothing_is_held(self, daemon: DaemonHandle) -> None:
+        """The fixture's session is in its generation phase: no held_since."""
+        session = ctl_json(daemon, "status")["sessions"][0]
+        assert (session["current_phase"], session["held_since_unix_s"]) == ("generation", None)

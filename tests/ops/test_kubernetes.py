@@ -55,6 +55,37 @@ def check_service_monitor(doc: dict[str, Any]) -> None:
         assert isinstance(endpoint["port"], str)
 
 
+def restricted_violations(pod: dict[str, Any]) -> list[str]:
+    """What the restricted Pod Security Standard refuses in ``pod`` (the checks of its baseline and
+    restricted profiles that a manifest shows), one ``check: where`` string each."""
+    spec = pod["spec"]
+    found: list[str] = []
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(key):
+            found.append(f"{key}: pod")
+    found += [f"hostPath: volume {v['name']}" for v in spec.get("volumes", []) if "hostPath" in v]
+    pod_security = spec.get("securityContext", {})
+    for c in spec.get("initContainers", []) + spec.get("containers", []):
+        sc = c.get("securityContext", {})
+        where = f"container {c['name']}"
+        if sc.get("privileged"):
+            found.append(f"privileged: {where}")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            found.append(f"allowPrivilegeEscalation: {where}")
+        caps = sc.get("capabilities", {})
+        if "ALL" not in caps.get("drop", []) or set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
+            found.append(f"capabilities: {where}")
+        if (
+            not sc.get("runAsNonRoot", pod_security.get("runAsNonRoot"))
+            or sc.get("runAsUser", pod_security.get("runAsUser")) == 0
+        ):
+            found.append(f"runAsNonRoot: {where}")
+        seccomp = sc.get("seccompProfile", pod_security.get("seccompProfile", {}))
+        if seccomp.get("type") not in ("RuntimeDefault", "Localhost"):
+            found.append(f"seccompProfile: {where}")
+    return found
+
+
 class TestManifests:
     def test_every_manifest_validates_against_the_client_models(self) -> None:
         """Each document deserialises into its Kubernetes model with unknown fields forbidden."""
@@ -92,12 +123,21 @@ class TestDaemonSet:
         assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
         assert (pod["priorityClassName"], pod["runtimeClassName"]) == ("system-node-critical", "nvidia")
 
-    def test_has_only_the_capabilities_it_needs(self) -> None:
-        """Not privileged; all capabilities dropped but SYS_ADMIN (clock locks) and CHOWN (socket group)."""
+    def test_reaches_every_gpu_as_the_gpu_operators_node_agents_do(self) -> None:
+        """Privileged with NVIDIA_VISIBLE_DEVICES=all on the NVIDIA runtime, as the GPU Operator runs
+        dcgm-exporter: a toolkit that ignores the variable in unprivileged containers still honours it (an
+        unprivileged eerld would see no GPU there). Root filesystem read-only, seccomp RuntimeDefault."""
         security = self.container()["securityContext"]
-        assert security["privileged"] is False
-        assert security["allowPrivilegeEscalation"] is False
-        assert security["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN", "CHOWN"]}
+        assert security["privileged"] is True
+        assert "allowPrivilegeEscalation" not in security  # false is invalid with privileged
+        assert "capabilities" not in security  # a privileged container has them all: no false promise
+        assert (security["readOnlyRootFilesystem"], security["seccompProfile"]) == (
+            True,
+            {"type": "RuntimeDefault"},
+        )
+        assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in self.container()["env"]
+        assert self.pod()["runtimeClassName"] == "nvidia"
+        assert one("Namespace")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
 
     def test_does_not_claim_gpus_from_the_scheduler(self) -> None:
         """GPUs come from NVIDIA_VISIBLE_DEVICES=all, never from an nvidia.com/gpu request."""
@@ -252,6 +292,19 @@ class TestWiring:
         assert int(pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) > 0
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["runAsUser"] != 0
+
+    def test_the_rl_pod_meets_the_restricted_pod_security_level(self) -> None:
+        """The checks of the restricted Pod Security Standard: no host namespaces or hostPath, not
+        privileged, no privilege escalation, every capability dropped, non-root, seccomp RuntimeDefault."""
+        pod = one("Pod", "rl-job-example")
+        assert restricted_violations(pod) == []
+
+    def test_the_restricted_check_is_real(self) -> None:
+        """The daemon's pod fails it (privileged, hostPath, root)."""
+        daemon_pod = {"spec": one("DaemonSet")["spec"]["template"]["spec"]}
+        assert {"privileged", "hostPath", "runAsNonRoot"} <= {
+            v.split(":")[0] for v in restricted_violations(daemon_pod)
+        }
 
     def test_service_and_monitor_select_the_daemon_pods(self) -> None:
         """Service selector ⊆ pod labels; ServiceMonitor selector ⊆ Service labels; port names agree."""

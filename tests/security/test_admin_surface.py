@@ -26,6 +26,8 @@ HARMFUL: dict[str, dict[str, Any]] = {
     "ResetAll": {"all": True, "reason": "attack"},
     "Grant": {"gpus": [{"index": 0}], "uid": 65534, "reason": "attack"},
     "Revoke": {"name": "x", "reason": "attack"},
+    "Drain": {"all": True, "reason": "attack"},
+    "Undrain": {"all": True},
 }
 
 

@@ -14,7 +14,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
+from eerl.v1 import eerl_pb2 as pb
+from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
 from eerld.testing import DaemonHandle, FakeGpuBackend, running_daemon
 from tests.security.conftest import NOBODY_UID, NOGROUP_GID
@@ -100,3 +103,34 @@ def test_the_jobs_user_gets_clock_control_of_its_gpus_and_nobody_else_does(
     assert grants == ["shared"]
     assert not socket.exists()
     assert fake.locked() == {}
+
+
+def test_the_prolog_and_epilog_reset_sessions_and_locks_but_never_an_operators_pin_or_drain(
+    node: tuple[DaemonHandle, FakeGpuBackend], reachable_dir: Path
+) -> None:
+    """An operator's 10-minute pin on GPU 1 and drain of GPU 0 outlive the next job's prolog and epilog;
+    the session a previous job left on GPU 1 is closed all the same (and the GPU goes back to the pin)."""
+    handle, fake = node
+    ctl = [str(Path(sys.executable).parent / "eerlctl"), "--socket", str(handle.admin_socket_path)]
+    pin = [*ctl, "pin", "--gpus", "1", "--sm-mhz", "1005", "--for", "10m", "--reason", "maint"]
+    assert subprocess.run(pin, capture_output=True, check=False).returncode == 0
+    drain = [*ctl, "drain", "--gpus", "0", "--for", "10m", "--reason", "fan"]
+    assert subprocess.run(drain, capture_output=True, check=False).returncode == 0
+    assert slurm("prolog.sh", handle).returncode == 0
+    with grpc.insecure_channel(f"unix:{reachable_dir / 'grants' / f'job-{JOB_ID}.sock'}") as channel:
+        stub = pb_grpc.PhaseServiceStub(channel)
+        left = stub.OpenSession(pb.OpenSessionRequest(job_id=JOB_ID, gpus=[pb.GpuRef(index=1)]), timeout=10)
+    assert [s.session_id for s in handle.daemon.sessions()] == [left.session_id]
+    prolog = slurm("prolog.sh", handle)  # the next job on the same GPU
+    after_prolog = [s.session_id for s in handle.daemon.sessions()]
+    locked_after_prolog = fake.locked()
+    epilog = slurm("epilog.sh", handle)
+    gpus = handle.daemon.gpu_status()
+    assert (prolog.returncode, prolog.stderr, epilog.returncode, epilog.stderr) == (0, "", 0, "")
+    assert after_prolog == []
+    assert locked_after_prolog == {1: 1005}
+    assert gpus[1].pin is not None
+    assert (gpus[1].pin.sm_clock_mhz, gpus[1].pin.reason) == (1005, "maint")
+    assert gpus[0].drain is not None
+    assert gpus[0].drain.reason == "fan"
+    assert fake.locked() == {1: 1005}

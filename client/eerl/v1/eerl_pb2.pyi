@@ -1020,6 +1020,7 @@ class AdminPin(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     EXPIRES_AT_UNIX_S_FIELD_NUMBER: _builtins.int
     CREATED_AT_UNIX_S_FIELD_NUMBER: _builtins.int
+    SET_BY_FIELD_NUMBER: _builtins.int
     sm_clock_mhz: _builtins.int
     """Pinned SM clock."""
     mem_clock_mhz: _builtins.int
@@ -1030,6 +1031,10 @@ class AdminPin(_message.Message):
     """When the pin expires, seconds since the Unix epoch; 0 means never."""
     created_at_unix_s: _builtins.float
     """When the pin was set, seconds since the Unix epoch."""
+    set_by: _builtins.str
+    """Who set it, in words: the admin socket's owner (the one identity the kernel vouches for: the socket's
+    mode decides who may connect) and the user eerlctl reported (not authenticated); empty when unknown.
+    """
     def __init__(
         self,
         *,
@@ -1038,14 +1043,81 @@ class AdminPin(_message.Message):
         reason: _builtins.str = ...,
         expires_at_unix_s: _builtins.float = ...,
         created_at_unix_s: _builtins.float = ...,
+        set_by: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at_unix_s", b"created_at_unix_s", "expires_at_unix_s", b"expires_at_unix_s", "mem_clock_mhz", b"mem_clock_mhz", "reason", b"reason", "sm_clock_mhz", b"sm_clock_mhz"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at_unix_s", b"created_at_unix_s", "expires_at_unix_s", b"expires_at_unix_s", "mem_clock_mhz", b"mem_clock_mhz", "reason", b"reason", "set_by", b"set_by", "sm_clock_mhz", b"sm_clock_mhz"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AdminPin: _TypeAlias = AdminPin  # noqa: Y015
+
+@_typing.final
+class GpuPin(_message.Message):
+    """An admin pin and the GPU it is on."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    UUID_FIELD_NUMBER: _builtins.int
+    PIN_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """Index of the GPU."""
+    uuid: _builtins.str
+    """UUID of the GPU."""
+    @_builtins.property
+    def pin(self) -> Global___AdminPin:
+        """The pin."""
+
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        uuid: _builtins.str = ...,
+        pin: Global___AdminPin | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["pin", b"pin"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "pin", b"pin", "uuid", b"uuid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GpuPin: _TypeAlias = GpuPin  # noqa: Y015
+
+@_typing.final
+class GpuDrain(_message.Message):
+    """A drain of a GPU: no session may claim it until it ends."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    CREATED_AT_UNIX_S_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_UNIX_S_FIELD_NUMBER: _builtins.int
+    SET_BY_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """Why (shown in status and in the refusal of a claim)."""
+    created_at_unix_s: _builtins.float
+    """When it began, seconds since the Unix epoch."""
+    expires_at_unix_s: _builtins.float
+    """When it ends, seconds since the Unix epoch; 0 means until undrained."""
+    set_by: _builtins.str
+    """Who drained it, in words (as AdminPin.set_by)."""
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+        created_at_unix_s: _builtins.float = ...,
+        expires_at_unix_s: _builtins.float = ...,
+        set_by: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at_unix_s", b"created_at_unix_s", "expires_at_unix_s", b"expires_at_unix_s", "reason", b"reason", "set_by", b"set_by"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GpuDrain: _TypeAlias = GpuDrain  # noqa: Y015
 
 @_typing.final
 class GpuOwner(_message.Message):
@@ -1102,6 +1174,7 @@ class GpuStatus(_message.Message):
     UTILIZATION_GPU_PERCENT_FIELD_NUMBER: _builtins.int
     DEGRADED_REASON_FIELD_NUMBER: _builtins.int
     CLOCK_EVENT_REASONS_FIELD_NUMBER: _builtins.int
+    DRAIN_FIELD_NUMBER: _builtins.int
     sm_clock_mhz: _builtins.int
     """SM clock that holds now."""
     mem_clock_mhz: _builtins.int
@@ -1134,6 +1207,10 @@ class GpuStatus(_message.Message):
     def clock_event_reasons(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Active clock-event (throttle) reasons, e.g. "sw_power_cap"."""
 
+    @_builtins.property
+    def drain(self) -> Global___GpuDrain:
+        """The drain in force, if any: no session may claim the GPU."""
+
     def __init__(
         self,
         *,
@@ -1150,10 +1227,11 @@ class GpuStatus(_message.Message):
         utilization_gpu_percent: _builtins.int = ...,
         degraded_reason: _builtins.str = ...,
         clock_event_reasons: _abc.Iterable[_builtins.str] | None = ...,
+        drain: Global___GpuDrain | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_locked_sm_clock_mhz", b"_locked_sm_clock_mhz", "_would_lock_sm_clock_mhz", b"_would_lock_sm_clock_mhz", "info", b"info", "locked_sm_clock_mhz", b"locked_sm_clock_mhz", "owner", b"owner", "would_lock_sm_clock_mhz", b"would_lock_sm_clock_mhz"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_locked_sm_clock_mhz", b"_locked_sm_clock_mhz", "_would_lock_sm_clock_mhz", b"_would_lock_sm_clock_mhz", "drain", b"drain", "info", b"info", "locked_sm_clock_mhz", b"locked_sm_clock_mhz", "owner", b"owner", "would_lock_sm_clock_mhz", b"would_lock_sm_clock_mhz"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_locked_sm_clock_mhz", b"_locked_sm_clock_mhz", "_would_lock_sm_clock_mhz", b"_would_lock_sm_clock_mhz", "clock_event_reasons", b"clock_event_reasons", "degraded_reason", b"degraded_reason", "energy_mj", b"energy_mj", "info", b"info", "locked_sm_clock_mhz", b"locked_sm_clock_mhz", "mem_clock_mhz", b"mem_clock_mhz", "owner", b"owner", "power_limit_w", b"power_limit_w", "power_w", b"power_w", "sm_clock_mhz", b"sm_clock_mhz", "source", b"source", "utilization_gpu_percent", b"utilization_gpu_percent", "would_lock_sm_clock_mhz", b"would_lock_sm_clock_mhz"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_locked_sm_clock_mhz", b"_locked_sm_clock_mhz", "_would_lock_sm_clock_mhz", b"_would_lock_sm_clock_mhz", "clock_event_reasons", b"clock_event_reasons", "degraded_reason", b"degraded_reason", "drain", b"drain", "energy_mj", b"energy_mj", "info", b"info", "locked_sm_clock_mhz", b"locked_sm_clock_mhz", "mem_clock_mhz", b"mem_clock_mhz", "owner", b"owner", "power_limit_w", b"power_limit_w", "power_w", b"power_w", "sm_clock_mhz", b"sm_clock_mhz", "source", b"source", "utilization_gpu_percent", b"utilization_gpu_percent", "would_lock_sm_clock_mhz", b"would_lock_sm_clock_mhz"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__locked_sm_clock_mhz: _TypeAlias = _typing.Literal["locked_sm_clock_mhz"]  # noqa: Y015
     _WhichOneofArgType__locked_sm_clock_mhz: _TypeAlias = _typing.Literal["_locked_sm_clock_mhz", b"_locked_sm_clock_mhz"]  # noqa: Y015
@@ -1254,6 +1332,8 @@ class SessionInfo(_message.Message):
     THROUGHPUT_THRESHOLD_FIELD_NUMBER: _builtins.int
     GRANT_FIELD_NUMBER: _builtins.int
     JOB_MODE_FIELD_NUMBER: _builtins.int
+    HELD_SINCE_UNIX_S_FIELD_NUMBER: _builtins.int
+    HELD_SM_CLOCK_MHZ_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Session id (the admin socket may see it)."""
     job_id: _builtins.str
@@ -1280,6 +1360,12 @@ class SessionInfo(_message.Message):
     """Throughput threshold in force."""
     grant: _builtins.str
     """The worker socket the session was opened through: "shared", a grant's name, or "gpu-<UUID>"."""
+    held_since_unix_s: _builtins.float
+    """Between phases with the GPUs still locked at the last phase's clock: when that phase ended, seconds
+    since the Unix epoch; 0 during a phase or when the GPUs are on the default governor.
+    """
+    held_sm_clock_mhz: _builtins.int
+    """The SM clock held between phases (with held_since_unix_s); 0 otherwise."""
     @_builtins.property
     def gpu_indices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Indices of the claimed GPUs."""
@@ -1311,10 +1397,12 @@ class SessionInfo(_message.Message):
         throughput_threshold: _builtins.float = ...,
         grant: _builtins.str = ...,
         job_mode: Global___JobMode | None = ...,
+        held_since_unix_s: _builtins.float = ...,
+        held_sm_clock_mhz: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["job_mode", b"job_mode"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attached", b"attached", "current_phase", b"current_phase", "gpu_indices", b"gpu_indices", "grant", b"grant", "iteration", b"iteration", "job_id", b"job_id", "job_mode", b"job_mode", "lease_remaining_s", b"lease_remaining_s", "mode", b"mode", "opened_at_unix_s", b"opened_at_unix_s", "phases", b"phases", "rank", b"rank", "role", b"role", "session_id", b"session_id", "throughput_threshold", b"throughput_threshold", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attached", b"attached", "current_phase", b"current_phase", "gpu_indices", b"gpu_indices", "grant", b"grant", "held_since_unix_s", b"held_since_unix_s", "held_sm_clock_mhz", b"held_sm_clock_mhz", "iteration", b"iteration", "job_id", b"job_id", "job_mode", b"job_mode", "lease_remaining_s", b"lease_remaining_s", "mode", b"mode", "opened_at_unix_s", b"opened_at_unix_s", "phases", b"phases", "rank", b"rank", "role", b"role", "session_id", b"session_id", "throughput_threshold", b"throughput_threshold", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1385,6 +1473,7 @@ class PinRequest(_message.Message):
     MEM_CLOCK_MHZ_FIELD_NUMBER: _builtins.int
     DURATION_S_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    REPLACE_FIELD_NUMBER: _builtins.int
     all: _builtins.bool
     """Pin every GPU of the node."""
     sm_clock_mhz: _builtins.int
@@ -1395,6 +1484,10 @@ class PinRequest(_message.Message):
     """Duration of the pin in seconds; 0 means until unpinned."""
     reason: _builtins.str
     """Why (shown in status and logs)."""
+    replace: _builtins.bool
+    """Replace the pins already on these GPUs; without it a pinned GPU is a conflict (FAILED_PRECONDITION
+    naming the pin in force).
+    """
     @_builtins.property
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuRef]:
         """GPUs to pin; ignored when all is true."""
@@ -1408,10 +1501,11 @@ class PinRequest(_message.Message):
         mem_clock_mhz: _builtins.int = ...,
         duration_s: _builtins.float = ...,
         reason: _builtins.str = ...,
+        replace: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["all", b"all", "duration_s", b"duration_s", "gpus", b"gpus", "mem_clock_mhz", b"mem_clock_mhz", "reason", b"reason", "sm_clock_mhz", b"sm_clock_mhz"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all", b"all", "duration_s", b"duration_s", "gpus", b"gpus", "mem_clock_mhz", b"mem_clock_mhz", "reason", b"reason", "replace", b"replace", "sm_clock_mhz", b"sm_clock_mhz"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1422,18 +1516,24 @@ class PinResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CLOCKS_FIELD_NUMBER: _builtins.int
+    REPLACED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def clocks(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuClock]:
         """Per pinned GPU, the clock read back."""
+
+    @_builtins.property
+    def replaced(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuPin]:
+        """The pins this one replaced (with replace)."""
 
     def __init__(
         self,
         *,
         clocks: _abc.Iterable[Global___GpuClock] | None = ...,
+        replaced: _abc.Iterable[Global___GpuPin] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["clocks", b"clocks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clocks", b"clocks", "replaced", b"replaced"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1470,18 +1570,30 @@ class UnpinResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CLOCKS_FIELD_NUMBER: _builtins.int
+    REMOVED_FIELD_NUMBER: _builtins.int
+    NOT_PINNED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def clocks(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuClock]:
-        """Per unpinned GPU, the clock read back."""
+        """Per unpinned GPU, the clock read back after the pin was removed."""
+
+    @_builtins.property
+    def removed(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuPin]:
+        """The pins removed."""
+
+    @_builtins.property
+    def not_pinned(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Indices of the selected GPUs that had no pin (nothing changed on them)."""
 
     def __init__(
         self,
         *,
         clocks: _abc.Iterable[Global___GpuClock] | None = ...,
+        removed: _abc.Iterable[Global___GpuPin] | None = ...,
+        not_pinned: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["clocks", b"clocks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clocks", b"clocks", "not_pinned", b"not_pinned", "removed", b"removed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1645,10 +1757,15 @@ class ResetAllRequest(_message.Message):
     GPUS_FIELD_NUMBER: _builtins.int
     ALL_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    KEEP_PINS_FIELD_NUMBER: _builtins.int
     all: _builtins.bool
     """Reset every GPU of the node."""
     reason: _builtins.str
     """Why (logged)."""
+    keep_pins: _builtins.bool
+    """Leave the admin pins in place (a Slurm prolog or epilog: sessions and locks go, an operator's pin
+    stays); otherwise the pins of the GPUs are removed too.
+    """
     @_builtins.property
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuRef]:
         """GPUs to reset; ignored when all is true."""
@@ -1659,10 +1776,11 @@ class ResetAllRequest(_message.Message):
         gpus: _abc.Iterable[Global___GpuRef] | None = ...,
         all: _builtins.bool = ...,
         reason: _builtins.str = ...,
+        keep_pins: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["all", b"all", "gpus", b"gpus", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all", b"all", "gpus", b"gpus", "keep_pins", b"keep_pins", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1954,3 +2072,131 @@ class ListGrantsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListGrantsResponse: _TypeAlias = ListGrantsResponse  # noqa: Y015
+
+@_typing.final
+class DrainRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GPUS_FIELD_NUMBER: _builtins.int
+    ALL_FIELD_NUMBER: _builtins.int
+    DURATION_S_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    KEEP_SESSIONS_FIELD_NUMBER: _builtins.int
+    all: _builtins.bool
+    """Drain every GPU of the node."""
+    duration_s: _builtins.float
+    """Seconds until the drain ends by itself; 0 means until undrained."""
+    reason: _builtins.str
+    """Why (shown in status and in the refusal of a claim)."""
+    keep_sessions: _builtins.bool
+    """Leave the sessions holding the GPUs open (they keep their GPUs until they close); otherwise they are
+    closed and their GPUs return to default clocks.
+    """
+    @_builtins.property
+    def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuRef]:
+        """GPUs to drain; ignored when all is true."""
+
+    def __init__(
+        self,
+        *,
+        gpus: _abc.Iterable[Global___GpuRef] | None = ...,
+        all: _builtins.bool = ...,
+        duration_s: _builtins.float = ...,
+        reason: _builtins.str = ...,
+        keep_sessions: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all", b"all", "duration_s", b"duration_s", "gpus", b"gpus", "keep_sessions", b"keep_sessions", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainRequest: _TypeAlias = DrainRequest  # noqa: Y015
+
+@_typing.final
+class DrainResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLOCKS_FIELD_NUMBER: _builtins.int
+    CLOSED_SESSION_IDS_FIELD_NUMBER: _builtins.int
+    GPU_INDICES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def clocks(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuClock]:
+        """Per drained GPU, the clock read back (after the sessions holding it were closed)."""
+
+    @_builtins.property
+    def closed_session_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Sessions closed because they held a drained GPU."""
+
+    @_builtins.property
+    def gpu_indices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Indices of the drained GPUs."""
+
+    def __init__(
+        self,
+        *,
+        clocks: _abc.Iterable[Global___GpuClock] | None = ...,
+        closed_session_ids: _abc.Iterable[_builtins.str] | None = ...,
+        gpu_indices: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clocks", b"clocks", "closed_session_ids", b"closed_session_ids", "gpu_indices", b"gpu_indices"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainResponse: _TypeAlias = DrainResponse  # noqa: Y015
+
+@_typing.final
+class UndrainRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GPUS_FIELD_NUMBER: _builtins.int
+    ALL_FIELD_NUMBER: _builtins.int
+    all: _builtins.bool
+    """Undrain every GPU."""
+    @_builtins.property
+    def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuRef]:
+        """GPUs to undrain; ignored when all is true."""
+
+    def __init__(
+        self,
+        *,
+        gpus: _abc.Iterable[Global___GpuRef] | None = ...,
+        all: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all", b"all", "gpus", b"gpus"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UndrainRequest: _TypeAlias = UndrainRequest  # noqa: Y015
+
+@_typing.final
+class UndrainResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    UNDRAINED_FIELD_NUMBER: _builtins.int
+    NOT_DRAINED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def undrained(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Indices of the GPUs whose drain ended."""
+
+    @_builtins.property
+    def not_drained(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Indices of the selected GPUs that were not drained."""
+
+    def __init__(
+        self,
+        *,
+        undrained: _abc.Iterable[_builtins.int] | None = ...,
+        not_drained: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["not_drained", b"not_drained", "undrained", b"undrained"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UndrainResponse: _TypeAlias = UndrainResponse  # noqa: Y015

@@ -438,6 +438,16 @@ class AdminServiceStub:
                 request_serializer=eerl_dot_v1_dot_eerl__pb2.ListGrantsRequest.SerializeToString,
                 response_deserializer=eerl_dot_v1_dot_eerl__pb2.ListGrantsResponse.FromString,
                 _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/eerl.v1.AdminService/Drain',
+                request_serializer=eerl_dot_v1_dot_eerl__pb2.DrainRequest.SerializeToString,
+                response_deserializer=eerl_dot_v1_dot_eerl__pb2.DrainResponse.FromString,
+                _registered_method=True)
+        self.Undrain = channel.unary_unary(
+                '/eerl.v1.AdminService/Undrain',
+                request_serializer=eerl_dot_v1_dot_eerl__pb2.UndrainRequest.SerializeToString,
+                response_deserializer=eerl_dot_v1_dot_eerl__pb2.UndrainResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -512,6 +522,21 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Drain(self, request, context):
+        """Drains GPUs: no session may claim them until undrained or the drain expires; by default the sessions
+        holding them are closed (their GPUs return to default clocks) and pins stay.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Undrain(self, request, context):
+        """Ends drains: the GPUs may be claimed again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -559,6 +584,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListGrants,
                     request_deserializer=eerl_dot_v1_dot_eerl__pb2.ListGrantsRequest.FromString,
                     response_serializer=eerl_dot_v1_dot_eerl__pb2.ListGrantsResponse.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=eerl_dot_v1_dot_eerl__pb2.DrainRequest.FromString,
+                    response_serializer=eerl_dot_v1_dot_eerl__pb2.DrainResponse.SerializeToString,
+            ),
+            'Undrain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Undrain,
+                    request_deserializer=eerl_dot_v1_dot_eerl__pb2.UndrainRequest.FromString,
+                    response_serializer=eerl_dot_v1_dot_eerl__pb2.UndrainResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -809,6 +844,60 @@ class AdminService:
             '/eerl.v1.AdminService/ListGrants',
             eerl_dot_v1_dot_eerl__pb2.ListGrantsRequest.SerializeToString,
             eerl_dot_v1_dot_eerl__pb2.ListGrantsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eerl.v1.AdminService/Drain',
+            eerl_dot_v1_dot_eerl__pb2.DrainRequest.SerializeToString,
+            eerl_dot_v1_dot_eerl__pb2.DrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Undrain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eerl.v1.AdminService/Undrain',
+            eerl_dot_v1_dot_eerl__pb2.UndrainRequest.SerializeToString,
+            eerl_dot_v1_dot_eerl__pb2.UndrainResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -193,6 +193,12 @@ class AdminServiceStub:
     """Removes grants: closes their sessions (the GPUs return to default clocks) and their sockets."""
     ListGrants: _grpc.UnaryUnaryMultiCallable[_eerl_pb2.ListGrantsRequest, _eerl_pb2.ListGrantsResponse]
     """The grants in force, the shared and per-GPU sockets included."""
+    Drain: _grpc.UnaryUnaryMultiCallable[_eerl_pb2.DrainRequest, _eerl_pb2.DrainResponse]
+    """Drains GPUs: no session may claim them until undrained or the drain expires; by default the sessions
+    holding them are closed (their GPUs return to default clocks) and pins stay.
+    """
+    Undrain: _grpc.UnaryUnaryMultiCallable[_eerl_pb2.UndrainRequest, _eerl_pb2.UndrainResponse]
+    """Ends drains: the GPUs may be claimed again."""
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -224,6 +230,12 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """Removes grants: closes their sessions (the GPUs return to default clocks) and their sockets."""
     ListGrants: _aio.UnaryUnaryMultiCallable[_eerl_pb2.ListGrantsRequest, _eerl_pb2.ListGrantsResponse]  # type: ignore[assignment]
     """The grants in force, the shared and per-GPU sockets included."""
+    Drain: _aio.UnaryUnaryMultiCallable[_eerl_pb2.DrainRequest, _eerl_pb2.DrainResponse]  # type: ignore[assignment]
+    """Drains GPUs: no session may claim them until undrained or the drain expires; by default the sessions
+    holding them are closed (their GPUs return to default clocks) and pins stay.
+    """
+    Undrain: _aio.UnaryUnaryMultiCallable[_eerl_pb2.UndrainRequest, _eerl_pb2.UndrainResponse]  # type: ignore[assignment]
+    """Ends drains: the GPUs may be claimed again."""
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """---------------------------------------------------------------------------
@@ -306,5 +318,23 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_eerl_pb2.ListGrantsResponse, _abc.Awaitable[_eerl_pb2.ListGrantsResponse]]:
         """The grants in force, the shared and per-GPU sockets included."""
+
+    @_abc_1.abstractmethod
+    def Drain(
+        self,
+        request: _eerl_pb2.DrainRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_eerl_pb2.DrainResponse, _abc.Awaitable[_eerl_pb2.DrainResponse]]:
+        """Drains GPUs: no session may claim them until undrained or the drain expires; by default the sessions
+        holding them are closed (their GPUs return to default clocks) and pins stay.
+        """
+
+    @_abc_1.abstractmethod
+    def Undrain(
+        self,
+        request: _eerl_pb2.UndrainRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_eerl_pb2.UndrainResponse, _abc.Awaitable[_eerl_pb2.UndrainResponse]]:
+        """Ends drains: the GPUs may be claimed again."""
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
