@@ -36,6 +36,7 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -275,18 +276,86 @@ class _Wakeup:
         return self._lock.acquire(timeout=timeout_s)
 
 
+class EventQueue:
+    """The hand-off from the caller's thread to a sender thread: bounded (when full the oldest event is
+    dropped and counted), cheap for the caller (one lock and one :class:`_Wakeup`), and closed for good when
+    its sender stops, after which an event is released at once instead of queued. Every event that leaves
+    unsent has its ``done`` set, so a flush never waits for it. Used by :class:`Sender` and the sidecar's."""
+
+    def __init__(self, capacity: int, counters: _Counters) -> None:
+        self._events: collections.deque[Event] = collections.deque()
+        self._lock = threading.Lock()
+        self._wake = _Wakeup()
+        self._capacity = capacity
+        self._counters = counters
+        self._closed = False
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def put(self, event: Event) -> None:
+        """Queues ``event`` without blocking and wakes the sender."""
+        with self._lock:
+            if self._closed:  # the sender stopped: nothing will send it
+                _release(event)
+                return
+            if len(self._events) >= self._capacity:
+                self._counters.dropped += 1
+                _release(self._events.popleft())
+            self._events.append(event)
+        self._wake.set()
+
+    def pop(self) -> Event | None:
+        """The oldest queued event, or None."""
+        with self._lock:
+            return self._events.popleft() if self._events else None
+
+    def wake(self) -> None:
+        """Wakes the sender without an event (close, a lost stream)."""
+        self._wake.set()
+
+    def wait(self, timeout_s: float) -> bool:
+        """The sender's idle wait: up to ``timeout_s`` for an event or a wake-up."""
+        return self._wake.wait(timeout_s)
+
+    def discard(self, unsendable: Callable[[Event], bool]) -> int:
+        """Releases the queued events ``unsendable`` picks; returns how many."""
+        with self._lock:
+            keep: collections.deque[Event] = collections.deque()
+            gone = 0
+            for event in self._events:
+                if unsendable(event):
+                    _release(event)
+                    gone += 1
+                else:
+                    keep.append(event)
+            self._events = keep
+        return gone
+
+    def release_all(self, *, close: bool = False) -> None:
+        """Releases every queued event unsent; with ``close`` also every later one."""
+        with self._lock:
+            self._closed = self._closed or close
+            for event in self._events:
+                _release(event)
+            self._events.clear()
+
+
+def _release(event: Event) -> None:
+    if event.done is not None:
+        event.done.set()
+
+
 class Sender:
     """Owns the connection to the daemon; :meth:`submit` is the only method the caller's thread uses."""
 
     def __init__(self, config: ClientConfig, request: OpenRequest) -> None:
         self._config = config
         self._request = request
-        self._queue: collections.deque[Event] = collections.deque()
-        self._queue_lock = threading.Lock()
-        self._wake = _Wakeup()
         self._closing = threading.Event()
         self._connected = threading.Event()
         self._counters = _Counters()
+        self._queue = EventQueue(config.queue_size, self._counters)
         self._link: _Link | None = None
         self._epochs = itertools.count(1)
         self._broken_epoch = 0
@@ -294,7 +363,6 @@ class Sender:
         self._attach_unimplemented = False
         self._warned: set[str] = set()
         self._failures_in_a_row = 0
-        self._dead = False
         self._backoff_s = config.reconnect_initial_s
         self._answers: dict[tuple[int, bool], eerl_pb2.BeginPhaseResponse | eerl_pb2.EndPhaseResponse] = {}
         self._thread = threading.Thread(target=self._run, name="eerl-sender", daemon=True)
@@ -307,18 +375,7 @@ class Sender:
 
     def submit(self, event: Event) -> None:
         """Queues an event without blocking; drops (and counts) the oldest event when the queue is full."""
-        with self._queue_lock:
-            if self._dead:  # the thread stopped (a bug): nothing will send it
-                if event.done is not None:
-                    event.done.set()
-                return
-            if len(self._queue) >= self._config.queue_size:
-                dropped = self._queue.popleft()
-                self._counters.dropped += 1
-                if dropped.done is not None:
-                    dropped.done.set()
-            self._queue.append(event)
-        self._wake.set()
+        self._queue.put(event)
 
     @property
     def connected(self) -> bool:
@@ -368,7 +425,7 @@ class Sender:
     def close(self) -> None:
         """Flushes what it can within ``close_timeout_s``, closes the session and stops the thread."""
         self._closing.set()
-        self._wake.set()
+        self._queue.wake()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             # Bounded even if an RPC hangs: the thread is a daemon thread, and the Attach stream ends with
             # the process, which ends the session at the daemon anyway.
@@ -409,12 +466,7 @@ class Sender:
             self._drop_link()
         except Exception:  # pragma: no cover - closing a channel does not raise; never die louder
             logger.debug("eerl: closing the session's channel failed", exc_info=True)
-        with self._queue_lock:
-            self._dead = True
-            for event in self._queue:
-                if event.done is not None:
-                    event.done.set()
-            self._queue.clear()
+        self._queue.release_all(close=True)
 
     def _step(self) -> None:
         link = self._link
@@ -429,13 +481,12 @@ class Sender:
         event = self._pop()
         if event is None:
             self._maybe_heartbeat(link)
-            self._wake.wait(self._idle_wait_s(link))
+            self._queue.wait(self._idle_wait_s(link))
             return
         self._handle(link, event, self._config.rpc_timeout_s)
 
     def _pop(self) -> Event | None:
-        with self._queue_lock:
-            return self._queue.popleft() if self._queue else None
+        return self._queue.pop()
 
     def _idle_wait_s(self, link: _Link) -> float:
         if link.heartbeat_mode:
@@ -449,16 +500,10 @@ class Sender:
 
     def _discard_stale(self, now_s: float) -> None:
         """While no session is open, drops events that can no longer be sent usefully."""
-        with self._queue_lock:
-            keep: collections.deque[Event] = collections.deque()
-            for event in self._queue:
-                if event.kind is not None and now_s - event.enqueued_s > self._config.stale_after_s:
-                    self._counters.stale += 1
-                    if event.done is not None:
-                        event.done.set()
-                else:
-                    keep.append(event)
-            self._queue = keep
+        stale_after_s = self._config.stale_after_s
+        self._counters.stale += self._queue.discard(
+            lambda event: event.kind is not None and now_s - event.enqueued_s > stale_after_s
+        )
 
     def _warn_once(self, message: str, key: str = "connection") -> None:
         """Logs ``message`` as a warning the first time for ``key``, as debug after."""
@@ -594,14 +639,14 @@ class Sender:
                 link.heartbeat_mode = True
                 link.next_heartbeat_s = time.monotonic()
                 logger.debug("eerl: the daemon offers no Attach stream; heartbeating instead")
-                self._wake.set()
+                self._queue.wake()
                 return
             logger.debug("eerl: the Attach stream ended (%s)", _describe(e))
         except Exception:  # pragma: no cover - never let this thread die loudly
             logger.debug("eerl: the Attach stream failed", exc_info=True)
         if self._link is link:
             self._broken_epoch = link.epoch
-            self._wake.set()
+            self._queue.wake()
 
     def _start_heartbeats(self, link: _Link) -> None:
         link.heartbeat_mode = True
@@ -646,11 +691,7 @@ class Sender:
             if event is None or remaining_s <= 0:
                 break
             self._handle(link, event, min(self._config.rpc_timeout_s, remaining_s))
-        with self._queue_lock:
-            for event in self._queue:
-                if event.done is not None:
-                    event.done.set()
-            self._queue.clear()
+        self._queue.release_all()
         link = self._link
         if link is None:
             return

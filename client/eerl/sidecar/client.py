@@ -14,7 +14,6 @@ backs off (``reconnect_initial_s`` to ``reconnect_max_s``) and drops the events 
 
 from __future__ import annotations
 
-import collections
 import http.client
 import json
 import logging
@@ -23,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-from eerl._sender import ClientStats, Event, GpuClockReading, PhaseAnswer, _Counters, _Wakeup
+from eerl._sender import ClientStats, Event, EventQueue, GpuClockReading, PhaseAnswer, _Counters
 from eerl._validate import check_iteration, check_workload
 from eerl.config import ClientConfig
 from eerl.phases import ControllerState, Workload
@@ -122,13 +121,11 @@ class SidecarSender:
         self._config = config
         self._url = config.sidecar_url
         self._http = SidecarHttp(parse_address(config.sidecar_url), config.rpc_timeout_s)
-        self._queue: collections.deque[Event] = collections.deque()
-        self._queue_lock = threading.Lock()
-        self._wake = _Wakeup()
         self._closing = threading.Event()
         self._connected = threading.Event()
         self._poll_now = threading.Event()
         self._counters = _Counters()
+        self._queue = EventQueue(config.queue_size, self._counters)
         self._answers: dict[tuple[int, bool], PhaseAnswer] = {}
         self._begun: set[int] = set()
         self._reachable = False
@@ -138,7 +135,6 @@ class SidecarSender:
         self._session: str | None = None
         self._attached = False
         self._warned: set[str] = set()
-        self._dead = False
         self._thread = threading.Thread(target=self._run, name="eerl-sidecar-sender", daemon=True)
 
     # -- caller side (what Session uses) ---------------------------------------------------------------
@@ -149,18 +145,7 @@ class SidecarSender:
 
     def submit(self, event: Event) -> None:
         """Queues an event without blocking; drops (and counts) the oldest when the queue is full."""
-        with self._queue_lock:
-            if self._dead:
-                if event.done is not None:
-                    event.done.set()
-                return
-            if len(self._queue) >= self._config.queue_size:
-                dropped = self._queue.popleft()
-                self._counters.dropped += 1
-                if dropped.done is not None:
-                    dropped.done.set()
-            self._queue.append(event)
-        self._wake.set()
+        self._queue.put(event)
 
     @property
     def connected(self) -> bool:
@@ -175,7 +160,7 @@ class SidecarSender:
             if remaining_s <= 0:
                 break
             self._poll_now.set()
-            self._wake.set()
+            self._queue.wake()
             self._connected.wait(min(remaining_s, 0.05))
         return self._connected.is_set()
 
@@ -208,7 +193,7 @@ class SidecarSender:
     def close(self) -> None:
         """Posts what is queued (bounded by ``close_timeout_s``) and stops; the sidecar's session stays."""
         self._closing.set()
-        self._wake.set()
+        self._queue.wake()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(self._config.close_timeout_s + 0.1)
 
@@ -227,17 +212,11 @@ class SidecarSender:
             )
         finally:
             self._http.close()
-            with self._queue_lock:
-                self._dead = True
-                for event in self._queue:
-                    if event.done is not None:
-                        event.done.set()
-                self._queue.clear()
+            self._queue.release_all(close=True)
             self._connected.clear()
 
     def _pop(self) -> Event | None:
-        with self._queue_lock:
-            return self._queue.popleft() if self._queue else None
+        return self._queue.pop()
 
     def _step(self) -> None:
         event = self._pop()
@@ -250,7 +229,7 @@ class SidecarSender:
             if now_s >= self._retry_at_s:
                 self._poll_status()
         wait_s = max(0.01, min(self._next_status_s, max(self._retry_at_s, now_s + 0.01)) - now_s)
-        self._wake.wait(min(wait_s, 1.0))
+        self._queue.wait(min(wait_s, 1.0))
 
     def _poll_status(self) -> None:
         self._next_status_s = time.monotonic() + _STATUS_PERIOD_S
