@@ -10,14 +10,18 @@ of plain values (:mod:`eerld.metrics.source` adapts the daemon to it). The only 
 are fed by :meth:`EerlMetrics.observe_rpc`, :meth:`EerlMetrics.observe_phase_event`,
 :meth:`EerlMetrics.observe_phase` and :meth:`EerlMetrics.observe_directive`.
 
-GPU series carry dcgm-exporter's labels (``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``,
-``Hostname``) so that dashboards can join them with ``DCGM_FI_*`` series. Session series are labelled by
-``job_id``, ``rank``, ``gpus`` and ``phase``, never by session id: the session id is a bearer token.
+Every series carries ``Hostname`` (dcgm-exporter's name for the node), the in-process counters and
+histograms included, so that one ``Hostname`` filter selects a node's series of every family. GPU series
+carry dcgm-exporter's other labels too (``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``) so that
+dashboards can join them with ``DCGM_FI_*`` series, and ``eerl_session_gpu_info`` maps each open session's
+job and rank to those GPU labels. Session series are labelled by ``job_id``, ``rank``, ``gpus`` and ``phase``,
+never by session id: the session id is a bearer token.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -48,9 +52,10 @@ __all__ = [
 _log = logging.getLogger("eerld.metrics")
 
 _MHZ_TO_HZ = 1_000_000.0
-_GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
+_HOSTNAME = "Hostname"
+_GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", _HOSTNAME)
 # ``gpus`` keeps series unique when one job rank holds two sessions (async pools): claims are exclusive.
-_PHASE_LABELS = ("job_id", "rank", "gpus", "phase", "Hostname")
+_PHASE_LABELS = ("job_id", "rank", "gpus", "phase", _HOSTNAME)
 
 # Phase events take milliseconds (a clock lock is ~1-10 ms on hardware); RPCs up to seconds.
 _PHASE_EVENT_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -139,13 +144,26 @@ class MetricsSource(Protocol):
 
 
 class EerlCollector(Collector):
-    """Turns a :class:`MetricsSnapshot` into metric families at scrape time."""
+    """Turns a :class:`MetricsSnapshot` into metric families at scrape time.
 
-    def __init__(self, source: MetricsSource, *, hostname: str | None = None) -> None:
+    ``local`` holds the in-process counters and histograms (:class:`EerlMetrics`'s); they are exported
+    through this collector with the node's ``Hostname`` added to every sample, so that every series of
+    the daemon carries the same node label.
+    """
+
+    def __init__(
+        self,
+        source: MetricsSource,
+        *,
+        hostname: str | None = None,
+        local: CollectorRegistry | None = None,
+    ) -> None:
         """``hostname`` overrides the daemon's for the ``Hostname`` label (in Kubernetes: the node name)."""
         self._source = source
         self._hostname = hostname
+        self._local = local
         self._collect_errors = 0
+        self._last_hostname: str | None = None
         self._lock = threading.Lock()
 
     def describe(self) -> Iterable[Metric]:
@@ -153,27 +171,41 @@ class EerlCollector(Collector):
         return ()
 
     def collect(self) -> Iterable[Metric]:
-        """Read the source once and yield every family; a failing read yields only the error counter."""
+        """Read the source once and yield every family; a failing read yields only the error counter and
+        the in-process families."""
         try:
             snapshot = self._source.metrics_snapshot()
         except Exception:
             _log.exception("metrics: reading the daemon failed")
-            with self._lock:
-                self._collect_errors += 1
             snapshot = None
+        with self._lock:
+            if snapshot is None:
+                self._collect_errors += 1
+            elif not self._hostname:
+                self._last_hostname = snapshot.daemon.hostname
+            hostname = self._hostname or self._last_hostname or socket.gethostname()
+            collect_errors = float(self._collect_errors)
         errors = CounterMetricFamily(
             "eerl_metrics_collect_errors",
             "Scrapes during which reading the daemon failed.",
+            labels=(_HOSTNAME,),
         )
-        with self._lock:
-            errors.add_metric([], float(self._collect_errors))
+        errors.add_metric([hostname], collect_errors)
         yield errors
-        if snapshot is None:
-            return
-        hostname = self._hostname or snapshot.daemon.hostname
-        yield from _daemon_families(snapshot.daemon, hostname)
-        yield from _gpu_families(snapshot.gpus, hostname)
-        yield from _session_families(snapshot.sessions, hostname)
+        if snapshot is not None:
+            yield from _daemon_families(snapshot.daemon, hostname)
+            yield from _gpu_families(snapshot.gpus, hostname)
+            yield from _session_families(snapshot.sessions, snapshot.gpus, hostname)
+        if self._local is not None:
+            for family in self._local.collect():
+                yield _with_label(family, _HOSTNAME, hostname)
+
+
+def _with_label(family: Metric, name: str, value: str) -> Metric:
+    """``family`` with the label ``name="value"`` added to every sample."""
+    labelled = Metric(family.name, family.documentation, family.type, family.unit)
+    labelled.samples = [sample._replace(labels={**sample.labels, name: value}) for sample in family.samples]
+    return labelled
 
 
 def _daemon_families(daemon: DaemonSample, hostname: str) -> Iterator[Metric]:
@@ -184,17 +216,21 @@ def _daemon_families(daemon: DaemonSample, hostname: str) -> Iterator[Metric]:
             "version": daemon.version,
             "backend": daemon.backend,
             "controller": daemon.controller,
-            "Hostname": hostname,
+            _HOSTNAME: hostname,
         },
     )
     yield build
     start = GaugeMetricFamily(
-        "eerl_daemon_start_time_seconds", "When eerld started, seconds since the Unix epoch."
+        "eerl_daemon_start_time_seconds",
+        "When eerld started, seconds since the Unix epoch.",
+        labels=(_HOSTNAME,),
     )
-    start.add_metric([], daemon.started_at_unix_s)
+    start.add_metric([hostname], daemon.started_at_unix_s)
     yield start
-    dry_run = GaugeMetricFamily("eerl_daemon_dry_run", "1 when eerld decides clocks but never applies them.")
-    dry_run.add_metric([], 1.0 if daemon.dry_run else 0.0)
+    dry_run = GaugeMetricFamily(
+        "eerl_daemon_dry_run", "1 when eerld decides clocks but never applies them.", labels=(_HOSTNAME,)
+    )
+    dry_run.add_metric([hostname], 1.0 if daemon.dry_run else 0.0)
     yield dry_run
 
 
@@ -220,14 +256,7 @@ def _gpu_families(gpus: Iterable[GpuSample], hostname: str) -> Iterator[Metric]:
         "eerl_gpu_degraded", "1 when a backend error degraded the GPU.", labels=_GPU_LABELS
     )
     for gpu in gpus:
-        labels = [
-            str(gpu.index),
-            gpu.uuid,
-            gpu.pci_bus_id,
-            f"nvidia{gpu.index}",
-            gpu.name,
-            hostname,
-        ]
+        labels = _gpu_label_values(gpu, hostname)
         energy.add_metric(labels, gpu.energy_j)
         power.add_metric(labels, gpu.power_w)
         power_limit.add_metric(labels, gpu.power_limit_w)
@@ -240,16 +269,30 @@ def _gpu_families(gpus: Iterable[GpuSample], hostname: str) -> Iterator[Metric]:
     yield from (energy, power, power_limit, sm_clock, locked_clock, locked, pinned, degraded)
 
 
-def _session_families(sessions: Iterable[SessionSample], hostname: str) -> Iterator[Metric]:
+def _gpu_label_values(gpu: GpuSample, hostname: str) -> list[str]:
+    """The values of :data:`_GPU_LABELS` for ``gpu``, as dcgm-exporter writes them."""
+    return [str(gpu.index), gpu.uuid, gpu.pci_bus_id, f"nvidia{gpu.index}", gpu.name, hostname]
+
+
+def _session_families(
+    sessions: Iterable[SessionSample], gpu_samples: Iterable[GpuSample], hostname: str
+) -> Iterator[Metric]:
     sessions = tuple(sessions)
-    open_sessions = GaugeMetricFamily("eerl_sessions", "Open sessions.")
-    open_sessions.add_metric([], float(len(sessions)))
+    open_sessions = GaugeMetricFamily("eerl_sessions", "Open sessions.", labels=(_HOSTNAME,))
+    open_sessions.add_metric([hostname], float(len(sessions)))
     yield open_sessions
+
+    by_index = {gpu.index: gpu for gpu in gpu_samples}
+    session_gpus = InfoMetricFamily(
+        "eerl_session_gpu",
+        "A GPU an open session holds, with dcgm-exporter's GPU labels (join DCGM_FI_* on Hostname, UUID).",
+        labels=("job_id", "rank", "gpus", *_GPU_LABELS),
+    )
 
     info = InfoMetricFamily(
         "eerl_session",
         "An open session and its execution mode.",
-        labels=("job_id", "rank", "gpus", "Hostname"),
+        labels=("job_id", "rank", "gpus", _HOSTNAME),
     )
     per_phase: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
         "eerl_session_phases": CounterMetricFamily(
@@ -298,6 +341,12 @@ def _session_families(sessions: Iterable[SessionSample], hostname: str) -> Itera
     for session in sessions:
         gpus = ",".join(str(i) for i in session.gpu_indices)
         info.add_metric([session.job_id, str(session.rank), gpus, hostname], {"mode": session.mode})
+        for index in session.gpu_indices:
+            gpu = by_index.get(index)
+            if gpu is not None:
+                session_gpus.add_metric(
+                    [session.job_id, str(session.rank), gpus, *_gpu_label_values(gpu, hostname)], {}
+                )
         for phase in session.phases:
             labels = [session.job_id, str(session.rank), gpus, phase.kind.value, hostname]
             values: Mapping[str, float | None] = {
@@ -318,6 +367,7 @@ def _session_families(sessions: Iterable[SessionSample], hostname: str) -> Itera
                     per_phase[name].add_metric(labels, value)
             state.add_metric(labels, {s.value: s is phase.state for s in ControllerState})
     yield info
+    yield session_gpus
     yield from per_phase.values()
     yield state
 
@@ -326,7 +376,8 @@ def _session_families(sessions: Iterable[SessionSample], hostname: str) -> Itera
 class EerlMetrics:
     """The registry of one daemon: the scrape-time collector plus the in-process RPC metrics.
 
-    Create one per daemon (tests create many); nothing here is module-global.
+    Create one per daemon (tests create many); nothing here is module-global. The in-process metrics live
+    in a registry of their own and are exported through the collector, which adds the node's ``Hostname``.
     """
 
     source: MetricsSource
@@ -334,56 +385,57 @@ class EerlMetrics:
     registry: CollectorRegistry = field(default_factory=lambda: CollectorRegistry(auto_describe=False))
 
     def __post_init__(self) -> None:
-        self.registry.register(EerlCollector(self.source, hostname=self.hostname))
+        local = CollectorRegistry(auto_describe=False)
+        self.registry.register(EerlCollector(self.source, hostname=self.hostname, local=local))
         self._rpcs = Counter(
             "eerl_rpc_requests",
             "RPCs handled, by method and gRPC status code.",
             labelnames=("method", "code"),
-            registry=self.registry,
+            registry=local,
         )
         self._rpc_duration = Histogram(
             "eerl_rpc_duration_seconds",
             "Time eerld took to handle an RPC, by method.",
             labelnames=("method",),
             buckets=_RPC_BUCKETS_S,
-            registry=self.registry,
+            registry=local,
         )
         self._phase_event_duration = Histogram(
             "eerl_phase_event_duration_seconds",
             "Time from receiving a phase event to having applied its decision (begin) or metered it (end).",
             labelnames=("event",),
             buckets=_PHASE_EVENT_BUCKETS_S,
-            registry=self.registry,
+            registry=local,
         )
         # Node totals per phase kind: no job label, so closed sessions keep counting and the
         # cardinality stays fixed; rate(energy) / rate(valid tokens) is the node's J per valid token.
         self._phases = Counter(
-            "eerl_phases", "Phases metered on this node.", labelnames=("phase",), registry=self.registry
+            "eerl_phases", "Phases metered on this node.", labelnames=("phase",), registry=local
         )
         self._phase_energy = Counter(
             "eerl_phase_energy_joules",
             "Energy of the phases metered on this node.",
             labelnames=("phase",),
-            registry=self.registry,
+            registry=local,
         )
         self._phase_valid_tokens = Counter(
             "eerl_phase_valid_tokens",
             "Valid training tokens credited to the phases metered on this node.",
             labelnames=("phase",),
-            registry=self.registry,
+            registry=local,
         )
         # Job mode: every directive's verdict (a bounded set) by phase kind, node-wide like the totals.
         self._directives = Counter(
             "eerl_job_directives",
             "Job-mode phases by the verdict on their directive (anything but accepted ran at the fallback).",
             labelnames=("verdict", "kind"),
-            registry=self.registry,
+            registry=local,
         )
         self._phase_duration = Counter(
             "eerl_phase_duration_seconds",
             "Wall time of the phases metered on this node.",
             labelnames=("phase",),
-            registry=self.registry,
+            registry=local,
         )
 
     def observe_rpc(self, method: str, code: str, duration_s: float) -> None:

@@ -483,7 +483,7 @@ class TestRecords:
     def test_every_verdict_is_published_and_counted_in_metrics(self, node: Node) -> None:
         records: list[DirectiveRecord] = []
         node.daemon.subscribe(on_directive=records.append)
-        metrics = EerlMetrics(DaemonMetricsSource(node.daemon))
+        metrics = EerlMetrics(DaemonMetricsSource(node.daemon), hostname="node-a")
         unsubscribe = subscribe(node.daemon, metrics)
         sid = node.open(0, node_rank=2)
         node.phase(sid, 0, 1500)
@@ -499,7 +499,7 @@ class TestRecords:
 
         def count(v: str, kind: str) -> float | None:
             return metrics.registry.get_sample_value(
-                "eerl_job_directives_total", {"verdict": v, "kind": kind}
+                "eerl_job_directives_total", {"verdict": v, "kind": kind, "Hostname": "node-a"}
             )
 
         assert (

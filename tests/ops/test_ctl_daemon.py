@@ -129,7 +129,7 @@ class TestMetricsOfTheDaemon:
     def test_rpcs_after_the_start_are_counted(self, daemon: DaemonHandle, metrics: MetricsServer) -> None:
         """An eerlctl call made after the metrics server started is counted by method and code."""
         ctl(daemon, "status")
-        assert 'eerl_rpc_requests_total{code="OK",method="Status"} 1.0' in scrape(metrics)
+        assert 'eerl_rpc_requests_total{Hostname="node-a",code="OK",method="Status"} 1.0' in scrape(metrics)
 
     def test_closing_detaches_from_the_daemon(self, daemon: DaemonHandle) -> None:
         """After close() the daemon no longer calls the metrics' observers."""

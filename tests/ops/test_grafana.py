@@ -1,53 +1,58 @@
-"""The Grafana dashboard and the Prometheus alert rules read only metrics that eerld exports."""
+"""The Grafana dashboard and the Prometheus alert rules read only metrics that eerld (or, for the joins,
+dcgm-exporter) exports. tests/ops/test_prometheus.py runs every panel's query against a real Prometheus."""
 
 from __future__ import annotations
 
-import json
+import re
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from tests.ops.dashboard import dashboard, dcgm_metric_names, panels, queries, variables
 from tests.ops.promql import metric_names
 
 ROOT = Path(__file__).resolve().parents[2]
-DASHBOARD = ROOT / "deploy/grafana/eerl-dashboard.json"
 ALERTS = ROOT / "deploy/prometheus/eerl-alerts.yml"
 PROMETHEUS_BUILTIN = {"up"}
 
 
-def dashboard() -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(DASHBOARD.read_text())
-    return data
-
-
-def panels(data: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    for panel in data["panels"]:
-        yield panel
-        yield from panel.get("panels", [])
-
-
 def expressions(data: dict[str, Any]) -> list[str]:
-    exprs = [t["expr"] for p in panels(data) for t in p.get("targets", [])]
-    for var in data["templating"]["list"]:
-        query = var.get("query")
-        if isinstance(query, dict):
-            # label_values(metric{...}, label): the metric is the first argument.
-            exprs.append(query["query"].removeprefix("label_values(").rsplit(",", 1)[0])
-    return exprs
+    """Every panel target's expression and every variable's series selector."""
+    return [q.expr for q in queries(data)] + [v.selector for v in variables(data) if v.selector]
 
 
 class TestDashboard:
     def test_every_query_names_an_exported_metric(self, exported_names: set[str]) -> None:
-        """Each PromQL expression of the dashboard (panels and variables) reads only exported metrics."""
+        """Each PromQL expression of the dashboard (panels and variables) reads only metrics that eerld
+        exports or that dcgm-exporter does (those of the dcgm-exporter fixture page)."""
+        known = exported_names | dcgm_metric_names()
         unknown = {
-            expr: sorted(metric_names(expr) - exported_names)
+            expr: sorted(metric_names(expr) - known)
             for expr in expressions(dashboard())
-            if metric_names(expr) - exported_names
+            if metric_names(expr) - known
         }
         assert unknown == {}
+
+    def test_dcgm_series_are_joined_to_eerl_on_node_and_gpu_uuid(self) -> None:
+        """A query reading a DCGM_FI_* metric joins it to an eerl series on Hostname and UUID, the labels
+        both exporters give a GPU (dcgm-exporter's ``gpu`` is its own GPU id, not always NVML's index)."""
+        dcgm = [
+            q for q in queries(dashboard()) if any(n.startswith("DCGM_FI_") for n in metric_names(q.expr))
+        ]
+        assert {q.title for q in dcgm} >= {
+            "Power of the job's GPUs (dcgm-exporter)",
+            "SM clock of the job's GPUs: dcgm-exporter vs eerl's lock",
+        }
+        for q in dcgm:
+            assert re.search(
+                r"\bon \(Hostname, UUID\) group_left \(job_id, rank\) eerl_session_gpu_info\{", q.expr
+            ), q.name
+
+    def test_every_panel_filters_on_the_node(self) -> None:
+        """Every query selects its series by the node variable (each eerl series carries Hostname)."""
+        assert [q.name for q in queries(dashboard()) if '{Hostname=~"$Hostname"' not in q.expr] == []
 
     def test_every_query_reads_some_metric(self) -> None:
         """No expression is a constant: each one reads at least one metric."""
@@ -61,7 +66,9 @@ class TestDashboard:
             "Chosen SM clock per phase",
             "Energy per valid token vs predicted default",
             "Estimated savings vs predicted default",
+            "Estimated energy saved vs predicted default",
             "Controller state",
+            "Energy per valid token by job and phase",
         } <= titles
 
     def test_panel_ids_are_unique_and_targets_use_the_datasource_variable(self) -> None:

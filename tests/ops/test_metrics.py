@@ -210,6 +210,48 @@ class TestCollector:
         assert got["eerl_session_estimated_savings_ratio"][0][1] == pytest.approx(0.12)
         assert got["eerl_session_exploration_cost_joules"][0][1] == pytest.approx(40.0)
 
+    def test_every_series_carries_the_node_name(self, metrics_server: MetricsServer) -> None:
+        """Every sample of every family, the in-process RPC and phase metrics included, has ``Hostname``, so
+        that a dashboard's node filter selects each family (it did not on eerl_sessions and the counters)."""
+        metrics_server.metrics.observe_rpc("BeginPhase", "OK", 0.002)
+        metrics_server.metrics.observe_phase_event("begin", 0.002)
+        metrics_server.metrics.observe_phase(PhaseKind.TRAINING, 3.0, 10, 1.0)
+        metrics_server.metrics.observe_directive("accepted", PhaseKind.TRAINING)
+        got = samples(scrape(metrics_server))
+        unlabelled = {
+            name for name, series in got.items() for labels, _ in series if "Hostname" not in labels
+        }
+        assert unlabelled == set()
+        hostnames = {labels["Hostname"] for series in got.values() for labels, _ in series}
+        assert hostnames == {"node-1"}
+        for name in (
+            "eerl_sessions",
+            "eerl_rpc_requests_total",
+            "eerl_phase_event_duration_seconds_bucket",
+            "eerl_phase_energy_joules_total",
+            "eerl_job_directives_total",
+            "eerl_daemon_start_time_seconds",
+        ):
+            assert name in got
+
+    def test_session_gpus_map_jobs_to_dcgm_gpu_labels(self, metrics_server: MetricsServer) -> None:
+        """eerl_session_gpu_info names each GPU a session holds with dcgm-exporter's labels, the key for
+        joining a job with DCGM_FI_* series (``on (Hostname, UUID)``)."""
+        got = samples(scrape(metrics_server))
+        ((labels, value),) = got["eerl_session_gpu_info"]
+        assert value == 1.0
+        assert labels == {
+            "job_id": "job-42",
+            "rank": "0",
+            "gpus": "0",
+            "gpu": "0",
+            "UUID": "GPU-00000000-0000-0000-0000-000000000000",
+            "pci_bus_id": "00000000:18:00.0",
+            "device": "nvidia0",
+            "modelName": "NVIDIA H100 80GB HBM3",
+            "Hostname": "node-1",
+        }
+
     def test_build_info_names_version_and_backend(self, metrics_server: MetricsServer) -> None:
         """eerl_build_info is 1 and carries the version, backend and controller."""
         labels, value = samples(scrape(metrics_server))["eerl_build_info"][0]
@@ -220,19 +262,26 @@ class TestCollector:
         """In Kubernetes the node name replaces the pod's host name in the Hostname label."""
         server = start_metrics_server(fake_source, "127.0.0.1:0", hostname="gpu-node-7")
         try:
+            server.metrics.observe_rpc("Status", "OK", 0.001)
             got = samples(scrape(server))
         finally:
             server.close()
-        assert {labels["Hostname"] for labels, _ in got["eerl_gpu_power_watts"]} == {"gpu-node-7"}
+        assert {labels["Hostname"] for series in got.values() for labels, _ in series} == {"gpu-node-7"}
 
     def test_a_failing_source_fails_soft(
         self, fake_source: FakeMetricsSource, metrics_server: MetricsServer
     ) -> None:
         """When the daemon cannot be read the scrape still answers, and counts the failure."""
+        scrape(metrics_server)
+        metrics_server.metrics.observe_rpc("Status", "OK", 0.001)
         fake_source.fail = True
         got = samples(scrape(metrics_server))
-        assert got["eerl_metrics_collect_errors_total"][0][1] == 1.0
+        assert got["eerl_metrics_collect_errors_total"] == [({"Hostname": "node-1"}, 1.0)]
         assert "eerl_gpu_power_watts" not in got
+        # The in-process metrics still answer, under the node name the last good read gave.
+        assert got["eerl_rpc_requests_total"] == [
+            ({"Hostname": "node-1", "method": "Status", "code": "OK"}, 1.0)
+        ]
 
     def test_two_sessions_of_one_rank_keep_distinct_series(self, fake_source: FakeMetricsSource) -> None:
         """An async job rank with a generation and a training session (other GPUs) gets two series."""
@@ -276,10 +325,12 @@ class TestHooks:
         metrics = EerlMetrics(fake_source)
         metrics.observe_phase_event("begin", 0.004)
         value = metrics.registry.get_sample_value(
-            "eerl_phase_event_duration_seconds_bucket", {"event": "begin", "le": "0.005"}
+            "eerl_phase_event_duration_seconds_bucket",
+            {"event": "begin", "le": "0.005", "Hostname": "node-1"},
         )
         below = metrics.registry.get_sample_value(
-            "eerl_phase_event_duration_seconds_bucket", {"event": "begin", "le": "0.0025"}
+            "eerl_phase_event_duration_seconds_bucket",
+            {"event": "begin", "le": "0.0025", "Hostname": "node-1"},
         )
         assert (value, below) == (1.0, 0.0)
 
@@ -287,7 +338,7 @@ class TestHooks:
         """Nothing is module-global: one daemon's RPCs do not show in another's metrics."""
         first, second = EerlMetrics(fake_source), EerlMetrics(fake_source)
         first.observe_rpc("Status", "OK", 0.001)
-        labels = {"method": "Status", "code": "OK"}
+        labels = {"method": "Status", "code": "OK", "Hostname": "node-1"}
         assert first.registry.get_sample_value("eerl_rpc_requests_total", labels) == 1.0
         assert second.registry.get_sample_value("eerl_rpc_requests_total", labels) is None
 
@@ -437,8 +488,9 @@ class TestServer:
     )
     def test_limits_must_be_positive(self, limit: str) -> None:
         """A zero limit is a ConfigError naming it."""
+        limits: dict[str, Any] = {limit: 0}
         with pytest.raises(ConfigError, match=limit):
-            start_metrics_server(FakeMetricsSource(), "127.0.0.1:0", **{limit: 0})
+            start_metrics_server(FakeMetricsSource(), "127.0.0.1:0", **limits)
 
 
 class TestAddress:
