@@ -25,6 +25,7 @@ from eerld.gpu.base import GpuBackend
 from eerld.gpu.energy_sampler import SampledEnergyBackend
 from eerld.gpu.observe_only import ObserveOnlyBackend
 from eerld.metrics import MetricsServer, start_metrics_server
+from eerld.podresources import GpuOwners
 from eerld.sim.profiles import builtin_profile
 
 __all__ = ["App", "build", "create_backend"]
@@ -39,17 +40,23 @@ class App:
     daemon: Daemon
     phase_clock: Callable[[], float]
     metrics: MetricsServer | None = None
+    pods: GpuOwners | None = None
+    """The Kubernetes owners of the GPUs, for the metrics' pod labels: the kubelet's pod-resources API,
+    which :mod:`eerld.api.server` wires in (it speaks gRPC; this module does not)."""
 
     def start_metrics(self) -> None:
         """Serve ``/metrics`` on the configured address (none: no endpoint), subscribed to the daemon."""
         if self.config.metrics_address is not None and self.metrics is None:
-            self.metrics = start_metrics_server(self.daemon, self.config.metrics_address)
+            self.metrics = start_metrics_server(self.daemon, self.config.metrics_address, pods=self.pods)
 
     def close(self) -> None:
         """Stop the metrics endpoint (ending its subscription) and release the backend; idempotent."""
         metrics, self.metrics = self.metrics, None
         if metrics is not None:
             metrics.close()
+        pods, self.pods = self.pods, None
+        if pods is not None:
+            pods.close()
         self.backend.close()
 
 

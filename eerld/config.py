@@ -25,6 +25,7 @@ from eerl.phases import PhaseKind
 from eerld import files
 from eerld.clocks.ratelimit import DEFAULT_MAX_CHANGES_PER_S
 from eerld.errors import ConfigError
+from eerld.podresources import DEFAULT_POD_RESOURCES_SOCKET
 from eerld.sim.profiles import builtin_profile
 
 DEFAULT_SOCKET = Path("/run/eerld/eerld.sock")
@@ -71,6 +72,10 @@ class Config:
     state_dir: Path = DEFAULT_STATE_DIR
     metrics_address: str | None = DEFAULT_METRICS_ADDRESS
     """None (``--metrics-address off``) disables the metrics endpoint."""
+    pod_resources_socket: Path | None = DEFAULT_POD_RESOURCES_SOCKET
+    """The kubelet's pod-resources socket, for the Kubernetes labels of the metrics (None: off)."""
+    pod_resources_optional: bool = True
+    """``auto`` (the default): the kubelet's default socket, where it exists; off Kubernetes, nothing."""
     listen: str | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -136,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", type=Path, help=f"ledger and pins (default {DEFAULT_STATE_DIR})")
     p.add_argument(
         "--metrics-address", help=f"HOST:PORT of /metrics, or 'off' (default {DEFAULT_METRICS_ADDRESS})"
+    )
+    p.add_argument(
+        "--pod-resources-socket",
+        help="kubelet pod-resources socket for the metrics' namespace/pod/container labels: PATH, 'off' or "
+        f"'auto' (default: {DEFAULT_POD_RESOURCES_SOCKET} where it exists)",
     )
     p.add_argument("--listen", help="also serve the worker API on TCP HOST:PORT (mutual TLS required)")
     p.add_argument("--tls-cert", type=Path, help="server certificate (PEM) for --listen")
@@ -258,6 +268,7 @@ _FILE_KEYS = {
     "stream_lifetime_s": "stream_lifetime_s",
     "state_dir": "state_dir",
     "metrics_address": "metrics_address",
+    "pod_resources_socket": "pod_resources_socket",
     "listen": "listen",
     "tls_cert": "tls_cert",
     "tls_key": "tls_key",
@@ -384,6 +395,16 @@ def validate(values: Mapping[str, Any]) -> Config:
     metrics = text("metrics_address", "--metrics-address")
     if metrics is not None:
         out["metrics_address"] = None if metrics == "off" else _host_port(metrics, "--metrics-address")
+    pod_resources = text("pod_resources_socket", "--pod-resources-socket")
+    if pod_resources == "off":
+        out["pod_resources_socket"] = None
+    elif pod_resources is not None and pod_resources != "auto":
+        socket_path = path("pod_resources_socket", "--pod-resources-socket")
+        if socket_path is None or not socket_path.is_absolute():
+            raise ConfigError(
+                f"--pod-resources-socket: expected an absolute path, 'auto' or 'off', got {pod_resources!r}"
+            )
+        out["pod_resources_socket"], out["pod_resources_optional"] = socket_path, False
     listen = text("listen", "--listen")
     if listen is not None:
         out["listen"] = _host_port(listen, "--listen")

@@ -1,7 +1,9 @@
 """Generate the gRPC Python code from proto/ into the client package, or check it is fresh.
 
 The generated files are committed (users install the client without protoc); this script is the
-one way they are made, with the tool versions pinned in pyproject.toml's dev extra.
+one way they are made, with the tool versions pinned in pyproject.toml's dev extra. It also generates the
+messages of the kubelet's pod-resources API that the daemon reads (``eerld/api/podresources/api.proto``,
+messages only: the daemon's client calls the one method by name).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ PROTO_ROOT = ROOT / "proto"
 OUT_ROOT = ROOT / "client"
 PACKAGE_DIR = Path("eerl") / "v1"
 GENERATED = ("eerl_pb2.py", "eerl_pb2.pyi", "eerl_pb2_grpc.py", "eerl_pb2_grpc.pyi")
+KUBELET_PROTO = Path("eerld") / "api" / "podresources" / "api.proto"
+KUBELET_GENERATED = ("api_pb2.py", "api_pb2.pyi")
 
 
 def generate(out_root: Path) -> None:
@@ -38,6 +42,24 @@ def generate(out_root: Path) -> None:
     bin_dir = str(Path(sys.executable).parent)
     env = {"PATH": bin_dir + ":/usr/bin:/bin"}
     subprocess.run(cmd, check=True, cwd=PROTO_ROOT, env=env)
+    kubelet = [
+        sys.executable,
+        "-m",
+        "grpc_tools.protoc",
+        f"-I{ROOT}",
+        f"--python_out={out_root}",
+        f"--mypy_out={out_root}",
+        str(KUBELET_PROTO),
+    ]
+    subprocess.run(kubelet, check=True, cwd=ROOT, env=env)
+
+
+def _outputs(out_root: Path, committed_root: Path) -> list[tuple[Path, Path]]:
+    """(fresh, committed) for every generated file."""
+    pairs = [(out_root / PACKAGE_DIR / n, OUT_ROOT / PACKAGE_DIR / n) for n in GENERATED]
+    kubelet_dir = KUBELET_PROTO.parent
+    pairs += [(out_root / kubelet_dir / n, committed_root / kubelet_dir / n) for n in KUBELET_GENERATED]
+    return pairs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,13 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         generate(Path(tmp))
-        fresh = Path(tmp) / PACKAGE_DIR
-        committed = OUT_ROOT / PACKAGE_DIR
+        pairs = _outputs(Path(tmp), ROOT)
         if args.check:
             stale = [
-                name
-                for name in GENERATED
-                if not (committed / name).exists() or not filecmp.cmp(fresh / name, committed / name, False)
+                str(committed.relative_to(ROOT))
+                for fresh, committed in pairs
+                if not committed.exists() or not filecmp.cmp(fresh, committed, False)
             ]
             if stale:
                 print(
@@ -61,10 +82,10 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             print("generated code is fresh")
             return 0
-        committed.mkdir(parents=True, exist_ok=True)
-        for name in GENERATED:
-            shutil.copyfile(fresh / name, committed / name)
-        print(f"wrote {', '.join(str(PACKAGE_DIR / n) for n in GENERATED)}")
+        for fresh, committed in pairs:
+            committed.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(fresh, committed)
+        print(f"wrote {', '.join(str(c.relative_to(ROOT)) for _, c in pairs)}")
     return 0
 
 

@@ -37,6 +37,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from eerld import files
 from eerld.api.interceptors import ErrorMappingInterceptor, StreamGuardInterceptor
+from eerld.api.podresources import KubeletPodResources
 from eerld.api.reflection import REFLECTION_SERVICES, enable_reflection
 from eerld.api.servicers import AdminServicer, PhaseServicer
 from eerld.app import App, build
@@ -44,6 +45,7 @@ from eerld.config import Config
 from eerld.errors import ConfigError
 from eerld.gpu.base import GpuBackend
 from eerld.grants import SHARED_NAME, Grant, GrantKind
+from eerld.podresources import GpuOwners
 from eerld.sdnotify import sd_notify
 
 log = structlog.get_logger("eerld.server")
@@ -382,6 +384,9 @@ def create_server(
     prepare_socket_path(config.socket_path, "--socket")
     prepare_socket_path(config.admin_socket_path, "--admin-socket")
     app = build(config, backend=backend, clock=clock, wall_clock=wall_clock, phase_clock=phase_clock)
+    if config.pod_resources_socket is not None and config.metrics_address is not None:
+        lister = KubeletPodResources(config.pod_resources_socket, optional=config.pod_resources_optional)
+        app.pods = GpuOwners(lister)
     try:
         return Server(app, reaper=reaper)
     except BaseException:

@@ -147,6 +147,7 @@ class StatusReader:
             degraded_reason=degraded,
             clock_event_reasons=tuple(reasons.names()) if reasons is not None else (),
             drain=self._drain_of(index),
+            clock_event_mask=reasons.value if reasons is not None else None,
         )
 
     def sessions(self) -> tuple[SessionView, ...]:

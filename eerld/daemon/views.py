@@ -58,6 +58,8 @@ class GpuStatusView:
     clock_event_reasons: tuple[str, ...]
     drain: Drain | None = None
     """The drain in force: no session may claim the GPU."""
+    clock_event_mask: int | None = None
+    """``clock_event_reasons`` as NVML's bitmask (as DCGM_FI_DEV_CLOCKS_EVENT_REASONS); None: unread."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@
 """
 
 from eerld.metrics.collector import (
+    CLOCK_EVENT_NAMES,
     DaemonSample,
     EerlCollector,
     EerlMetrics,
@@ -16,6 +17,7 @@ from eerld.metrics.collector import (
     MetricsSnapshot,
     MetricsSource,
     PhaseSample,
+    PodSample,
     SessionSample,
 )
 from eerld.metrics.http import (
@@ -28,9 +30,10 @@ from eerld.metrics.http import (
     parse_address,
 )
 from eerld.metrics.server import MetricsServer, start_metrics_server
-from eerld.metrics.source import DaemonMetricsSource, MetricsDaemon, snapshot_from_status
+from eerld.metrics.source import DaemonMetricsSource, MetricsDaemon, hpc_job_of, snapshot_from_status
 
 __all__ = [
+    "CLOCK_EVENT_NAMES",
     "DEFAULT_METRICS_ADDRESS",
     "DEFAULT_METRICS_PORT",
     "METRICS_CONNECTION_TIMEOUT_S",
@@ -47,7 +50,9 @@ __all__ = [
     "MetricsSnapshot",
     "MetricsSource",
     "PhaseSample",
+    "PodSample",
     "SessionSample",
+    "hpc_job_of",
     "parse_address",
     "snapshot_from_status",
     "start_metrics_server",

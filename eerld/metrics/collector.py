@@ -15,7 +15,11 @@ histograms included, so that one ``Hostname`` filter selects a node's series of 
 carry dcgm-exporter's other labels too (``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``) so that
 dashboards can join them with ``DCGM_FI_*`` series, and ``eerl_session_gpu_info`` maps each open session's
 job and rank to those GPU labels. Session series are labelled by ``job_id``, ``rank``, ``gpus`` and ``phase``,
-never by session id: the session id is a bearer token.
+never by session id: the session id is a bearer token. Where the daemon knows them, session series also carry
+the labels dcgm-exporter attributes a GPU's work with: ``hpc_job`` (the scheduler's job id, from the job's
+grant) and ``namespace``, ``pod``, ``container`` (the kubelet's pod-resources API); unknown, they are absent,
+never empty. GPU series include the clock-event (throttle) reasons, as DCGM's bitmask and one 0/1 series per
+reason under dcgm-exporter's ``clock_event`` names.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 __all__ = [
+    "CLOCK_EVENT_NAMES",
     "DaemonSample",
     "EerlCollector",
     "EerlMetrics",
@@ -46,6 +51,7 @@ __all__ = [
     "MetricsSnapshot",
     "MetricsSource",
     "PhaseSample",
+    "PodSample",
     "SessionSample",
 ]
 
@@ -60,6 +66,24 @@ _PHASE_LABELS = ("job_id", "rank", "gpus", "phase", _HOSTNAME)
 # Phase events take milliseconds (a clock lock is ~1-10 ms on hardware); RPCs up to seconds.
 _PHASE_EVENT_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _RPC_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+CLOCK_EVENT_NAMES: Mapping[int, str] = {
+    0x001: "gpu_idle",
+    0x002: "clocks_setting",
+    0x004: "power_cap",
+    0x008: "hw_slowdown",
+    0x010: "sync_boost",
+    0x020: "sw_thermal",
+    0x040: "hw_thermal",
+    0x080: "hw_power_brake",
+    0x100: "display_clocks",
+}
+"""NVML's clocks-event reason bits (DCGM's ``DCGM_CLOCKS_EVENT_REASON_*``) and the ``clock_event`` label value
+dcgm-exporter gives each (``DCGM_EXP_CLOCK_EVENTS_COUNT``, dcgmi's names)."""
+
+# Job attribution, on session series where known (absent otherwise): dcgm-exporter's names for the
+# Kubernetes owner (pod-resources API) and for the HPC job (its --hpc-job-mapping-dir).
+_NAMESPACE, _POD, _CONTAINER, _HPC_JOB = "namespace", "pod", "container", "hpc_job"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +105,18 @@ class GpuSample:
     admin_pinned: bool = False
     degraded_reason: str = ""
     """Non-empty when the GPU is degraded."""
+    clock_event_reasons: int | None = None
+    """NVML's clocks-event (throttle) reasons bitmask (the bits of :data:`CLOCK_EVENT_NAMES`, as in
+    ``DCGM_FI_DEV_CLOCKS_EVENT_REASONS``); None when it could not be read."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodSample:
+    """The Kubernetes container a GPU is allocated to (kubelet pod-resources API)."""
+
+    namespace: str
+    pod: str
+    container: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +147,9 @@ class SessionSample:
     mode: str
     """"sync" or "async"."""
     phases: tuple[PhaseSample, ...] = ()
+    hpc_job: str = ""
+    """The scheduler's job id where the daemon knows it (the session came through the grant a Slurm prolog
+    or an admin made for that job); empty otherwise (a job id a client declares is only ``job_id``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +171,8 @@ class MetricsSnapshot:
     daemon: DaemonSample
     gpus: tuple[GpuSample, ...] = ()
     sessions: tuple[SessionSample, ...] = ()
+    pods: Mapping[str, PodSample] = field(default_factory=dict)
+    """GPU UUID -> the Kubernetes container it is allocated to (empty off Kubernetes)."""
 
 
 @runtime_checkable
@@ -195,7 +236,7 @@ class EerlCollector(Collector):
         if snapshot is not None:
             yield from _daemon_families(snapshot.daemon, hostname)
             yield from _gpu_families(snapshot.gpus, hostname)
-            yield from _session_families(snapshot.sessions, snapshot.gpus, hostname)
+            yield from _session_families(snapshot, hostname)
         if self._local is not None:
             for family in self._local.collect():
                 yield _with_label(family, _HOSTNAME, hostname)
@@ -255,6 +296,16 @@ def _gpu_families(gpus: Iterable[GpuSample], hostname: str) -> Iterator[Metric]:
     degraded = GaugeMetricFamily(
         "eerl_gpu_degraded", "1 when a backend error degraded the GPU.", labels=_GPU_LABELS
     )
+    reasons = GaugeMetricFamily(
+        "eerl_gpu_clock_event_reasons",
+        "NVML clocks-event (throttle) reasons bitmask, as DCGM_FI_DEV_CLOCKS_EVENT_REASONS.",
+        labels=_GPU_LABELS,
+    )
+    reason = GaugeMetricFamily(
+        "eerl_gpu_clock_event_reason",
+        "1 while the clock_event reason (dcgm-exporter's names) holds the clock down, else 0.",
+        labels=(*_GPU_LABELS, "clock_event"),
+    )
     for gpu in gpus:
         labels = _gpu_label_values(gpu, hostname)
         energy.add_metric(labels, gpu.energy_j)
@@ -266,7 +317,11 @@ def _gpu_families(gpus: Iterable[GpuSample], hostname: str) -> Iterator[Metric]:
         locked.add_metric(labels, 0.0 if gpu.locked_sm_clock_mhz is None else 1.0)
         pinned.add_metric(labels, 1.0 if gpu.admin_pinned else 0.0)
         degraded.add_metric(labels, 1.0 if gpu.degraded_reason else 0.0)
-    yield from (energy, power, power_limit, sm_clock, locked_clock, locked, pinned, degraded)
+        if gpu.clock_event_reasons is not None:
+            reasons.add_metric(labels, float(gpu.clock_event_reasons))
+            for bit, name in CLOCK_EVENT_NAMES.items():
+                reason.add_metric([*labels, name], 1.0 if gpu.clock_event_reasons & bit else 0.0)
+    yield from (energy, power, power_limit, sm_clock, locked_clock, locked, pinned, degraded, reasons, reason)
 
 
 def _gpu_label_values(gpu: GpuSample, hostname: str) -> list[str]:
@@ -274,18 +329,53 @@ def _gpu_label_values(gpu: GpuSample, hostname: str) -> list[str]:
     return [str(gpu.index), gpu.uuid, gpu.pci_bus_id, f"nvidia{gpu.index}", gpu.name, hostname]
 
 
-def _session_families(
-    sessions: Iterable[SessionSample], gpu_samples: Iterable[GpuSample], hostname: str
-) -> Iterator[Metric]:
-    sessions = tuple(sessions)
+def _attribution(
+    session: SessionSample, gpus: Mapping[int, GpuSample], pods: Mapping[str, PodSample]
+) -> dict[str, str]:
+    """The job labels operators join on, only those known: the HPC job, and the Kubernetes container of the
+    session's GPUs (of its lowest-index GPU that has one; a session's GPUs are one container's)."""
+    labels: dict[str, str] = {}
+    if session.hpc_job:
+        labels[_HPC_JOB] = session.hpc_job
+    for index in sorted(session.gpu_indices):
+        gpu = gpus.get(index)
+        pod = pods.get(gpu.uuid) if gpu is not None else None
+        if pod is not None:
+            labels.update(_pod_labels(pod))
+            break
+    return labels
+
+
+def _pod_labels(pod: PodSample) -> dict[str, str]:
+    return {
+        key: value
+        for key, value in ((_NAMESPACE, pod.namespace), (_POD, pod.pod), (_CONTAINER, pod.container))
+        if value
+    }
+
+
+def _tag(family: Metric, start: int, extra: Mapping[str, str]) -> None:
+    """Give the samples ``family`` got since it had ``start`` the ``extra`` labels too.
+
+    Attribution labels are added only where known, so that a node off Kubernetes and Slurm exports no
+    empty ``pod=""`` (Prometheus drops empty labels anyway; the exposition stays as it was).
+    """
+    if extra:
+        for i in range(start, len(family.samples)):
+            family.samples[i] = family.samples[i]._replace(labels={**family.samples[i].labels, **extra})
+
+
+def _session_families(snapshot: MetricsSnapshot, hostname: str) -> Iterator[Metric]:
+    sessions = snapshot.sessions
     open_sessions = GaugeMetricFamily("eerl_sessions", "Open sessions.", labels=(_HOSTNAME,))
     open_sessions.add_metric([hostname], float(len(sessions)))
     yield open_sessions
 
-    by_index = {gpu.index: gpu for gpu in gpu_samples}
+    by_index = {gpu.index: gpu for gpu in snapshot.gpus}
     session_gpus = InfoMetricFamily(
         "eerl_session_gpu",
-        "A GPU an open session holds, with dcgm-exporter's GPU labels (join DCGM_FI_* on Hostname, UUID).",
+        "A GPU an open session holds, with dcgm-exporter's GPU labels (join DCGM_FI_* on Hostname, UUID), "
+        "and its job's hpc_job and Kubernetes namespace, pod and container where known.",
         labels=("job_id", "rank", "gpus", *_GPU_LABELS),
     )
 
@@ -340,13 +430,23 @@ def _session_families(
     )
     for session in sessions:
         gpus = ",".join(str(i) for i in session.gpu_indices)
+        extra = _attribution(session, by_index, snapshot.pods)
+        start = len(info.samples)
         info.add_metric([session.job_id, str(session.rank), gpus, hostname], {"mode": session.mode})
+        _tag(info, start, extra)
         for index in session.gpu_indices:
             gpu = by_index.get(index)
             if gpu is not None:
+                pod = snapshot.pods.get(gpu.uuid)
+                gpu_extra = {
+                    **({_HPC_JOB: session.hpc_job} if session.hpc_job else {}),
+                    **(_pod_labels(pod) if pod is not None else {}),
+                }
+                start = len(session_gpus.samples)
                 session_gpus.add_metric(
                     [session.job_id, str(session.rank), gpus, *_gpu_label_values(gpu, hostname)], {}
                 )
+                _tag(session_gpus, start, gpu_extra)
         for phase in session.phases:
             labels = [session.job_id, str(session.rank), gpus, phase.kind.value, hostname]
             values: Mapping[str, float | None] = {
@@ -364,8 +464,13 @@ def _session_families(
             }
             for name, value in values.items():
                 if value is not None:
-                    per_phase[name].add_metric(labels, value)
+                    family = per_phase[name]
+                    start = len(family.samples)
+                    family.add_metric(labels, value)
+                    _tag(family, start, extra)
+            start = len(state.samples)
             state.add_metric(labels, {s.value: s is phase.state for s in ControllerState})
+            _tag(state, start, extra)
     yield info
     yield session_gpus
     yield from per_phase.values()

@@ -22,6 +22,7 @@ from eerld.metrics.http import (
     parse_address,
 )
 from eerld.metrics.source import DaemonMetricsSource, MetricsDaemon, subscribe
+from eerld.podresources import GpuOwners
 
 __all__ = ["MetricsServer", "start_metrics_server"]
 
@@ -49,6 +50,7 @@ def start_metrics_server(
     address: str = DEFAULT_METRICS_ADDRESS,
     *,
     hostname: str | None = None,
+    pods: GpuOwners | None = None,
     max_connections: int = METRICS_MAX_CONNECTIONS,
     request_timeout_s: float = METRICS_REQUEST_TIMEOUT_S,
     connection_timeout_s: float = METRICS_CONNECTION_TIMEOUT_S,
@@ -60,7 +62,8 @@ def start_metrics_server(
     through its ``status()`` and whose RPC and phase events then feed the in-process metrics through
     :meth:`~eerld.daemon.Daemon.subscribe` until :meth:`MetricsServer.close`. ``hostname`` overrides the
     ``Hostname`` label; when None, ``$NODE_NAME`` does (set from the downward API in Kubernetes, where the
-    host name is the pod's), else the daemon's host name.
+    host name is the pod's), else the daemon's host name. ``pods`` (the kubelet's pod-resources API, for the
+    daemon only) adds the ``namespace``, ``pod`` and ``container`` of each session's GPUs.
 
     What a connection may cost is bounded: at most ``max_connections`` are open at once (one more closes
     the oldest that has not yet sent its request, or is refused with 503 when every one is being answered);
@@ -75,7 +78,7 @@ def start_metrics_server(
     if isinstance(source, MetricsSource):
         scraped = source
     else:
-        daemon, scraped = source, DaemonMetricsSource(source)
+        daemon, scraped = source, DaemonMetricsSource(source, pods=pods)
     metrics = EerlMetrics(scraped, hostname=hostname or os.environ.get("NODE_NAME") or None)
     host, port = parse_address(address)
     try:

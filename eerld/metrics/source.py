@@ -8,7 +8,7 @@ as :class:`MetricsDaemon`, the two methods they read.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from eerld.daemon.views import (
@@ -20,16 +20,19 @@ from eerld.daemon.views import (
     StatusView,
     Unsubscribe,
 )
+from eerld.grants import Grant, GrantKind
 from eerld.metrics.collector import (
     DaemonSample,
     EerlMetrics,
     GpuSample,
     MetricsSnapshot,
     PhaseSample,
+    PodSample,
     SessionSample,
 )
+from eerld.podresources import GpuOwners
 
-__all__ = ["DaemonMetricsSource", "MetricsDaemon", "snapshot_from_status", "subscribe"]
+__all__ = ["DaemonMetricsSource", "MetricsDaemon", "hpc_job_of", "snapshot_from_status", "subscribe"]
 
 _PHASE_EVENT_RPCS = {"BeginPhase": "begin", "EndPhase": "end"}
 
@@ -54,19 +57,44 @@ class MetricsDaemon(Protocol):
 
 
 class DaemonMetricsSource:
-    """The eerld daemon seen through :class:`MetricsSource` (one ``status()`` per scrape)."""
+    """The eerld daemon seen through :class:`MetricsSource` (one ``status()`` per scrape), with the
+    Kubernetes owners of its GPUs where ``pods`` (the kubelet's pod-resources API) is given."""
 
-    def __init__(self, daemon: MetricsDaemon, *, wall_clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        daemon: MetricsDaemon,
+        *,
+        pods: GpuOwners | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         self.daemon = daemon
+        self.pods = pods
         self._wall = wall_clock
 
     def metrics_snapshot(self) -> MetricsSnapshot:
-        """One ``Daemon.status()`` call, converted."""
-        return snapshot_from_status(self.daemon.status(), now_unix_s=self._wall())
+        """One ``Daemon.status()`` call, converted; the pod owners (cached, bounded wait) where known."""
+        status = self.daemon.status()
+        pods: Mapping[str, PodSample] = {}
+        if self.pods is not None:
+            owners = self.pods.owners((g.info.index, g.info.uuid) for g in status.gpus)
+            pods = {uuid: PodSample(o.namespace, o.pod, o.container) for uuid, o in owners.items()}
+        return snapshot_from_status(status, now_unix_s=self._wall(), pods=pods)
 
 
-def snapshot_from_status(status: StatusView, *, now_unix_s: float) -> MetricsSnapshot:
-    """Convert the daemon's Status view (pure; ``now_unix_s`` turns uptime into a start time)."""
+def hpc_job_of(grant: Grant | None) -> str:
+    """The scheduler's job id of a session opened through ``grant``: the job id of an admin grant (the one
+    the Slurm prolog makes per job: ``eerlctl grant --job-id $SLURM_JOB_ID``); empty for the shared and
+    per-GPU sockets, whose sessions' job ids are only what their clients declare."""
+    if grant is None or grant.kind is not GrantKind.GRANT:
+        return ""
+    return grant.job_id
+
+
+def snapshot_from_status(
+    status: StatusView, *, now_unix_s: float, pods: Mapping[str, PodSample] | None = None
+) -> MetricsSnapshot:
+    """Convert the daemon's Status view (pure; ``now_unix_s`` turns uptime into a start time); ``pods``
+    maps GPU UUIDs to their Kubernetes containers."""
     d = status.daemon
     daemon = DaemonSample(
         version=d.version,
@@ -89,9 +117,11 @@ def snapshot_from_status(status: StatusView, *, now_unix_s: float) -> MetricsSna
             locked_sm_clock_mhz=g.locked_sm_clock_mhz,
             admin_pinned=g.pin is not None,
             degraded_reason=g.degraded_reason,
+            clock_event_reasons=g.clock_event_mask,
         )
         for g in status.gpus
     )
+    grants = {g.grant.name: g.grant for g in status.grants}
     sessions = tuple(
         SessionSample(
             job_id=s.job_id,
@@ -114,10 +144,11 @@ def snapshot_from_status(status: StatusView, *, now_unix_s: float) -> MetricsSna
                 )
                 for p in s.phases
             ),
+            hpc_job=hpc_job_of(grants.get(s.grant)),
         )
         for s in status.sessions
     )
-    return MetricsSnapshot(daemon=daemon, gpus=gpus, sessions=sessions)
+    return MetricsSnapshot(daemon=daemon, gpus=gpus, sessions=sessions, pods=dict(pods or {}))
 
 
 def subscribe(daemon: MetricsDaemon, metrics: EerlMetrics) -> Unsubscribe:

@@ -24,6 +24,7 @@ from eerld.metrics import (
     EerlMetrics,
     MetricsServer,
     MetricsSnapshot,
+    PodSample,
     parse_address,
     start_metrics_server,
 )
@@ -293,6 +294,38 @@ class TestCollector:
         got = samples(text)
         series = [tuple(sorted(labels.items())) for labels, _ in got["eerl_session_phases_total"]]
         assert len(series) == len(set(series)) == 4
+
+    def test_attribution_labels_appear_only_where_known(self, fake_source: FakeMetricsSource) -> None:
+        """A session with an HPC job and a pod on its GPU gets hpc_job/namespace/pod/container on its
+        series; one without gets none of them (no empty labels), and GPU series never get them."""
+        snapshot = fake_source.metrics_snapshot()
+        attributed = replace(snapshot.sessions[0], hpc_job="4711")
+        plain = replace(snapshot.sessions[0], job_id="job-7", gpu_indices=(1,))
+        pods = {snapshot.gpus[0].uuid: PodSample("rl", "trainer-0", "policy")}
+        metrics = EerlMetrics(StaticSource(replace(snapshot, sessions=(attributed, plain), pods=pods)))
+        got = samples(generate_latest(metrics.registry).decode())
+        want = {"hpc_job": "4711", "namespace": "rl", "pod": "trainer-0", "container": "policy"}
+        for name in ("eerl_session_info", "eerl_session_gpu_info", "eerl_session_energy_joules_total"):
+            by_job = {labels["job_id"]: labels for labels, _ in got[name]}
+            assert {k: by_job["job-42"][k] for k in want} == want
+            assert not set(by_job["job-7"]) & set(want)
+        state = [labels for labels, _ in got["eerl_session_controller_state"] if labels["job_id"] == "job-42"]
+        assert state
+        assert all(labels["pod"] == "trainer-0" for labels in state)
+        assert all("pod" not in labels for labels, _ in got["eerl_gpu_power_watts"])
+
+    def test_clock_event_reasons_are_absent_until_read(self, fake_source: FakeMetricsSource) -> None:
+        """The fake source reads no reasons for GPU 0 and power_cap for GPU 1 (bit 0x4)."""
+        snapshot = fake_source.metrics_snapshot()
+        gpus = (
+            replace(snapshot.gpus[0], clock_event_reasons=None),
+            replace(snapshot.gpus[1], clock_event_reasons=4),
+        )
+        metrics = EerlMetrics(StaticSource(replace(snapshot, gpus=gpus)))
+        got = samples(generate_latest(metrics.registry).decode())
+        assert [(labels["gpu"], v) for labels, v in got["eerl_gpu_clock_event_reasons"]] == [("1", 4.0)]
+        active = [labels["clock_event"] for labels, v in got["eerl_gpu_clock_event_reason"] if v == 1.0]
+        assert active == ["power_cap"]
 
 
 class TestHooks:
