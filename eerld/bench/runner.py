@@ -4,6 +4,13 @@ Every run sees the same sampled iterations (common random numbers: the simulator
 scenario's seed and the iteration), so differences between runs come from the clocks alone. The sampled
 iterations are priced once at every grid clock (a "price table"); the oracle is found on that table, and the
 online controller's phases are priced as they happen (including the clock-switch window).
+
+The online controller is shown what the daemon would show it, no more (sim-model "The benchmark measures as
+the daemon does"): a phase's energy is the difference of two energy-counter reads, in steps of the profile's
+``energy_counter_period_ms``, summed over the GPUs of the phase's pool (:mod:`eerld.sim.meter`); its duration
+is the wall clock's; and ``decide()`` gets as hints only what a client knows before the phase starts — the
+batch's shape (responses and prompt tokens), never the realised tokens of the phase about to run. The run's
+figures (energy, wall time) are the true ones.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 from eerl.control.base import Controller, ControllerSettings, PhaseObservation
-from eerl.phases import ControllerState, ExecutionMode, PhaseKind
+from eerl.phases import ControllerState, ExecutionMode, PhaseKind, Workload
 
 from eerld.sim.evaluate import (
     IterationSample,
@@ -25,8 +32,10 @@ from eerld.sim.evaluate import (
     evaluate_phase,
     sample_iteration,
 )
+from eerld.sim.meter import EnergyCounters
 from eerld.sim.scenario import Scenario
 from eerld.sim.sweep import pair_totals
+from eerld.sim.workload import iteration_rng
 
 FloatArray = npt.NDArray[np.float64]
 Progress = Callable[[int], None]
@@ -34,6 +43,28 @@ Progress = Callable[[int], None]
 ControllerFactory = Callable[[ControllerSettings], Controller]
 
 KINDS = (PhaseKind.GENERATION, PhaseKind.TRAINING)
+COUNTER_OFFSET_STREAM = 8
+"""Stream of the energy counters' step offsets (one per GPU, drawn once per run from the seed)."""
+
+
+def prior_hints(workload: Workload) -> Workload:
+    """What a client knows about a phase before it starts: the batch's shape, not its realised tokens."""
+    return Workload(sequences=workload.sequences, prompt_tokens=workload.prompt_tokens)
+
+
+def pool_counters(scenario: Scenario) -> dict[PhaseKind, EnergyCounters]:
+    """The energy counters of each phase kind's pool (sync: one bank, shared; async: one per pool)."""
+    spec = scenario.workload
+    period_s = scenario.gpu.energy_counter_period_ms / 1000.0
+    rng = iteration_rng(spec.seed, 0, COUNTER_OFFSET_STREAM)
+    idle = scenario.gpu.idle_power_w
+    if spec.mode is ExecutionMode.SYNC:
+        shared = EnergyCounters(rng.uniform(0.0, period_s, spec.gpus), period_s, idle)
+        return dict.fromkeys(KINDS, shared)
+    return {
+        kind: EnergyCounters(rng.uniform(0.0, period_s, spec.pool_gpus(kind)), period_s, idle)
+        for kind in KINDS
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +85,8 @@ class Timeline:
     wall_s: list[float] = field(default_factory=list)
     energy_j: list[float] = field(default_factory=list)
     valid_tokens: list[int] = field(default_factory=list)
+    metered_energy_j: dict[PhaseKind, list[float]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    """The phase energy the controller was shown (counter differences summed over the pool's GPUs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,11 +207,14 @@ class ScenarioRun:
         exploring = 0
         last_lock: dict[PhaseKind, int] = {}
         previous_sync: int | None = None
+        counters = pool_counters(scenario)
         for i in range(self.iterations):
             sample = self.sample(i)
             outcomes = {}
+            metered: dict[PhaseKind, float] = {}
             for kind in KINDS:
-                decision = controllers[kind].decide(kind, i, sample.phase(kind).workload, now_s)
+                hints = prior_hints(sample.phase(kind).workload)
+                decision = controllers[kind].decide(kind, i, hints, now_s)
                 clock = decision.sm_clock_mhz
                 lock = top if clock is None else clock
                 if mode is ExecutionMode.SYNC:
@@ -190,13 +226,17 @@ class ScenarioRun:
                     last_lock[kind] = lock
                 outcome = evaluate_phase(scenario, sample, kind, [clock], previous)
                 outcomes[kind] = outcome
+                metered[kind] = self._meter(counters[kind], outcome)
+                timeline.metered_energy_j[kind].append(metered[kind])
                 timeline.sm_clock_mhz[kind].append(clock)
                 timeline.state[kind].append(decision.state)
                 if decision.state in (ControllerState.EXPLORING, ControllerState.RETUNING):
                     exploring += 1
                 if mode is ExecutionMode.SYNC:
                     now_s += float(outcome.duration_s[0])
-                    self._observe(controllers, outcome, iteration=i, clock=clock, now_s=now_s, mode=mode)
+                    self._observe(
+                        controllers, outcome, metered[kind], iteration=i, clock=clock, now_s=now_s, mode=mode
+                    )
             wall, energy = combine_phases(
                 scenario.workload,
                 scenario.gpu.idle_power_w,
@@ -208,9 +248,13 @@ class ScenarioRun:
             if mode is ExecutionMode.ASYNC:
                 now_s += float(wall[0])
                 for kind in KINDS:
+                    # The pool that finished first waits at idle power until the iteration ends.
+                    counters[kind].advance(now_s - counters[kind].now_s)
+                for kind in KINDS:
                     self._observe(
                         controllers,
                         outcomes[kind],
+                        metered[kind],
                         iteration=i,
                         clock=timeline.sm_clock_mhz[kind][-1],
                         now_s=now_s,
@@ -227,9 +271,19 @@ class ScenarioRun:
         return OnlineRun(RunTotals(energy_total, wall_total, valid_total), timeline, controllers, exploring)
 
     @staticmethod
+    def _meter(counters: EnergyCounters, outcome: PhaseOutcome) -> float:
+        """Run the phase through its pool's counters: the energy two counter reads give, summed over GPUs."""
+        before = counters.read()
+        busy = None if outcome.gpu_busy_s is None else outcome.gpu_busy_s[:, 0]
+        energy = None if outcome.gpu_busy_energy_j is None else outcome.gpu_busy_energy_j[:, 0]
+        counters.advance(float(outcome.duration_s[0]), busy, energy)
+        return float((counters.read() - before).sum())
+
+    @staticmethod
     def _observe(
         controllers: dict[PhaseKind, Controller],
         outcome: PhaseOutcome,
+        metered_energy_j: float,
         *,
         iteration: int,
         clock: int | None,
@@ -242,7 +296,7 @@ class ScenarioRun:
             iteration=iteration,
             workload=outcome.workload,
             duration_s=float(outcome.duration_s[0]),
-            energy_j=float(outcome.energy_j[0]),
+            energy_j=metered_energy_j,
             sm_clock_mhz=clock,
             gpus=outcome.gpus,
             end_time_s=now_s,

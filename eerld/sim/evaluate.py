@@ -35,7 +35,9 @@ from eerld.sim.scenario import Scenario, WorkloadSpec
 from eerld.sim.workload import (
     DECODE_BUCKET_TOKENS,
     GENERATION_NOISE_STREAM,
+    GENERATION_PHASE_NOISE_STREAM,
     TRAINING_NOISE_STREAM,
+    TRAINING_PHASE_NOISE_STREAM,
     FloatArray,
     IntArray,
     Rollout,
@@ -46,6 +48,7 @@ from eerld.sim.workload import (
     iteration_rng,
     training_segments,
     training_workload,
+    with_phase_noise,
 )
 
 ProgressCallback = Callable[[int, int], None]
@@ -137,6 +140,10 @@ class PhaseOutcome:
     mean_clock_mhz: FloatArray
     gpus: int
     workload: Workload
+    gpu_busy_s: FloatArray | None = None
+    """``[gpu, clock]``: each GPU's busy time (it then waits at idle power until the phase ends)."""
+    gpu_busy_energy_j: FloatArray | None = None
+    """``[gpu, clock]``: each GPU's energy while busy (idle wait excluded)."""
 
 
 def sample_iteration(
@@ -172,6 +179,21 @@ def sample_iteration(
         iteration_rng(spec.seed, iteration, TRAINING_NOISE_STREAM),
         **noise,
     )
+    if spec.nodes is None:
+        # Phase-level noise per GPU (sim-model spec); a multi-node scenario draws it per node and GPU in
+        # eerld.sim.nodes instead, so it is not drawn twice.
+        gen_segments = with_phase_noise(
+            gen_segments,
+            iteration_rng(spec.seed, iteration, GENERATION_PHASE_NOISE_STREAM),
+            profile.noise_phase_duration,
+            profile.noise_phase_power,
+        )
+        train_segments = with_phase_noise(
+            train_segments,
+            iteration_rng(spec.seed, iteration, TRAINING_PHASE_NOISE_STREAM),
+            profile.noise_phase_duration,
+            profile.noise_phase_power,
+        )
     return IterationSample(
         iteration=iteration,
         generation=_phase_sample(profile, PhaseKind.GENERATION, gen_segments, generation_workload(rollout)),
@@ -250,6 +272,8 @@ def evaluate_phase(
         mean_clock_mhz=mean_clock,
         gpus=gpus,
         workload=phase.workload,
+        gpu_busy_s=busy,
+        gpu_busy_energy_j=gpu_energy,
     )
 
 

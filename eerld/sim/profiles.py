@@ -28,6 +28,10 @@ class GpuProfile:
     energy_counter_period_ms: float
     noise_duration: float
     noise_power: float
+    noise_phase_duration: float = 0.01
+    """σ of the log-normal factor each phase on each GPU draws for its duration (sim-model: phase-level)."""
+    noise_phase_power: float = 0.01
+    """σ of the log-normal factor each phase on each GPU draws for its power."""
     locked_clocks: bool = True
     product_name: str = "Simulated GPU"
 

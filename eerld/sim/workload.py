@@ -3,7 +3,8 @@
 Common random numbers: every draw of iteration ``i`` comes from a NumPy Generator seeded with
 ``SeedSequence([seed, i, stream])`` — never from clocks or from what ran before — so a default-governor
 run, a fixed-clock sweep and an online controller see the very same responses and the very same noise.
-Streams: 0 = response lengths and validity (the rollout), 1 = generation noise, 2 = training noise.
+Streams: 0 = response lengths and validity (the rollout), 1 = generation noise, 2 = training noise,
+6 and 7 = generation and training phase-level noise (one factor per phase and GPU; 3–5 are the nodes model's).
 
 Segments are stored per phase as flat arrays, GPU by GPU (``gpu_bounds[g]:gpu_bounds[g + 1]`` are GPU
 ``g``'s segments, in execution order), so the evaluator can price every segment at every clock at once.
@@ -30,6 +31,7 @@ WEIGHT_SYNC_MEM_ACTIVITY = 0.3
 """Memory activity of the weight-sync (communication) segment, per the spec."""
 
 ROLLOUT_STREAM, GENERATION_NOISE_STREAM, TRAINING_NOISE_STREAM = 0, 1, 2
+GENERATION_PHASE_NOISE_STREAM, TRAINING_PHASE_NOISE_STREAM = 6, 7
 
 
 def iteration_rng(seed: int, iteration: int, stream: int) -> np.random.Generator:
@@ -74,6 +76,25 @@ class Segments:
     def count(self) -> int:
         """Segments over all GPUs."""
         return len(self.compute_mhz_s)
+
+
+def with_phase_noise(
+    segments: Segments, rng: np.random.Generator, noise_phase_duration: float, noise_phase_power: float
+) -> Segments:
+    """The segments with one log-normal duration factor and one power factor per GPU, shared by all of that
+    GPU's segments (sim-model "Phase-level noise"). Draw order: every GPU's duration, then every power."""
+    gpus = segments.gpus
+    duration = np.exp(noise_phase_duration * rng.standard_normal(gpus))
+    power = np.exp(noise_phase_power * rng.standard_normal(gpus))
+    per_segment = np.diff(segments.gpu_bounds)
+    return Segments(
+        segments.compute_mhz_s,
+        segments.memory_s,
+        segments.mem_activity_scale,
+        segments.duration_noise * np.repeat(duration, per_segment),
+        segments.power_noise * np.repeat(power, per_segment),
+        segments.gpu_bounds,
+    )
 
 
 def draw_rollout(generation: GenerationSpec, training: TrainingSpec, seed: int, iteration: int) -> Rollout:

@@ -18,7 +18,9 @@ SCENARIO_OF_PROFILE = {"h100-sxm": "sync-h100", "gb200": "sync-gb200"}
 
 def quiet(scenario: Scenario) -> Scenario:
     """The same scenario without measurement noise (for exact physics comparisons)."""
-    gpu = scenario.gpu.with_overrides({"noise_duration": 0.0, "noise_power": 0.0})
+    gpu = scenario.gpu.with_overrides(
+        {"noise_duration": 0.0, "noise_power": 0.0, "noise_phase_duration": 0.0, "noise_phase_power": 0.0}
+    )
     return dataclasses.replace(scenario, gpu=gpu)
 
 
