@@ -79,7 +79,60 @@ pytest: $(STAMP)
 	bash scripts/ensure_prometheus.sh
 	$(BIN)/pytest -q
 
-test: check-proto lint typecheck pytest
+test: check-proto lint typecheck pytest test-frameworks
+
+# The hooks against the real framework releases, current and previous minor (tests/frameworks). Their pins
+# conflict, so each release gets an environment of its own under $(FW_DIR)/NAME-VERSION: a plain venv with
+# only the framework and the small pure-Python modules its imported code needs (--no-deps, listed below),
+# and one .pth line that appends the main venv's site-packages (site.addsitedir, so its editable eerl
+# installs resolve) for torch, transformers, ray, numpy and eerl itself: nothing heavy is installed twice,
+# and what the framework env installs shadows the main venv. OpenRLHF's GPU-only imports (vLLM,
+# flash-attn) resolve to the import stand-ins in tests/frameworks/stubs. Left out everywhere: the GPU
+# stacks (vllm, sglang, flash-attn, flash-linear-attention, liger-kernel, megatron, cupy,
+# transformer-engine), the loggers (wandb, tensorboard) and the data/eval extras (datasets, pandas,
+# pyarrow, math-verify), which no module the hooks and tests import loads; the frameworks' own pins of
+# torch/transformers/ray (the main venv's are used: see docs/integrations.md).
+FW_DIR := .venv-fw
+FW_MAIN_SITE = $(shell $(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+FRAMEWORKS := trl-1.16.0 trl-1.15.0 verl-0.9.1 verl-0.8.0 openrlhf-0.11.2 openrlhf-0.10.4
+FW_VERL_DEPS := tensordict==0.10.0 pyvers==0.1.0 cloudpickle omegaconf==2.3.0 antlr4-python3-runtime==4.9.3 hydra-core==1.3.2 \
+	codetiming==1.4.0 cachetools fastapi starlette uvicorn opentelemetry-api torchdata==0.11.0 peft==0.21.2
+FW_PKGS_trl-1.16.0 := trl==1.16.0
+FW_PKGS_trl-1.15.0 := trl==1.15.0
+FW_PKGS_verl-0.9.1 := verl==0.9.1 TransferQueue==0.1.10 pyzmq msgspec $(FW_VERL_DEPS)
+FW_PKGS_verl-0.8.0 := verl==0.8.0 $(FW_VERL_DEPS)
+FW_ORL_DEPS := hjson einops==0.8.2 peft==0.21.2 pylatexenc==2.11 torchdata==0.11.0 py-cpuinfo
+FW_PKGS_openrlhf-0.11.2 := openrlhf==0.11.2 deepspeed==0.19.6 $(FW_ORL_DEPS)
+FW_PKGS_openrlhf-0.10.4 := openrlhf==0.10.4 deepspeed==0.19.1 $(FW_ORL_DEPS)
+
+$(FW_DIR)/%/.installed: Makefile | $(STAMP)
+	@echo "frameworks: building $(FW_DIR)/$* ($(FW_PKGS_$*), --no-deps, over the main venv)"
+	rm -rf $(FW_DIR)/$*
+	$(PYTHON) -m venv $(FW_DIR)/$*
+	site=$$($(FW_DIR)/$*/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+		echo "import site; site.addsitedir('$(FW_MAIN_SITE)')" > $$site/zz_eerl_main_venv.pth; \
+		case $* in openrlhf-*) echo "$(CURDIR)/tests/frameworks/stubs" > $$site/zz_eerl_framework_stubs.pth;; esac
+	$(FW_DIR)/$*/bin/python -m pip install --quiet --disable-pip-version-check --no-deps $(FW_PKGS_$*)
+	@touch $@
+
+.PHONY: test-frameworks frameworks-envs clean-frameworks
+
+clean-frameworks:
+	rm -rf $(FW_DIR)
+
+frameworks-envs: $(foreach fw,$(FRAMEWORKS),$(FW_DIR)/$(fw)/.installed)
+
+# pytest -m frameworks in each release's environment; EERL_FRAMEWORK selects its test module, and the
+# installed version must be the pinned one (tests/frameworks/conftest.py).
+test-frameworks: frameworks-envs
+	@set -e; for fw in $(FRAMEWORKS); do \
+		name=$${fw%-*}; version=$${fw##*-}; \
+		$(FW_DIR)/$$fw/bin/python -c 'import sys; from importlib.metadata import version as v; \
+			print("== test-frameworks:", sys.argv[1], v(sys.argv[1]), "(torch", v("torch") + ", transformers", \
+			v("transformers") + ", ray", v("ray") + ")")' $$name; \
+		EERL_FRAMEWORK=$$name EERL_FRAMEWORK_VERSION=$$version \
+			$(FW_DIR)/$$fw/bin/python -m pytest -q -p no:cacheprovider -m frameworks tests/frameworks; \
+	done
 
 bench: $(STAMP)
 	$(BIN)/python -m perf

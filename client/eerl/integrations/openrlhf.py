@@ -1,109 +1,163 @@
 """OpenRLHF: put a PPO trainer's sample generation and ``ppo_train`` into an eerl session.
 
-OpenRLHF's Ray trainer (``openrlhf.trainer.ppo_trainer.PPOTrainer``, a ``@ray.remote`` class built on
-``BasePPOTrainer``) has no callback API. Its loop draws samples from vLLM, turns them into experiences,
-then calls ``self.ppo_train(global_steps)``. The hook wraps, on the trainer object:
+Checked against the releases' own source (OpenRLHF 0.11.2 and 0.10.4; tests/frameworks). OpenRLHF has no
+callback API, and its trainers are Ray actors, so the hook is attached inside the actor, on the trainer
+object (``docs/integrations.md`` has the subclass to write):
 
-* **generation**: the sample source the version has — ``train_streamer.make_sample_batch()`` (current),
-  ``samples_generator.generate_samples(...)`` (0.8 – 0.9) or ``experience_maker.generate_samples(...)``
-  (older). Tokens are the response tokens sampled (each sample's ``action_mask`` sum, or its
-  ``info["response_length"]``); sequences and the longest response go with them.
-* **training**: ``ppo_train(global_steps)``. Its ``valid_tokens`` are the response tokens of the samples
-  generated last (the ones being trained on), its ``tokens`` their prompt + response tokens when the
-  samples carry an ``attention_mask``.
+* **the synchronous trainer** (``openrlhf.trainer.ppo_trainer.PPOTrainer``): **generation** wraps
+  ``samples_generator.generate_samples(**kwargs)`` (vLLM sampling, in ``fit``); its tokens are the
+  response tokens of the ``Experience`` list it returns (each one's ``action_mask`` sum, else its
+  ``response_length``), with sequences, prompt tokens and the longest response. **Training** wraps
+  ``ppo_train(global_steps)`` (the actor's and critic's updates); its ``valid_tokens`` are the response
+  tokens of the samples handed to ``train_step`` (the ones trained on), its ``tokens`` those plus their
+  prompt tokens (``attention_mask`` sum, else ``total_length``).
+* **the asynchronous trainer** (``--train.async_enable``, ``ppo_trainer_async.PPOTrainerAsync``): the
+  generation and the training run at once in two actors of their own, ``GenerateSamplesActor`` and
+  ``TrainingActor``. :func:`instrument` on either reports that actor's phases (generation only, or
+  training only); :func:`instrument_async`, called in ``PPOTrainerAsync.__init__``, attaches both through
+  Ray's ``__ray_call__``, each with a session of its own (``mode="async"``, ``role`` its pool).
 
-The trainer runs inside a Ray actor, so the hook is attached there: subclass the actor class and call
-:func:`instrument` at the end of ``__init__`` (see ``docs/integrations.md``). The iteration is the
-``global_steps`` passed to ``ppo_train``; a generation gets the iteration that follows the last one trained.
-On several nodes, pass ``eerl.ray.RayJob(job_id=...)`` instead of the session (docs/multinode.md).
+The iteration is the ``global_steps`` passed to ``ppo_train`` (a generation takes the one after the last
+one trained; the generator actor counts its own batches). Evaluation (``generate_eval_samples``) is not
+reported. A trainer the hook finds nothing to wrap on gets a :class:`~eerl.integrations.HookWarning` naming
+the OpenRLHF version and what it looked for. On several nodes, pass ``eerl.ray.RayJob(job_id=...)``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from eerl.integrations._common import GuardedPhases, framework_version, logger, warn_setup
 from eerl.integrations._counting import longest_row, rows, total
 from eerl.integrations._source import PhaseSource
 from eerl.integrations._wrapping import Patches
 from eerl.phases import PhaseKind, Workload
 
-_SAMPLE_SOURCES = (
-    ("train_streamer", "make_sample_batch"),
-    ("samples_generator", "generate_samples"),
-    ("experience_maker", "generate_samples"),
+__all__ = ["OpenRlhfHook", "instrument", "instrument_async", "run_name", "samples_workload"]
+
+SYNC = "sync PPOTrainer"
+GENERATOR = "async GenerateSamplesActor (generation only)"
+TRAINER = "async TrainingActor (training only)"
+
+_EXPECTED = (
+    "samples_generator.generate_samples and/or ppo_train (the PPOTrainer actor, or the async trainer's "
+    "GenerateSamplesActor and TrainingActor; for PPOTrainerAsync itself use instrument_async)"
 )
 
 
 class OpenRlhfHook:
-    """The hook on one trainer; :meth:`remove` restores it."""
+    """The hook on one trainer; :meth:`remove` restores it. ``variant`` says which trainer it found."""
 
     def __init__(self, trainer: Any, session: PhaseSource) -> None:
-        self._session = session
+        self._phases = GuardedPhases(session, "OpenRLHF")
         self._patches = Patches()
-        self._last_samples = Workload()
+        self._trained = Workload()
         self._next_iteration: int | None = None
-        for owner_name, method in _SAMPLE_SOURCES:
-            if self._patches.wrap(getattr(trainer, owner_name, None), method, self._generation):
-                break
-        self._patches.wrap(trainer, "ppo_train", self._training)
+        generator = getattr(trainer, "samples_generator", None)
+        self.generation_hooked = self._patches.wrap(generator, "generate_samples", self._generation)
+        self.training_hooked = self._patches.wrap(trainer, "ppo_train", self._training)
+        if self.training_hooked:
+            self._patches.wrap(trainer, "train_step", self._train_step)
+        self.variant = (
+            SYNC
+            if self.generation_hooked and self.training_hooked
+            else GENERATOR
+            if self.generation_hooked
+            else TRAINER
+            if self.training_hooked
+            else ""
+        )
+        if not self.variant:
+            kind = type(trainer).__name__
+            hint = ""
+            if hasattr(trainer, "generator_actor") and hasattr(trainer, "trainer_actor"):
+                hint = " This is PPOTrainerAsync: call eerl.integrations.openrlhf.instrument_async(self)."
+            warn_setup(
+                f"OpenRLHF hook: found nothing to wrap on {kind} (OpenRLHF {framework_version('openrlhf')}); "
+                f"expected {_EXPECTED}. Nothing will be reported.{hint}"
+            )
 
     def remove(self) -> None:
         """Undoes the wrapping."""
         self._patches.undo()
 
     def _generation(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def generate(*args: Any, **kwargs: Any) -> Any:
-            with self._session.phase(PhaseKind.GENERATION, iteration=self._next_iteration) as phase:
+        def generate_samples(*args: Any, **kwargs: Any) -> Any:
+            phase = self._phases.begin(PhaseKind.GENERATION, self._next_iteration)
+            try:
                 output = original(*args, **kwargs)
                 samples = output[0] if isinstance(output, tuple) else output
-                self._last_samples = samples_workload(samples if isinstance(samples, list) else [])
-                phase.report(
-                    tokens=self._last_samples.valid_tokens,
-                    sequences=self._last_samples.sequences,
-                    max_response_tokens=self._last_samples.max_response_tokens,
-                    prompt_tokens=self._last_samples.prompt_tokens,
+                workload = self._phases.count(lambda: samples_workload(samples))
+                self._trained = workload
+                self._phases.report(
+                    phase,
+                    lambda: Workload(
+                        tokens=workload.valid_tokens,
+                        sequences=workload.sequences,
+                        max_response_tokens=workload.max_response_tokens,
+                        prompt_tokens=workload.prompt_tokens,
+                    ),
                 )
-            return output
+                return output
+            finally:
+                self._phases.end(phase)
 
-        return generate
+        return generate_samples
+
+    def _train_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def train_step(rollout_samples: Any, *args: Any, **kwargs: Any) -> Any:
+            self._trained = self._phases.count(lambda: samples_workload(rollout_samples))
+            return original(rollout_samples, *args, **kwargs)
+
+        return train_step
 
     def _training(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def ppo_train(global_steps: int = 0, *args: Any, **kwargs: Any) -> Any:
-            self._next_iteration = int(global_steps) + 1
-            with self._session.phase(PhaseKind.TRAINING, iteration=int(global_steps)) as phase:
-                samples = self._last_samples
-                phase.report(
-                    tokens=samples.tokens,
-                    valid_tokens=samples.valid_tokens,
-                    sequences=samples.sequences,
-                    max_response_tokens=samples.max_response_tokens,
-                    prompt_tokens=samples.prompt_tokens,
-                )
+            iteration = _as_int(global_steps)
+            if iteration is not None:
+                self._next_iteration = iteration + 1
+            phase = self._phases.begin(PhaseKind.TRAINING, iteration)
+            try:
+                self._phases.report(phase, lambda: self._trained)
                 return original(global_steps, *args, **kwargs)
+            finally:
+                self._phases.end(phase)
 
         return ppo_train
 
 
-def samples_workload(samples: list[Any]) -> Workload:
+def samples_workload(samples: Any) -> Workload:
     """The workload of OpenRLHF samples/experiences: response tokens (as valid), all tokens, sequences."""
+    if not isinstance(samples, Sequence) or isinstance(samples, str | bytes):
+        return Workload()
     response_tokens = all_tokens = sequences = longest = 0
     for sample in samples:
         action_mask = getattr(sample, "action_mask", None)
-        info = getattr(sample, "info", None) or {}
+        lengths = getattr(sample, "response_length", None)
+        info = getattr(sample, "info", None)
+        if lengths is None and isinstance(info, Mapping):
+            lengths = info.get("response_length")
         if action_mask is not None:
             responses = total(action_mask)
             count = rows(action_mask)
             longest = max(longest, longest_row(action_mask))
-        elif "response_length" in info:
-            responses = total(info["response_length"])
-            count = rows(info["response_length"])
+        elif lengths is not None:
+            responses = total(lengths)
+            count = rows(lengths)
+            longest = max(longest, _largest(lengths))
         else:
             continue
         response_tokens += responses
         sequences += count
         attention_mask = getattr(sample, "attention_mask", None)
-        all_tokens += total(attention_mask) if attention_mask is not None else responses
+        total_length = getattr(sample, "total_length", None)
+        if attention_mask is not None:
+            all_tokens += total(attention_mask)
+        elif total_length is not None:
+            all_tokens += total(total_length)
+        else:
+            all_tokens += responses
     return Workload(
         tokens=all_tokens,
         valid_tokens=response_tokens,
@@ -114,5 +168,83 @@ def samples_workload(samples: list[Any]) -> Workload:
 
 
 def instrument(trainer: Any, session: PhaseSource) -> OpenRlhfHook:
-    """Reports ``trainer``'s (an OpenRLHF PPO trainer, inside its actor) phases to ``session``."""
+    """Reports ``trainer``'s phases to ``session``: OpenRLHF's ``PPOTrainer``, or the async trainer's
+    ``GenerateSamplesActor`` or ``TrainingActor``, from inside that actor; returns the hook.
+
+    Warns (:class:`~eerl.integrations.HookWarning`) when it finds nothing to wrap; never raises."""
     return OpenRlhfHook(trainer, session)
+
+
+def run_name(trainer: Any) -> str | None:
+    """The run's name for a job id, read so that it never raises: ``args.logger.wandb.run_name``
+    (OpenRLHF 0.10, 0.11: nested namespaces), else ``args.wandb_run_name`` (older flat args), else None."""
+    args = getattr(trainer, "args", None)
+    for path in (("logger", "wandb", "run_name"), ("wandb_run_name",)):
+        value: Any = args
+        for name in path:
+            value = getattr(value, name, None)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def instrument_async(
+    trainer: Any,
+    job_id: str | None = None,
+    *,
+    gpus: Mapping[str, Sequence[int | str]] | None = None,
+    timeout_s: float = 60.0,
+) -> bool:
+    """Attaches the hook inside ``PPOTrainerAsync``'s two actors (call it at the end of its ``__init__``).
+
+    Each actor opens its own session, ``eerl.connect(gpus=gpus[role], job_id=job_id, mode="async",
+    role=role)`` with ``role`` ``"generation"`` (the generator actor: its vLLM engines' GPUs) or
+    ``"training"`` (the training actor: the actor/critic GPUs); ``gpus`` None leaves each session to
+    ``EERL_GPUS``. True when both were attached; on any failure it warns and the job runs on without it.
+    """
+    handles: dict[str, Any] = {
+        "generation": getattr(trainer, "generator_actor", None),
+        "training": getattr(trainer, "trainer_actor", None),
+    }
+    if any(getattr(handle, "__ray_call__", None) is None for handle in handles.values()):
+        warn_setup(
+            f"OpenRLHF hook: {type(trainer).__name__} (OpenRLHF {framework_version('openrlhf')}) has no "
+            "generator_actor and trainer_actor Ray handles with __ray_call__ (ray >= 2.x); expected "
+            "PPOTrainerAsync. Nothing will be reported."
+        )
+        return False
+    try:
+        import ray  # noqa: PLC0415 - Ray is there whenever a PPOTrainerAsync is
+
+        refs = [
+            handle.__ray_call__.remote(_attach, role, job_id, list((gpus or {}).get(role, ())) or None)
+            for role, handle in handles.items()
+        ]
+        attached = ray.get(refs, timeout=timeout_s)
+    except Exception:
+        logger.warning("eerl: OpenRLHF hook: could not attach inside the async actors", exc_info=True)
+        return False
+    return all(attached)
+
+
+def _attach(actor: Any, role: str, job_id: str | None, gpus: list[int | str] | None) -> bool:
+    """Runs inside a Ray actor: opens its session and instruments it (kept on ``actor.eerl_session``)."""
+    import eerl  # noqa: PLC0415 - runs in another process
+
+    session = eerl.connect(gpus=gpus, job_id=job_id, mode="async", role=role)
+    actor.eerl_session = session
+    actor.eerl_hook = instrument(actor, session)
+    return bool(actor.eerl_hook.variant)
+
+
+def _as_int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _largest(lengths: Any) -> int:
+    if hasattr(lengths, "max") and not isinstance(lengths, list | tuple):
+        return int(lengths.max().item() if hasattr(lengths.max(), "item") else lengths.max())
+    return max((int(x) for x in lengths), default=0)

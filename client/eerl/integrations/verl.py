@@ -1,110 +1,205 @@
-"""verl: put a ``RayPPOTrainer``'s rollout and actor update into an eerl session.
+"""verl: put a PPO trainer's rollout and actor update into an eerl session.
 
-verl has no callback API: its ``RayPPOTrainer.fit()`` times the rollout as ``marked_timer("gen", …)`` and
-the policy update as ``marked_timer("update_actor", …)``. This hook wraps the calls inside those two
-blocks on the trainer object (call it after ``trainer.init_workers()`` and before ``trainer.fit()``)::
+Two trainers, both checked against the releases' own source (verl 0.9.1 and 0.8.0; tests/frameworks):
 
-    session = eerl.connect(gpus=[0, 1, 2, 3, 4, 5, 6, 7], job_id="my-ppo-run")
-    eerl.integrations.verl.instrument(trainer, session)
-    trainer.fit()
+* **the v1 trainer** (verl ≥ 0.9, the default: ``trainer.use_v1=true``, ``TaskRunnerV1``;
+  ``verl.trainer.ppo.v1.PPOTrainer`` and its registered modes ``sync``, ``colocate_async``,
+  ``separate_async``). It has callbacks, and the hook uses them: the **generation** phase runs from
+  ``on_sample_begin()`` to ``on_sample_end()`` — the ``marked_timer("gen")`` block around
+  ``replay_buffer.sample(...)``, where the trainer waits for the rollout; its tokens are counted on the
+  ``KVBatchMeta`` that ``sample`` returns (its per-sample ``tags``: ``response_len``, ``prompt_len``;
+  padding samples excluded). **Training** wraps ``_update_actor(batch: KVBatchMeta, metrics)``, counted on
+  the same tags. In ``separate_async`` mode the rollout runs on GPUs of its own, so the trainer's GPUs
+  only train: the hook reports training phases alone (open the session with ``mode="async",
+  role="training"``). Attach it in ``on_init_end`` of a registered trainer (``docs/integrations.md``).
+* **the legacy ``RayPPOTrainer``** (verl 0.8, and 0.9 with ``trainer.use_v1=false``): generation wraps
+  ``async_rollout_manager.generate_sequences`` (or the older ``actor_rollout_wg.generate_sequences``),
+  counted on the ``DataProto`` it returns (``response_mask``, or the response columns of
+  ``attention_mask``); training wraps ``_update_actor(batch: DataProto)`` (or
+  ``actor_rollout_wg.update_actor``). Call :func:`instrument` after ``trainer.init_workers()``.
 
-On several nodes, pass ``eerl.ray.RayJob(job_id=...)`` instead of the session: one clock decision per phase
-for every node of the job (docs/multinode.md).
-
-* **generation** wraps ``trainer.async_rollout_manager.generate_sequences`` (agent-loop / async rollout)
-  and ``trainer.actor_rollout_wg.generate_sequences`` (the older synchronous rollout), whichever the run
-  uses. Tokens are the response tokens generated (``response_mask``, or the response part of
-  ``attention_mask``); prompt tokens, sequences and the longest response go with them.
-* **training** wraps ``trainer._update_actor`` (verl ≥ 0.6) or else
-  ``trainer.actor_rollout_wg.update_actor``. ``valid_tokens`` are the response tokens of the batch
-  trained on (``response_mask`` sum), ``tokens`` all its tokens (``attention_mask`` sum).
-
-The iteration is ``trainer.global_steps``. Rollouts made by ``trainer._validate()`` are not reported.
-The driver process usually sees no GPU (``CUDA_VISIBLE_DEVICES`` is empty there), so name the node's
-GPUs with ``gpus=`` or ``EERL_GPUS``.
+The iteration is ``trainer.global_steps``; validation rollouts are not reported. A trainer the hook finds
+nothing to wrap on gets a :class:`~eerl.integrations.HookWarning` naming the verl version and what it
+looked for. On several nodes, pass ``eerl.ray.RayJob(job_id=...)`` instead of the session
+(docs/multinode.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from eerl.integrations._common import GuardedPhases, framework_version, logger, warn_setup
 from eerl.integrations._counting import longest_row, rows, total
-from eerl.integrations._source import PhaseSource
+from eerl.integrations._source import PhaseLike, PhaseSource
 from eerl.integrations._wrapping import Patches
-from eerl.phases import PhaseKind
+from eerl.phases import PhaseKind, Workload
+
+__all__ = ["VerlHook", "batch_workload", "instrument"]
+
+V1 = "v1"
+V1_SEPARATE = "v1 separate_async (training only)"
+LEGACY = "legacy RayPPOTrainer"
+
+_EXPECTED = (
+    "the v1 trainer's on_sample_begin / replay_buffer.sample / on_sample_end and _update_actor "
+    "(verl >= 0.9, trainer.use_v1=true: attach in on_init_end), or the legacy RayPPOTrainer's "
+    "async_rollout_manager.generate_sequences or actor_rollout_wg.generate_sequences and _update_actor "
+    "(attach after init_workers())"
+)
 
 
 class VerlHook:
-    """The hook on one trainer; :meth:`remove` restores it."""
+    """The hook on one trainer; :meth:`remove` restores it. ``variant`` says which trainer it found."""
 
     def __init__(self, trainer: Any, session: PhaseSource) -> None:
         self._trainer = trainer
-        self._session = session
+        self._phases = GuardedPhases(session, "verl")
         self._patches = Patches()
         self._active = False
         self._validating = False
-        workers = getattr(trainer, "actor_rollout_wg", None)
-        self._patches.wrap(
-            getattr(trainer, "async_rollout_manager", None), "generate_sequences", self._generation
-        )
-        self._patches.wrap(workers, "generate_sequences", self._generation)
-        if not self._patches.wrap(trainer, "_update_actor", self._training):
-            self._patches.wrap(workers, "update_actor", self._training)
+        self._generation: PhaseLike | None = None
+        self.variant = ""
+        self.generation_hooked = False
+        self.training_hooked = False
+        self._attach(trainer)
+
+    def _attach(self, trainer: Any) -> None:
+        version = framework_version("verl")
+        replay_buffer = getattr(trainer, "replay_buffer", None)
+        v1 = all(callable(getattr(trainer, name, None)) for name in ("on_sample_begin", "on_sample_end"))
+        v1 = v1 and callable(getattr(replay_buffer, "sample", None))
+        if v1:
+            separate = str(getattr(trainer, "trainer_mode", "")) == "separate_async"
+            self.variant = V1_SEPARATE if separate else V1
+            if not separate:
+                self.generation_hooked = (
+                    self._patches.wrap(trainer, "on_sample_begin", self._sample_begin)
+                    and self._patches.wrap(replay_buffer, "sample", self._sample)
+                    and self._patches.wrap(trainer, "on_sample_end", self._sample_end)
+                )
+            else:
+                logger.info(
+                    "eerl: verl %s separate_async trainer: the rollout has GPUs of its own; "
+                    "only training phases are reported (open the session with mode='async', role='training')",
+                    version,
+                )
+            self.training_hooked = self._patches.wrap(trainer, "_update_actor", self._training)
+        else:
+            workers = getattr(trainer, "actor_rollout_wg", None)
+            manager = getattr(trainer, "async_rollout_manager", None)
+            self.generation_hooked = self._patches.wrap(
+                manager, "generate_sequences", self._legacy_generation
+            )
+            self.generation_hooked |= self._patches.wrap(
+                workers, "generate_sequences", self._legacy_generation
+            )
+            self.training_hooked = self._patches.wrap(trainer, "_update_actor", self._training) or (
+                self._patches.wrap(workers, "update_actor", self._training)
+            )
+            if self.generation_hooked or self.training_hooked:
+                self.variant = LEGACY
         self._patches.wrap(trainer, "_validate", self._validation)
+        kind = type(trainer).__name__
+        if not (self.generation_hooked or self.training_hooked):
+            self._patches.undo()
+            warn_setup(
+                f"verl hook: found nothing to wrap on {kind} (verl {version}); expected {_EXPECTED}. "
+                "Nothing will be reported."
+            )
+            return
+        missing = [
+            name
+            for name, hooked in (("generation", self.generation_hooked), ("training", self.training_hooked))
+            if not hooked and not (name == "generation" and self.variant == V1_SEPARATE)
+        ]
+        if missing:
+            warn_setup(
+                f"verl hook: on {kind} (verl {version}, {self.variant}) no {' or '.join(missing)} step "
+                f"was found to wrap; expected {_EXPECTED}. Those phases will not be reported."
+            )
 
     def remove(self) -> None:
-        """Undoes the wrapping."""
+        """Ends an open generation phase and undoes the wrapping."""
+        self._end_generation()
         self._patches.undo()
 
     def _iteration(self) -> int | None:
         steps = getattr(self._trainer, "global_steps", None)
-        return int(steps) if steps is not None else None
+        try:
+            return int(steps) if steps is not None else None
+        except (TypeError, ValueError):
+            return None
 
-    def _generation(self, original: Callable[..., Any]) -> Callable[..., Any]:
+    # -- the v1 trainer: on_sample_begin → replay_buffer.sample → on_sample_end ----------------------
+
+    def _sample_begin(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def on_sample_begin(*args: Any, **kwargs: Any) -> Any:
+            if not self._validating and self._generation is None:
+                self._generation = self._phases.begin(PhaseKind.GENERATION, self._iteration())
+            return original(*args, **kwargs)
+
+        return on_sample_begin
+
+    def _sample(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def sample(*args: Any, **kwargs: Any) -> Any:
+            try:
+                result = original(*args, **kwargs)
+            except BaseException:
+                self._end_generation()
+                raise
+            partition = kwargs.get("partition_id", args[1] if len(args) > 1 else "train")
+            if self._generation is not None and partition != "val":
+                batch = result[0] if isinstance(result, tuple) else result
+                self._phases.report(self._generation, lambda: _generation_workload(batch_workload(batch)))
+            return result
+
+        return sample
+
+    def _sample_end(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def on_sample_end(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._end_generation()
+
+        return on_sample_end
+
+    def _end_generation(self) -> None:
+        phase, self._generation = self._generation, None
+        self._phases.end(phase)
+
+    # -- the legacy trainer: generate_sequences ------------------------------------------------------
+
+    def _legacy_generation(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def generate_sequences(*args: Any, **kwargs: Any) -> Any:
             if self._active or self._validating:
                 return original(*args, **kwargs)
             self._active = True
+            phase = self._phases.begin(PhaseKind.GENERATION, self._iteration())
             try:
-                with self._session.phase(PhaseKind.GENERATION, iteration=self._iteration()) as phase:
-                    output = original(*args, **kwargs)
-                    batch = getattr(output, "batch", None)
-                    if batch is not None:
-                        response_mask = _response_mask(batch)
-                        phase.report(
-                            tokens=total(response_mask),
-                            sequences=rows(response_mask),
-                            max_response_tokens=longest_row(response_mask),
-                            prompt_tokens=max(0, total(_get(batch, "attention_mask")) - total(response_mask)),
-                        )
-                    return output
+                output = original(*args, **kwargs)
+                self._phases.report(phase, lambda: _generation_workload(batch_workload(output)))
+                return output
             finally:
+                self._phases.end(phase)
                 self._active = False
 
         return generate_sequences
+
+    # -- both: the actor update ----------------------------------------------------------------------
 
     def _training(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def update_actor(batch: Any, *args: Any, **kwargs: Any) -> Any:
             if self._active:
                 return original(batch, *args, **kwargs)
             self._active = True
+            phase = self._phases.begin(PhaseKind.TRAINING, self._iteration())
             try:
-                with self._session.phase(PhaseKind.TRAINING, iteration=self._iteration()) as phase:
-                    tensors = getattr(batch, "batch", None)
-                    if tensors is not None:
-                        response_mask = _response_mask(tensors)
-                        all_tokens = total(_get(tensors, "attention_mask"))
-                        valid_tokens = total(response_mask)
-                        phase.report(
-                            tokens=all_tokens,
-                            valid_tokens=valid_tokens,
-                            sequences=rows(response_mask),
-                            max_response_tokens=longest_row(response_mask),
-                            prompt_tokens=max(0, all_tokens - valid_tokens),
-                        )
-                    return original(batch, *args, **kwargs)
+                self._phases.report(phase, lambda: batch_workload(batch))
+                return original(batch, *args, **kwargs)
             finally:
+                self._phases.end(phase)
                 self._active = False
 
         return update_actor
@@ -121,8 +216,70 @@ class VerlHook:
 
 
 def instrument(trainer: Any, session: PhaseSource) -> VerlHook:
-    """Reports ``trainer``'s (a verl ``RayPPOTrainer``, after ``init_workers()``) phases to ``session``."""
+    """Reports ``trainer``'s phases to ``session``: a v1 ``PPOTrainer`` (after ``init()``, e.g. in its
+    ``on_init_end``) or a legacy ``RayPPOTrainer`` (after ``init_workers()``); returns the hook.
+
+    Warns (:class:`~eerl.integrations.HookWarning`) when it finds nothing to wrap; never raises."""
     return VerlHook(trainer, session)
+
+
+def batch_workload(batch: Any) -> Workload:
+    """The workload of a verl batch: tokens (prompt + response), valid tokens (response), sequences, the
+    longest response, prompt tokens.
+
+    Takes a v1 ``KVBatchMeta`` (its per-sample ``tags``), a ``DataProto`` (its ``batch`` TensorDict) or a
+    ``TensorDict`` itself; anything else counts as empty.
+    """
+    tags = getattr(batch, "tags", None)
+    if isinstance(tags, list) and hasattr(batch, "keys"):
+        return _tags_workload(tags)
+    tensors = getattr(batch, "batch", None)
+    if tensors is None and callable(getattr(batch, "keys", None)):
+        tensors = batch
+    if tensors is None:
+        return Workload()
+    response_mask = _response_mask(tensors)
+    all_tokens = total(_get(tensors, "attention_mask"))
+    valid_tokens = total(response_mask)
+    return Workload(
+        tokens=all_tokens,
+        valid_tokens=valid_tokens,
+        sequences=rows(response_mask),
+        max_response_tokens=longest_row(response_mask),
+        prompt_tokens=max(0, all_tokens - valid_tokens),
+    )
+
+
+def _generation_workload(workload: Workload) -> Workload:
+    """A generation phase's tokens are the response tokens generated (no valid tokens: nothing trained)."""
+    return Workload(
+        tokens=workload.valid_tokens,
+        sequences=workload.sequences,
+        max_response_tokens=workload.max_response_tokens,
+        prompt_tokens=workload.prompt_tokens,
+    )
+
+
+def _tags_workload(tags: list[Any]) -> Workload:
+    responses = prompts = sequences = longest = 0
+    for tag in tags:
+        if not isinstance(tag, Mapping) or tag.get("is_padding", False):
+            continue
+        response = int(tag.get("response_len", 0) or 0)
+        prompt = int(tag.get("prompt_len", 0) or 0)
+        if "prompt_len" not in tag and "seq_len" in tag:
+            prompt = max(0, int(tag["seq_len"]) - response)
+        responses += response
+        prompts += prompt
+        sequences += 1
+        longest = max(longest, response)
+    return Workload(
+        tokens=responses + prompts,
+        valid_tokens=responses,
+        sequences=sequences,
+        max_response_tokens=longest,
+        prompt_tokens=prompts,
+    )
 
 
 def _get(batch: Any, key: str) -> Any:
