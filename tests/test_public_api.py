@@ -20,9 +20,11 @@ import eerld
 
 PACKAGES = [
     "eerl",
+    "eerl.integrations",
     "eerl.job",
     "eerl.ray",
     "eerld",
+    "eerld.api.podresources",
     "eerld.daemon",
     "eerld.gpu",
     "eerld.gpu.sim",
