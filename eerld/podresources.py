@@ -89,16 +89,16 @@ def owners_by_uuid(
     (``GPU-…::1``), or a GPU index (``deviceIDStrategy=index``). Other resources (MIG slices, NICs) are
     ignored: eerld controls whole GPUs.
     """
-    known = dict(gpus)
-    uuids = set(known.values())
+    by_id: dict[str, str] = {}
+    for index, gpu_uuid in gpus:
+        by_id[str(index)] = by_id[gpu_uuid] = gpu_uuid
     out: dict[str, PodOwner] = {}
     for a in allocations:
         if a.resource_name not in GPU_RESOURCE_NAMES:
             continue
         owner = PodOwner(a.namespace, a.pod, a.container)
         for device_id in a.device_ids:
-            key = device_id.split("::", 1)[0]
-            uuid = key if key in uuids else (known.get(int(key)) if key.isdigit() else None)
+            uuid = by_id.get(device_id.split("::", 1)[0])  # any other id, however odd, is not a GPU of ours
             if uuid is not None:
                 out.setdefault(uuid, owner)
     return out

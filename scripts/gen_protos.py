@@ -54,11 +54,11 @@ def generate(out_root: Path) -> None:
     subprocess.run(kubelet, check=True, cwd=ROOT, env=env)
 
 
-def _outputs(out_root: Path, committed_root: Path) -> list[tuple[Path, Path]]:
-    """(fresh, committed) for every generated file."""
+def _outputs(out_root: Path) -> list[tuple[Path, Path]]:
+    """(fresh under ``out_root``, committed) for every generated file."""
     pairs = [(out_root / PACKAGE_DIR / n, OUT_ROOT / PACKAGE_DIR / n) for n in GENERATED]
     kubelet_dir = KUBELET_PROTO.parent
-    pairs += [(out_root / kubelet_dir / n, committed_root / kubelet_dir / n) for n in KUBELET_GENERATED]
+    pairs += [(out_root / kubelet_dir / n, ROOT / kubelet_dir / n) for n in KUBELET_GENERATED]
     return pairs
 
 
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         generate(Path(tmp))
-        pairs = _outputs(Path(tmp), ROOT)
+        pairs = _outputs(Path(tmp))
         if args.check:
             stale = [
                 str(committed.relative_to(ROOT))

@@ -29,7 +29,7 @@ import socket
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 from eerl.phases import ControllerState, PhaseKind
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -40,6 +40,7 @@ from prometheus_client.core import (
     Metric,
     StateSetMetricFamily,
 )
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 __all__ = [
@@ -329,29 +330,28 @@ def _gpu_label_values(gpu: GpuSample, hostname: str) -> list[str]:
     return [str(gpu.index), gpu.uuid, gpu.pci_bus_id, f"nvidia{gpu.index}", gpu.name, hostname]
 
 
-def _attribution(
+def _job_labels(session: SessionSample, pod: PodSample | None) -> dict[str, str]:
+    """The job labels operators join on, only those known: the session's HPC job and ``pod``'s
+    namespace, pod and container."""
+    labels = {_HPC_JOB: session.hpc_job} if session.hpc_job else {}
+    if pod is not None:
+        for key, value in ((_NAMESPACE, pod.namespace), (_POD, pod.pod), (_CONTAINER, pod.container)):
+            if value:
+                labels[key] = value
+    return labels
+
+
+def _session_pod(
     session: SessionSample, gpus: Mapping[int, GpuSample], pods: Mapping[str, PodSample]
-) -> dict[str, str]:
-    """The job labels operators join on, only those known: the HPC job, and the Kubernetes container of the
-    session's GPUs (of its lowest-index GPU that has one; a session's GPUs are one container's)."""
-    labels: dict[str, str] = {}
-    if session.hpc_job:
-        labels[_HPC_JOB] = session.hpc_job
+) -> PodSample | None:
+    """The Kubernetes container of the session's lowest-index GPU that has one (a session's GPUs are one
+    container's)."""
     for index in sorted(session.gpu_indices):
         gpu = gpus.get(index)
         pod = pods.get(gpu.uuid) if gpu is not None else None
         if pod is not None:
-            labels.update(_pod_labels(pod))
-            break
-    return labels
-
-
-def _pod_labels(pod: PodSample) -> dict[str, str]:
-    return {
-        key: value
-        for key, value in ((_NAMESPACE, pod.namespace), (_POD, pod.pod), (_CONTAINER, pod.container))
-        if value
-    }
+            return pod
+    return None
 
 
 def _tag(family: Metric, start: int, extra: Mapping[str, str]) -> None:
@@ -430,23 +430,18 @@ def _session_families(snapshot: MetricsSnapshot, hostname: str) -> Iterator[Metr
     )
     for session in sessions:
         gpus = ",".join(str(i) for i in session.gpu_indices)
-        extra = _attribution(session, by_index, snapshot.pods)
+        extra = _job_labels(session, _session_pod(session, by_index, snapshot.pods))
         start = len(info.samples)
         info.add_metric([session.job_id, str(session.rank), gpus, hostname], {"mode": session.mode})
         _tag(info, start, extra)
         for index in session.gpu_indices:
             gpu = by_index.get(index)
             if gpu is not None:
-                pod = snapshot.pods.get(gpu.uuid)
-                gpu_extra = {
-                    **({_HPC_JOB: session.hpc_job} if session.hpc_job else {}),
-                    **(_pod_labels(pod) if pod is not None else {}),
-                }
                 start = len(session_gpus.samples)
                 session_gpus.add_metric(
                     [session.job_id, str(session.rank), gpus, *_gpu_label_values(gpu, hostname)], {}
                 )
-                _tag(session_gpus, start, gpu_extra)
+                _tag(session_gpus, start, _job_labels(session, snapshot.pods.get(gpu.uuid)))
         for phase in session.phases:
             labels = [session.job_id, str(session.rank), gpus, phase.kind.value, hostname]
             values: Mapping[str, float | None] = {
@@ -477,6 +472,23 @@ def _session_families(snapshot: MetricsSnapshot, hostname: str) -> Iterator[Metr
     yield state
 
 
+_M = TypeVar("_M", bound=MetricWrapperBase)
+
+
+class _Children(dict[tuple[str, ...], _M], Generic[_M]):
+    """A labelled metric's children by label values, each looked up through ``labels()`` once: that call
+    checks its arguments and takes the metric's lock every time, and the hooks run on the phase-event path.
+    A child appears on first use only, as with ``labels()`` (no zero series before the first event)."""
+
+    def __init__(self, metric: _M) -> None:
+        super().__init__()
+        self._metric = metric
+
+    def __missing__(self, key: tuple[str, ...]) -> _M:
+        child = self[key] = self._metric.labels(*key)  # two threads racing get the same child
+        return child
+
+
 @dataclass
 class EerlMetrics:
     """The registry of one daemon: the scrape-time collector plus the in-process RPC metrics.
@@ -492,55 +504,52 @@ class EerlMetrics:
     def __post_init__(self) -> None:
         local = CollectorRegistry(auto_describe=False)
         self.registry.register(EerlCollector(self.source, hostname=self.hostname, local=local))
-        self._rpcs = Counter(
-            "eerl_rpc_requests",
-            "RPCs handled, by method and gRPC status code.",
-            labelnames=("method", "code"),
-            registry=local,
+
+        def counter(name: str, documentation: str, *labelnames: str) -> _Children[Counter]:
+            return _Children(Counter(name, documentation, labelnames=labelnames, registry=local))
+
+        def histogram(
+            name: str, documentation: str, buckets: tuple[float, ...], *labelnames: str
+        ) -> _Children[Histogram]:
+            return _Children(
+                Histogram(name, documentation, labelnames=labelnames, buckets=buckets, registry=local)
+            )
+
+        self._rpcs = counter(
+            "eerl_rpc_requests", "RPCs handled, by method and gRPC status code.", "method", "code"
         )
-        self._rpc_duration = Histogram(
+        self._rpc_duration = histogram(
             "eerl_rpc_duration_seconds",
             "Time eerld took to handle an RPC, by method.",
-            labelnames=("method",),
-            buckets=_RPC_BUCKETS_S,
-            registry=local,
+            _RPC_BUCKETS_S,
+            "method",
         )
-        self._phase_event_duration = Histogram(
+        self._phase_event_duration = histogram(
             "eerl_phase_event_duration_seconds",
             "Time from receiving a phase event to having applied its decision (begin) or metered it (end).",
-            labelnames=("event",),
-            buckets=_PHASE_EVENT_BUCKETS_S,
-            registry=local,
+            _PHASE_EVENT_BUCKETS_S,
+            "event",
         )
         # Node totals per phase kind: no job label, so closed sessions keep counting and the
         # cardinality stays fixed; rate(energy) / rate(valid tokens) is the node's J per valid token.
-        self._phases = Counter(
-            "eerl_phases", "Phases metered on this node.", labelnames=("phase",), registry=local
+        self._phases = counter("eerl_phases", "Phases metered on this node.", "phase")
+        self._phase_energy = counter(
+            "eerl_phase_energy_joules", "Energy of the phases metered on this node.", "phase"
         )
-        self._phase_energy = Counter(
-            "eerl_phase_energy_joules",
-            "Energy of the phases metered on this node.",
-            labelnames=("phase",),
-            registry=local,
-        )
-        self._phase_valid_tokens = Counter(
+        self._phase_valid_tokens = counter(
             "eerl_phase_valid_tokens",
             "Valid training tokens credited to the phases metered on this node.",
-            labelnames=("phase",),
-            registry=local,
+            "phase",
         )
         # Job mode: every directive's verdict (a bounded set) by phase kind, node-wide like the totals.
-        self._directives = Counter(
+        self._directives = counter(
             "eerl_job_directives",
             "Job-mode phases by the verdict on their directive (anything but accepted ran at the fallback).",
-            labelnames=("verdict", "kind"),
-            registry=local,
+            "verdict",
+            "kind",
         )
-        self._phase_duration = Counter(
-            "eerl_phase_duration_seconds",
-            "Wall time of the phases metered on this node.",
-            labelnames=("phase",),
-            registry=local,
+        self._phase_duration = counter(
+            "eerl_phase_duration_seconds", "Wall time of the phases metered on this node.", "phase"
         )
 
     def observe_rpc(self, method: str, code: str, duration_s: float) -> None:
@@ -549,21 +558,21 @@ class EerlMetrics:
         ``method`` is the short RPC name and ``code`` the gRPC status code's name (``"OK"``,
         ``"INVALID_ARGUMENT"`` …); both are bounded sets, so the label cardinality stays small.
         """
-        self._rpcs.labels(method=method, code=code).inc()
-        self._rpc_duration.labels(method=method).observe(max(duration_s, 0.0))
+        self._rpcs[method, code].inc()
+        self._rpc_duration[(method,)].observe(max(duration_s, 0.0))
 
     def observe_phase_event(self, event: str, duration_s: float) -> None:
         """Record the latency of one phase event: ``event`` is ``"begin"`` or ``"end"``."""
-        self._phase_event_duration.labels(event=event).observe(max(duration_s, 0.0))
+        self._phase_event_duration[(event,)].observe(max(duration_s, 0.0))
 
     def observe_directive(self, verdict: str, kind: PhaseKind) -> None:
         """Count one job-mode BeginPhase by its directive's verdict (``"accepted"``, ``"off_grid"`` …)."""
-        self._directives.labels(verdict=verdict, kind=kind.value).inc()
+        self._directives[verdict, kind.value].inc()
 
     def observe_phase(self, kind: PhaseKind, energy_j: float, valid_tokens: int, duration_s: float) -> None:
         """Add one metered phase to the node's totals (which outlive the session that ran it)."""
-        labels = {"phase": kind.value}
-        self._phases.labels(**labels).inc()
-        self._phase_energy.labels(**labels).inc(max(energy_j, 0.0))
-        self._phase_valid_tokens.labels(**labels).inc(max(valid_tokens, 0))
-        self._phase_duration.labels(**labels).inc(max(duration_s, 0.0))
+        phase = (kind.value,)
+        self._phases[phase].inc()
+        self._phase_energy[phase].inc(max(energy_j, 0.0))
+        self._phase_valid_tokens[phase].inc(max(valid_tokens, 0))
+        self._phase_duration[phase].inc(max(duration_s, 0.0))

@@ -17,17 +17,18 @@ from typing import Any
 import grpc
 import pytest
 from eerl.phases import ExecutionMode, GpuRole, PhaseKind, Workload
+from eerl.v1 import eerl_pb2, eerl_pb2_grpc
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from eerld.api.podresources import LIST_METHOD, KubeletPodResources
 from eerld.api.podresources import api_pb2 as pb
 from eerld.config import load_config
-from eerld.daemon import Daemon
+from eerld.daemon import Daemon, StatusView, Unsubscribe
 from eerld.errors import BackendFailure, ConfigError
 from eerld.gpu.base import ClockEventReasons
 from eerld.grants import GrantSpec
-from eerld.metrics import CLOCK_EVENT_NAMES, DaemonMetricsSource, EerlMetrics
+from eerld.metrics import CLOCK_EVENT_NAMES, DaemonMetricsSource, EerlMetrics, start_metrics_server
 from eerld.podresources import (
     DEFAULT_POD_RESOURCES_SOCKET,
     DeviceAllocation,
@@ -45,8 +46,12 @@ GEN = PhaseKind.GENERATION
 
 def scrape(daemon: Daemon, pods: GpuOwners | None = None) -> Samples:
     text = generate_latest(EerlMetrics(DaemonMetricsSource(daemon, pods=pods), hostname="n1").registry)
+    return parse(text.decode())
+
+
+def parse(text: str) -> Samples:
     out: Samples = {}
-    for family in text_string_to_metric_families(text.decode()):
+    for family in text_string_to_metric_families(text):
         for sample in family.samples:
             out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
     return out
@@ -251,13 +256,16 @@ class TestKubernetes:
         assert all("pod" not in labels for labels, _ in got["eerl_gpu_power_watts"])
 
     def test_index_and_replica_device_ids_resolve_to_uuids(self) -> None:
-        """Device ids may be indices (deviceIDStrategy=index) or carry a time-slicing replica suffix."""
+        """Device ids may be indices (deviceIDStrategy=index) or carry a time-slicing replica suffix; any
+        other id (another node's GPU, a malformed one) is ignored."""
         gpus = [(0, "GPU-a"), (1, "GPU-b"), (2, "GPU-c")]
         allocations = [
             DeviceAllocation("ns", "p1", "c1", "nvidia.com/gpu", ("1",)),
             DeviceAllocation("ns", "p2", "c2", "nvidia.com/gpu.shared", ("GPU-c::3",)),
             DeviceAllocation("ns", "p3", "c3", "nvidia.com/mig-1g.10gb", ("MIG-x",)),
             DeviceAllocation("ns", "p4", "c4", "nvidia.com/gpu", ("GPU-elsewhere",)),
+            # ids no device plugin writes: ignored, never a failed scrape (int() refuses both)
+            DeviceAllocation("ns", "p5", "c5", "nvidia.com/gpu", ("9" * 5000, "\N{SUPERSCRIPT TWO}")),
         ]
         assert owners_by_uuid(allocations, gpus) == {
             "GPU-b": PodOwner("ns", "p1", "c1"),
@@ -356,3 +364,89 @@ class TestWiring:
         (line,) = [x for x in text.splitlines() if x.startswith("eerl_session_gpu_info{")]
         for part in ('namespace="rl"', 'pod="gen-0"', 'container="vllm"', 'hpc_job="99"', f'UUID="{uuid}"'):
             assert part in line
+
+
+# ----------------------------------------------------------------------------------- what a scrape costs
+
+
+@dataclass
+class CountingDaemon:
+    """The daemon as the metrics see it, counting its ``status()`` calls."""
+
+    daemon: Daemon
+    statuses: int = 0
+
+    def status(self) -> StatusView:
+        self.statuses += 1
+        return self.daemon.status()
+
+    def subscribe(self, **observers: Any) -> Unsubscribe:
+        return self.daemon.subscribe(**observers)
+
+
+@dataclass
+class CountingLister:
+    """A kubelet that answers ``allocations``, counting its lists."""
+
+    allocations: tuple[DeviceAllocation, ...]
+    lists: int = 0
+
+    def list_allocations(self, timeout_s: float) -> tuple[DeviceAllocation, ...]:
+        self.lists += 1
+        return self.allocations
+
+    def close(self) -> None:
+        pass
+
+
+class TestScrapeCost:
+    def test_a_scrape_reads_the_daemon_once_and_the_kubelet_once_per_refresh(
+        self, sock_dir: Path, clock: ManualClock
+    ) -> None:
+        """Each scrape of the served ``/metrics`` is one ``status()`` of the daemon, the in-process counters
+        and the ``Hostname`` they get included; the kubelet is listed once per refresh period however many
+        scrapes come; phase events over the worker socket read neither (they are counted in process)."""
+        now = [0.0]
+        with running_daemon(sock_dir, clock=clock, reaper=False) as handle:  # tenancy single
+            uuid = handle.backend.inventory()[0].uuid
+            daemon = CountingDaemon(handle.daemon)
+            lister = CountingLister((DeviceAllocation("rl", "gen-0", "vllm", "nvidia.com/gpu", (uuid,)),))
+            pods = GpuOwners(lister, refresh_s=5.0, clock=lambda: now[0])
+            server = start_metrics_server(daemon, "127.0.0.1:0", hostname="n1", pods=pods)
+            url = f"http://{server.host}:{server.port}/metrics"
+            try:
+                for _ in range(3):
+                    urllib.request.urlopen(url, timeout=10).close()
+                assert (daemon.statuses, lister.lists) == (3, 1)
+                with grpc.insecure_channel(f"unix:{handle.socket_path}") as channel:
+                    stub = eerl_pb2_grpc.PhaseServiceStub(channel)
+                    opened = stub.OpenSession(
+                        eerl_pb2.OpenSessionRequest(
+                            job_id="job-1", rank=0, gpus=[eerl_pb2.GpuRef(index=0)], lease_ttl_s=300
+                        ),
+                        timeout=10,
+                    )
+                    kind = eerl_pb2.PHASE_KIND_GENERATION
+                    stub.BeginPhase(
+                        eerl_pb2.BeginPhaseRequest(session_id=opened.session_id, kind=kind, iteration=1),
+                        timeout=10,
+                    )
+                    workload = eerl_pb2.Workload(tokens=100, valid_tokens=100)
+                    stub.EndPhase(
+                        eerl_pb2.EndPhaseRequest(
+                            session_id=opened.session_id, kind=kind, iteration=1, workload=workload
+                        ),
+                        timeout=10,
+                    )
+                assert (daemon.statuses, lister.lists) == (3, 1)
+                now[0] = 5.0
+                with urllib.request.urlopen(url, timeout=10) as reply:
+                    got = parse(reply.read().decode())
+                assert (daemon.statuses, lister.lists) == (4, 2)
+            finally:
+                server.close()
+        assert got["eerl_phases_total"] == [({"phase": "generation", "Hostname": "n1"}, 1.0)]
+        rpcs = {(labels["method"], labels["Hostname"]) for labels, _ in got["eerl_rpc_requests_total"]}
+        assert {("BeginPhase", "n1"), ("EndPhase", "n1")} <= rpcs
+        ((labels, _),) = got["eerl_session_gpu_info"]
+        assert (labels["UUID"], labels["pod"]) == (uuid, "gen-0")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import grp
+import json
 import os
 import re
 import signal
@@ -37,6 +38,29 @@ def unit_lines() -> list[tuple[str, str]]:
 
 
 MAX_EXPOSURE = 2.5
+SANDBOX_PROBE = """
+import ctypes, errno, json, mmap, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+RW, RWX = mmap.PROT_READ | mmap.PROT_WRITE, mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC
+def attempt(call):
+    try:
+        call()
+    except OSError as e:
+        return errno.errorcode[e.errno]
+    return "ok"
+def mprotect_rwx():
+    page = mmap.mmap(-1, mmap.PAGESIZE, prot=RW)
+    if libc.mprotect(ctypes.addressof(ctypes.c_char.from_buffer(page)), mmap.PAGESIZE, RWX) != 0:
+        raise OSError(ctypes.get_errno(), "mprotect")
+print(json.dumps({
+    "mmap rw": attempt(lambda: mmap.mmap(-1, mmap.PAGESIZE, prot=RW)),
+    "mmap rwx": attempt(lambda: mmap.mmap(-1, mmap.PAGESIZE, prot=RWX)),
+    "mprotect rwx": attempt(mprotect_rwx),
+    "chroot": attempt(lambda: os.chroot("/")),
+}))
+"""
+"""Tries what the unit allows and forbids; prints each outcome (``ok`` or the errno's name) as JSON."""
 
 
 def exposure(unit_text: str) -> float:
@@ -192,6 +216,28 @@ class TestSystemdUnit:
         assert b"daemon_stop" in out
         assert reset.returncode == 0, reset.stderr.decode()[-2000:]
         assert b"PermissionError" in chroot.stderr
+
+    def test_the_sandbox_refuses_what_the_unit_forbids(self) -> None:
+        """The filter test above rests on tests/ops/unit_sandbox.py: under it a mapping made or turned
+        writable and executable (MemoryDenyWriteExecute=yes: mmap, mprotect) is refused with EACCES and
+        chroot (~@privileged) with EPERM, while a writable mapping is not; the same probe without it is
+        refused nothing (root), so each refusal is the sandbox's."""
+        sandbox = [sys.executable, "-m", "tests.ops.unit_sandbox", str(UNIT), "--"]
+        probe = [sys.executable, "-c", SANDBOX_PROBE]
+
+        def outcomes(command: list[str]) -> dict[str, str]:
+            done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+            assert done.returncode == 0, done.stderr[-2000:]
+            found: dict[str, str] = json.loads(done.stdout)
+            return found
+
+        assert outcomes(probe) == dict.fromkeys(("mmap rw", "mmap rwx", "mprotect rwx", "chroot"), "ok")
+        assert outcomes([*sandbox, *probe]) == {
+            "mmap rw": "ok",
+            "mmap rwx": "EACCES",
+            "mprotect rwx": "EACCES",
+            "chroot": "EPERM",
+        }
 
     def test_only_nvidia_devices_are_allowed(self) -> None:
         """DevicePolicy=closed with DeviceAllow entries for the NVIDIA devices only."""

@@ -252,6 +252,7 @@ class TestCdiSidecar:
             "EERL_CDI_SPECS": f"{spec_path} {tmp_path / 'k8s.device-plugin.nvidia.com-gpu.json'}",
             "EERL_GPU_SOCKET_DIR": str(sockets),
             "PYTHONPATH": os.pathsep.join(sys.path),
+            "EERL_CDI_PERIOD_S": "3600",  # the next round is an hour away: only the trap can end it in time
         }
         script = subprocess.Popen(self.sidecar()["command"], env=env, stdout=subprocess.PIPE, text=True)
         try:
@@ -259,10 +260,8 @@ class TestCdiSidecar:
             while f"{sockets}/{gpu0}" not in spec_path.read_text() and time.monotonic() < deadline:
                 time.sleep(0.1)
             patched = load_spec(spec_path.read_text(), "yaml")
-            started = time.monotonic()
             script.send_signal(signal.SIGTERM)
-            stdout, _ = script.communicate(timeout=60)
-            stopped_s = time.monotonic() - started
+            stdout, _ = script.communicate(timeout=60)  # TimeoutExpired: it waited for the next round
         finally:
             if script.poll() is None:
                 script.kill()
@@ -271,7 +270,6 @@ class TestCdiSidecar:
         assert patched == patch_spec(original, str(sockets), uuids={gpu0}).spec
         assert f"{sockets}/{gpu1}" not in str(patched)
         assert (script.returncode, load_spec(spec_path.read_text(), "yaml")) == (0, patched)
-        assert stopped_s < float(self.env()["EERL_CDI_PERIOD_S"])  # no wait for the next round
         assert "patched" in stdout
 
 

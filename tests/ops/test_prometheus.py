@@ -15,12 +15,10 @@ import http.server
 import io
 import json
 import math
-import os
 import re
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -37,12 +35,12 @@ import pytest
 from eerl.v1 import eerl_pb2, eerl_pb2_grpc
 
 from eerld.ctl import main as eerlctl
+from soak.daemon import DaemonProcess
 from tests.ops.conftest import require_tool
 from tests.ops.dashboard import DCGM_FIXTURE, Query, dashboard, interpolate, queries, variables
 
 pytestmark = pytest.mark.prometheus
 
-ROOT = Path(__file__).resolve().parents[2]
 NODE_NAME = "sim-node-1"
 DCGM_CAMEL_CASE_LABELS = ("UUID", "modelName", "Hostname")
 DEADLINE_S = 40.0
@@ -119,21 +117,28 @@ class RunningJob:
         try:
             with grpc.insecure_channel(f"unix:{self.socket_path}") as channel:
                 stub = eerl_pb2_grpc.PhaseServiceStub(channel)
-                opened = stub.OpenSession(
-                    eerl_pb2.OpenSessionRequest(
-                        job_id=RUNNING_JOB,
-                        rank=0,
-                        gpus=[eerl_pb2.GpuRef(index=RUNNING_JOB_GPU)],
-                        mode=eerl_pb2.EXECUTION_MODE_SYNC,
-                        lease_ttl_s=300,
-                    ),
-                    timeout=10,
-                )
+                session_id = open_session(stub, RUNNING_JOB, RUNNING_JOB_GPU)
                 while not self.stop.is_set():
-                    run_iteration(stub, opened.session_id, self.iterations, lambda: self.stop.wait(PHASE_S))
+                    run_iteration(stub, session_id, self.iterations, lambda: self.stop.wait(PHASE_S))
                     self.iterations += 1
         except Exception as e:  # reported by check()
             self.errors.append(e)
+
+
+def open_session(stub: eerl_pb2_grpc.PhaseServiceStub, job_id: str, gpu: int) -> str:
+    """A sync session of rank 0 on ``gpu`` whose lease outlives the module (no heartbeats follow)."""
+    opened = stub.OpenSession(
+        eerl_pb2.OpenSessionRequest(
+            job_id=job_id,
+            rank=0,
+            gpus=[eerl_pb2.GpuRef(index=gpu)],
+            mode=eerl_pb2.EXECUTION_MODE_SYNC,
+            lease_ttl_s=300,
+        ),
+        timeout=10,
+    )
+    session_id: str = opened.session_id
+    return session_id
 
 
 def run_iteration(
@@ -157,12 +162,17 @@ def run_iteration(
 
 @dataclass(frozen=True)
 class SimDaemon:
-    socket_path: Path
-    admin_socket_path: Path
+    eerld: DaemonProcess
     metrics_port: int
-    process: subprocess.Popen[bytes]
-    log: Path
     job: RunningJob
+
+    @property
+    def socket_path(self) -> Path:
+        return self.eerld.socket_path
+
+    @property
+    def admin_socket_path(self) -> Path:
+        return self.eerld.admin_socket_path
 
     def metrics_text(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as reply:
@@ -177,56 +187,28 @@ def admin_ok(daemon: SimDaemon, *argv: str) -> str:
     return out.getvalue()
 
 
-def healthy(daemon: SimDaemon) -> bool:
-    out = io.StringIO()
-    return eerlctl(["--socket", str(daemon.admin_socket_path), "health"], out=out, err=io.StringIO()) == 0
-
-
 @pytest.fixture(scope="module")
-def sim_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimDaemon]:
-    """`eerld --backend sim` with three GPUs: a finished session (job-42, two iterations) on GPU 0, an
-    admin pin on GPU 1 and a running job (job-7) on GPU 2."""
+def sim_daemon() -> Iterator[SimDaemon]:
+    """`eerld --backend sim` with three GPUs (soak's :class:`DaemonProcess`): a finished session (job-42, two
+    iterations) on GPU 0, an admin pin on GPU 1 and a running job (job-7) on GPU 2."""
     directory = Path(tempfile.mkdtemp(prefix="eerl-prom-", dir="/tmp"))
-    log = tmp_path_factory.mktemp("eerld") / "eerld.log"
     port = free_port()
-    args = [
-        sys.executable,
-        "-m",
-        "eerld.main",
-        "--backend=sim",
-        "--sim-gpus=3",
-        f"--sim-state={directory / 'sim-state'}",
-        f"--socket={directory / 'eerld.sock'}",
-        f"--admin-socket={directory / 'admin.sock'}",
-        f"--state-dir={directory / 'state'}",
-        "--tenancy=single",
-        f"--metrics-address=127.0.0.1:{port}",
-        "--controller=fixed",
-        "--fixed-clocks=generation=1200,training=1500",
-        "--log-format=json",
-    ]
-    env = {**os.environ, "NODE_NAME": NODE_NAME, "PYTHONPATH": str(ROOT)}
-    with log.open("wb") as log_file:
-        proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT)
-    job = RunningJob(directory / "eerld.sock")
-    daemon = SimDaemon(directory / "eerld.sock", directory / "admin.sock", port, proc, log, job)
+    # Real time (the pin's 30 min and the sessions' 300 s leases must outlive the module), /metrics on.
+    extra = ["--sim-speedup=1", f"--metrics-address=127.0.0.1:{port}"]
+    eerld = DaemonProcess(directory, gpus=3, extra_args=extra)
+    job = RunningJob(eerld.socket_path)
+    daemon = SimDaemon(eerld, port, job)
     try:
-        wait_for("eerld serving", lambda: healthy(daemon), proc, log)
-        wait_for("eerld /metrics", daemon.metrics_text, proc, log)
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("NODE_NAME", NODE_NAME)  # the Hostname label, as the DaemonSet sets it
+            eerld.start()
+        assert eerld.proc is not None
+        wait_for("eerld /metrics", daemon.metrics_text, eerld.proc, eerld.log_path)
         with grpc.insecure_channel(f"unix:{daemon.socket_path}") as channel:
             stub = eerl_pb2_grpc.PhaseServiceStub(channel)
-            opened = stub.OpenSession(
-                eerl_pb2.OpenSessionRequest(
-                    job_id=FINISHED_JOB,
-                    rank=0,
-                    gpus=[eerl_pb2.GpuRef(index=0)],
-                    mode=eerl_pb2.EXECUTION_MODE_SYNC,
-                    lease_ttl_s=300,  # outlives the module: no heartbeats follow
-                ),
-                timeout=10,
-            )
+            session_id = open_session(stub, FINISHED_JOB, 0)
             for iteration in range(2):
-                run_iteration(stub, opened.session_id, iteration)
+                run_iteration(stub, session_id, iteration)
         admin_ok(
             daemon, "pin", "--gpus", "1", "--sm-mhz", "1005", "--for", "30m", "--reason", "prometheus test"
         )
@@ -234,7 +216,7 @@ def sim_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimDaemon]:
         yield daemon
     finally:
         job.close()
-        stop(proc)
+        eerld.stop()
         shutil.rmtree(directory, ignore_errors=True)
 
 
