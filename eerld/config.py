@@ -24,6 +24,7 @@ from eerl.phases import PhaseKind
 
 from eerld import files
 from eerld.clocks.ratelimit import DEFAULT_MAX_CHANGES_PER_S
+from eerld.daemon.jobmode import DEFAULT_MAX_TRIALS, DEFAULT_TRIAL_WINDOW_S
 from eerld.errors import ConfigError
 from eerld.podresources import DEFAULT_POD_RESOURCES_SOCKET
 from eerld.sim.profiles import builtin_profile
@@ -39,8 +40,8 @@ BACKENDS = ("nvml", "sim")
 LOG_FORMATS = ("json", "console")
 CLOCK_ACTUATORS = ("lock", "application")
 JOB_MODES = ("allow", "deny")
-DEFAULT_JOB_MAX_TRIALS = 64
-DEFAULT_JOB_TRIAL_WINDOW_S = 600.0
+DEFAULT_JOB_MAX_TRIALS = DEFAULT_MAX_TRIALS
+DEFAULT_JOB_TRIAL_WINDOW_S = DEFAULT_TRIAL_WINDOW_S
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,11 @@ SESSION_ID_BYTES = 24
 RECENT_WINDOW = 8
 
 
+def short_id(session_id: str) -> str:
+    """A log-safe prefix of a session token (the full token is a credential)."""
+    return session_id[:8]
+
+
 @dataclass(frozen=True, slots=True)
 class GpuSelector:
     """A GPU named by index or UUID in a request; ``field`` is where it came from (``gpus[1]``)."""

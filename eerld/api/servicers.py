@@ -19,12 +19,11 @@ from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
 from eerld.api import codec
+from eerld.ctl_client import CALLER_METADATA
 from eerld.daemon import Daemon
 from eerld.grants import SHARED_NAME
 
 ATTACH_POLL_S = 0.5
-CALLER_METADATA = "eerl-caller"
-"""The metadata key eerlctl reports its user in (``alice (uid 1000)``); not authenticated."""
 MAX_CALLER_CHARS = 80
 REPORTED = ", as reported by the client"
 

@@ -45,7 +45,7 @@ Notify = Callable[[Sequence[int], str], None]
 
 
 class Admin:
-    """Pins, resets and grants over the state the daemon shares with it."""
+    """Pins, drains, resets and grants over the state the daemon shares with it."""
 
     def __init__(
         self,
@@ -69,7 +69,7 @@ class Admin:
         self._wall = wall_clock
         self._close = close
         self._notify = notify
-        self.drains = DrainStore()
+        self._drains = DrainStore()
 
     # -- pins ---------------------------------------------------------------------------------------
 
@@ -121,7 +121,7 @@ class Admin:
             self._pins.remove_many([p.uuid for p in expired])
             self._arbiter.clear_pins(indices)
             log.info("pins_expired", gpu_indices=indices)
-        drains = self.drains.expire(now_unix)
+        drains = self._drains.expire(now_unix)
         if drains:
             ended = [i for d in drains if (i := self._inventory.index_of(d.uuid)) is not None]
             log.info("drains_expired", gpu_indices=ended)
@@ -235,17 +235,12 @@ class Admin:
         """Close the sessions holding the GPUs and return them to default clocks; remove their pins too
         unless ``keep_pins`` (then a pinned GPU goes back to its pin's clock)."""
         indices = self._inventory.select(selectors)
-        closed: list[str] = []
-        for index in indices:
-            holder = self._sessions.holder(index)
-            if holder is not None and holder.session_id not in closed:
-                self._notify(holder.gpu_indices, f"session closed by admin reset: {reason}")
-                self._close(holder, f"admin reset: {reason}")
-                closed.append(holder.session_id)
+        closed = self._close_holders(
+            indices, f"session closed by admin reset: {reason}", f"admin reset: {reason}"
+        )
         if keep_pins:
             # the sessions are gone: each GPU to its pin, else the default governor (a full reset first)
-            free = [i for i in indices if self._sessions.holder(i) is None]
-            results = self._arbiter.set_session(free, None, None) if free else []
+            results = self._release_free(indices)
         else:
             self._pins.remove_many([self._inventory.uuid(i) for i in indices])
             results = self._arbiter.clear_pins(indices)
@@ -266,7 +261,7 @@ class Admin:
         """Record drains of the GPUs (from now on no session may claim them); return their indices."""
         indices = self._inventory.select(selectors)
         now_unix = self._wall()
-        self.drains.put_many(
+        self._drains.put_many(
             Drain(
                 uuid=self._inventory.uuid(i),
                 reason=reason,
@@ -282,14 +277,9 @@ class Admin:
         """After :meth:`put_drains`: close the sessions holding the GPUs (unless ``keep_sessions``)."""
         closed: list[str] = []
         if not keep_sessions:
-            for index in indices:
-                holder = self._sessions.holder(index)
-                if holder is not None and holder.session_id not in closed:
-                    self._notify(holder.gpu_indices, f"session closed: GPUs drained by an admin: {reason}")
-                    self._close(holder, f"admin drain: {reason}")
-                    closed.append(holder.session_id)
-        free = [i for i in indices if self._sessions.holder(i) is None]
-        clocks = self._arbiter.set_session(free, None, None) if free else []
+            notice = f"session closed: GPUs drained by an admin: {reason}"
+            closed = self._close_holders(indices, notice, f"admin drain: {reason}")
+        clocks = self._release_free(indices)
         log.info(
             "drain",
             gpu_indices=list(indices),
@@ -302,14 +292,14 @@ class Admin:
     def undrain(self, selectors: Sequence[GpuSelector] | None) -> UndrainOutcome:
         """End the drains of the GPUs: they may be claimed again."""
         indices = self._inventory.select(selectors)
-        removed = {d.uuid for d in self.drains.remove_many(self._inventory.uuid(i) for i in indices)}
+        removed = {d.uuid for d in self._drains.remove_many(self._inventory.uuid(i) for i in indices)}
         undrained = tuple(i for i in indices if self._inventory.uuid(i) in removed)
         log.info("undrain", gpu_indices=list(undrained))
         return UndrainOutcome(undrained, tuple(i for i in indices if i not in undrained))
 
     def drain_of(self, index: int) -> Drain | None:
         """The drain in force on the GPU at ``index``, if any."""
-        return self.drains.get(self._inventory.uuid(index), self._wall())
+        return self._drains.get(self._inventory.uuid(index), self._wall())
 
     # -- grants -------------------------------------------------------------------------------------
 
@@ -352,10 +342,24 @@ class Admin:
         for session in sessions:
             self._notify(session.gpu_indices, f"session closed: {reason}")
             self._close(session, reason)
-        indices = sorted({i for g in grants for i in self._access.indices(g)})
-        free = [i for i in indices if self._sessions.holder(i) is None]
-        clocks = self._arbiter.set_session(free, None, None) if free else []
+        clocks = self._release_free(sorted({i for g in grants for i in self._access.indices(g)}))
         return [s.session_id for s in sessions], clocks
+
+    def _close_holders(self, indices: Sequence[int], notice: str, reason: str) -> list[str]:
+        """Tell and close each session holding one of the GPUs (once per session); their ids."""
+        closed: list[str] = []
+        for index in indices:
+            holder = self._sessions.holder(index)
+            if holder is not None and holder.session_id not in closed:
+                self._notify(holder.gpu_indices, notice)
+                self._close(holder, reason)
+                closed.append(holder.session_id)
+        return closed
+
+    def _release_free(self, indices: Sequence[int]) -> list[AppliedClock]:
+        """Return the GPUs no session holds to their pin, else the default governor."""
+        free = [i for i in indices if self._sessions.holder(i) is None]
+        return self._arbiter.set_session(free, None, None) if free else []
 
     def issue_claim_ticket(self, grant: str) -> TicketView:
         """A one-time ticket for the GPUs of ``grant``'s socket, to show on another socket of the job."""

@@ -84,7 +84,7 @@ from eerld.energy import phase_energy, read_counters
 from eerld.errors import Conflict, NotFound, Unavailable, ValidationError
 from eerld.gpu.base import GpuBackend
 from eerld.grants import SHARED_NAME, GrantSpec
-from eerld.sessions import ActivePhase, GpuSelector, Session, SessionRegistry, SessionSpec
+from eerld.sessions import ActivePhase, GpuSelector, Session, SessionRegistry, SessionSpec, short_id
 
 log = structlog.get_logger("eerld.daemon")
 _T = TypeVar("_T")
@@ -325,10 +325,6 @@ class Daemon:
 
     # -- sessions -----------------------------------------------------------------------------------
 
-    def resolve_gpus(self, selectors: Sequence[GpuSelector]) -> tuple[int, ...]:
-        """Indices of the selected GPUs; NotFound naming the field for an unknown GPU."""
-        return self._inventory.resolve(selectors)
-
     def open_session(self, spec: SessionSpec, grant: str = SHARED_NAME) -> OpenedSession:
         """Claim the spec's GPUs exclusively (if ``grant``'s socket may) and start a session.
 
@@ -391,7 +387,7 @@ class Daemon:
         self._arbiter.set_session(indices, session.session_id, None)
         log.info(
             "session_open",
-            session_id=_short(session.session_id),
+            session_id=short_id(session.session_id),
             job_id=spec.job_id,
             rank=spec.rank,
             gpu_indices=list(indices),
@@ -436,7 +432,7 @@ class Daemon:
             attachment = Attachment(session_id)
             self._attachments[session_id] = attachment
         attachment.push(self._wall(), "attached")
-        log.info("session_attached", session_id=_short(session_id))
+        log.info("session_attached", session_id=short_id(session_id))
         return attachment
 
     def detach(self, attachment: Attachment) -> None:
@@ -477,7 +473,7 @@ class Daemon:
         totals = _totals(session)
         log.info(
             "session_close",
-            session_id=_short(session.session_id),
+            session_id=short_id(session.session_id),
             job_id=session.spec.job_id,
             rank=session.spec.rank,
             gpu_indices=list(session.gpu_indices),
@@ -522,18 +518,7 @@ class Daemon:
         if job is not None:
             return self._begin_job_phase(session, job, kind, iteration, directive)
         with session.lock:
-            if session.closed:
-                raise NotFound("session_id: no open session with this id")
-            session.check_begin(kind, iteration)
-            abandoned = session.active
-            if abandoned is not None:
-                log.warning(
-                    "phase_abandoned",
-                    session_id=_short(session.session_id),
-                    kind=abandoned.kind.value,
-                    iteration=abandoned.iteration,
-                    reason="a new phase began before it ended (its EndPhase was lost or refused)",
-                )
+            abandoned = _check_begin(session, kind, iteration)
             now_s = self._clock()
             decision = self._decide(session, kind, iteration, hints, self._phase_clock())
             clocks = self._arbiter.set_session(session.gpu_indices, session.session_id, decision.sm_clock_mhz)
@@ -546,7 +531,7 @@ class Daemon:
         if directive is not None:
             log.info(
                 "job_directive_ignored",
-                session_id=_short(session.session_id),
+                session_id=short_id(session.session_id),
                 job_id=session.spec.job_id,
                 kind=kind.value,
                 iteration=iteration,
@@ -563,18 +548,7 @@ class Daemon:
         directive: ReceivedDirective | None,
     ) -> BeganPhase:
         with session.lock:
-            if session.closed:
-                raise NotFound("session_id: no open session with this id")
-            session.check_begin(kind, iteration)
-            abandoned = session.active
-            if abandoned is not None:
-                log.warning(
-                    "phase_abandoned",
-                    session_id=_short(session.session_id),
-                    kind=abandoned.kind.value,
-                    iteration=abandoned.iteration,
-                    reason="a new phase began before it ended (its EndPhase was lost or refused)",
-                )
+            abandoned = _check_begin(session, kind, iteration)
             now_s = self._clock()
             ruling = self._rule(
                 session, job, kind=kind, iteration=iteration, directive=directive, now_s=now_s
@@ -595,7 +569,7 @@ class Daemon:
             session.renew(now_s)
         log.info(
             "job_directive",
-            session_id=_short(session.session_id),
+            session_id=short_id(session.session_id),
             job_id=session.spec.job_id,
             node_rank=job.spec.node_rank,
             kind=kind.value,
@@ -607,14 +581,16 @@ class Daemon:
             held_sm_clock_mhz=held,
             applied_epoch=ruling.applied_epoch,
         )
-        record = DirectiveRecord(
-            session.spec.job_id, job.spec.node_rank, kind, iteration, ruling.verdict, ruling.sm_clock_mhz
-        )
-        for observer in self._directive_observers:
-            try:
-                observer(record)
-            except Exception:
-                log.exception("directive_observer_error")
+        observers = self._directive_observers
+        if observers:  # metrics on: tell them (nothing to build otherwise)
+            record = DirectiveRecord(
+                session.spec.job_id, job.spec.node_rank, kind, iteration, ruling.verdict, ruling.sm_clock_mhz
+            )
+            for observer in observers:
+                try:
+                    observer(record)
+                except Exception:
+                    log.exception("directive_observer_error")
         return BeganPhase(
             tuple(clocks),
             ruling.state,
@@ -666,13 +642,13 @@ class Daemon:
         try:
             decision = session.controller.decide(kind, iteration, hints, now_s)
         except Exception:
-            log.exception("controller_error", session_id=_short(session.session_id), kind=kind.value)
+            log.exception("controller_error", session_id=short_id(session.session_id), kind=kind.value)
             return Decision(kind, iteration, None, ControllerState.OFF, "controller error: default", now_s)
         supported = session.supported_sm_clocks_mhz
         if decision.sm_clock_mhz is not None and supported and decision.sm_clock_mhz not in supported:
             log.warning(
                 "controller_unsupported_clock",
-                session_id=_short(session.session_id),
+                session_id=short_id(session.session_id),
                 sm_clock_mhz=decision.sm_clock_mhz,
             )
             snapped = nearest_supported_mhz(supported, decision.sm_clock_mhz)
@@ -717,7 +693,7 @@ class Daemon:
         if energy.counter_reset or not energy.complete:
             log.warning(
                 "energy_incomplete",
-                session_id=_short(session_id),
+                session_id=short_id(session_id),
                 counter_reset=energy.counter_reset,
                 complete=energy.complete,
             )
@@ -762,13 +738,13 @@ class Daemon:
         try:
             session.controller.observe(observation, now_s)
         except Exception:
-            log.exception("controller_error", session_id=_short(session.session_id))
+            log.exception("controller_error", session_id=short_id(session.session_id))
 
     def _state_of(self, session: Session, kind: PhaseKind) -> ControllerState:
         try:
             state = session.controller.state_of(kind)
         except Exception:
-            log.exception("controller_error", session_id=_short(session.session_id))
+            log.exception("controller_error", session_id=short_id(session.session_id))
             state = None
         if state is not None:
             return state
@@ -895,6 +871,24 @@ def _totals(session: Session) -> ClosedSession:
     )
 
 
+def _check_begin(session: Session, kind: PhaseKind, iteration: int) -> ActivePhase | None:
+    """Under the session's lock: NotFound for a closed session, the order checks of a BeginPhase; the phase
+    it abandons (one that began and never ended), logged, else None."""
+    if session.closed:
+        raise NotFound("session_id: no open session with this id")
+    session.check_begin(kind, iteration)
+    abandoned = session.active
+    if abandoned is not None:
+        log.warning(
+            "phase_abandoned",
+            session_id=short_id(session.session_id),
+            kind=abandoned.kind.value,
+            iteration=abandoned.iteration,
+            reason="a new phase began before it ended (its EndPhase was lost or refused)",
+        )
+    return abandoned
+
+
 def _held_clock(clocks: Sequence[AppliedClock], wanted: int | None) -> int | None:
     """The lock that holds during the phase: the pin's when pinned, none in dry-run, else the decision's."""
     if any(c.dry_run for c in clocks):
@@ -903,11 +897,6 @@ def _held_clock(clocks: Sequence[AppliedClock], wanted: int | None) -> int | Non
         if c.source is ClockSource.ADMIN_PIN and c.requested_sm_clock_mhz is not None:
             return c.requested_sm_clock_mhz
     return wanted
-
-
-def _short(session_id: str) -> str:
-    """A log-safe prefix of a session token (the full token is a credential)."""
-    return session_id[:8]
 
 
 __all__ = ["DEFAULT_LEASE_TTL_S", "DEFAULT_THROUGHPUT_THRESHOLD", "Attachment", "Daemon"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -50,11 +50,6 @@ class DrainStore:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._drains: dict[str, Drain] = {}
-
-    def all(self) -> Mapping[str, Drain]:
-        """A copy of every drain, by UUID."""
-        with self._lock:
-            return dict(self._drains)
 
     def get(self, uuid: str, now_unix_s: float) -> Drain | None:
         """The drain of one GPU in force at ``now_unix_s``, if any."""

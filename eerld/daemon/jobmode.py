@@ -49,7 +49,8 @@ DEFAULT_MAX_TRIALS = 64
 synchronous session's two kinds), and 22 + 22 in the most restless built-in scenario over 300 iterations."""
 DEFAULT_TRIAL_WINDOW_S = 600.0
 MAX_JOBS_REMEMBERED = 4096
-"""Newest incarnations kept (least recently used dropped first), so that job ids cannot grow memory."""
+"""Newest incarnations kept per worker socket (least recently used dropped first), so that job ids cannot grow
+memory, and the jobs one socket opens never push another socket's out of the book."""
 HISTORY = 512
 """Job-mode decisions kept per session (for GetDecisions)."""
 
@@ -156,32 +157,35 @@ class CommittedClock:
 
 
 class IncarnationBook:
-    """The newest incarnation accepted per job, keyed by (worker socket, job id); thread-safe, bounded.
+    """The newest incarnation accepted per job, keyed by (worker socket, job id); thread-safe, bounded per
+    socket (``capacity`` jobs each).
 
     Keyed by the socket too, so that a user of another grant cannot fence a job by claiming its job id (a
-    job id is only what a client declares; the socket is what the kernel checked).
+    job id is only what a client declares; the socket is what the kernel checked); bounded per socket, so
+    that such a user cannot unfence one either, by opening job after job until the job's entry is dropped.
     """
 
     def __init__(self, capacity: int = MAX_JOBS_REMEMBERED) -> None:
         self._capacity = capacity
-        self._newest: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._newest: dict[str, OrderedDict[str, int]] = {}
         self._lock = threading.Lock()
 
     def newest(self, key: tuple[str, str]) -> int | None:
         """The newest incarnation accepted for the job, None when none was."""
+        socket, job_id = key
         with self._lock:
-            return self._newest.get(key)
+            jobs = self._newest.get(socket)
+            return jobs.get(job_id) if jobs is not None else None
 
     def accept(self, key: tuple[str, str], incarnation: int) -> None:
         """The incarnation of a session that opened, or of an accepted directive: the newest, if newer."""
+        socket, job_id = key
         with self._lock:
-            self._raise(key, incarnation)
-
-    def _raise(self, key: tuple[str, str], incarnation: int) -> None:
-        newest = self._newest.pop(key, None)
-        self._newest[key] = incarnation if newest is None else max(newest, incarnation)
-        while len(self._newest) > self._capacity:
-            self._newest.popitem(last=False)
+            jobs = self._newest.setdefault(socket, OrderedDict())
+            newest = jobs.pop(job_id, None)
+            jobs[job_id] = incarnation if newest is None else max(newest, incarnation)
+            while len(jobs) > self._capacity:
+                jobs.popitem(last=False)
 
 
 @dataclass(slots=True)

@@ -37,7 +37,7 @@ from eerld.daemon.views import (
 from eerld.errors import GpuError, NotFound
 from eerld.gpu.base import ClockEventReasons, GpuBackend, GpuClocks, GpuUtilization
 from eerld.grants import Grant
-from eerld.sessions import Session, SessionRegistry
+from eerld.sessions import Session, SessionRegistry, short_id
 
 log = structlog.get_logger("eerld.daemon")
 _T = TypeVar("_T")
@@ -60,12 +60,12 @@ class StatusReader:
         sessions: SessionRegistry,
         access: Access,
         *,
-        jobs: JobSessions | None = None,
+        jobs: JobSessions,
         controller_name: str,
         clock: Callable[[], float],
         started_s: float,
         timebase: PhaseTimebase,
-        drain_of: Callable[[int], Drain | None] = lambda _index: None,
+        drain_of: Callable[[int], Drain | None],
     ) -> None:
         """``timebase`` turns the phase-clock times of decisions into wall-clock times; ``drain_of`` is
         the drain in force on a GPU (the admin's)."""
@@ -74,7 +74,7 @@ class StatusReader:
         self._arbiter = arbiter
         self._sessions = sessions
         self._access = access
-        self._jobs = jobs if jobs is not None else JobSessions()
+        self._jobs = jobs
         self._controller_name = controller_name
         self._clock = clock
         self._started_s = started_s
@@ -92,7 +92,7 @@ class StatusReader:
         try:
             return tuple((d, None, None) for d in session.controller.decisions())
         except Exception:
-            log.exception("controller_error", session_id=_short(session.session_id))
+            log.exception("controller_error", session_id=short_id(session.session_id))
             return ()
 
     def daemon_info(self) -> DaemonView:
@@ -257,13 +257,8 @@ def _snapshots(session: Session) -> Sequence[PhaseSnapshot]:
     try:
         return session.controller.snapshot()
     except Exception:
-        log.exception("controller_error", session_id=_short(session.session_id))
+        log.exception("controller_error", session_id=short_id(session.session_id))
         return ()
-
-
-def _short(session_id: str) -> str:
-    """A log-safe prefix of a session token (the full token is a credential)."""
-    return session_id[:8]
 
 
 __all__ = ["CLOSED_SESSIONS_KEPT", "DEFAULT_DECISIONS_LIMIT", "VERSION", "StatusReader"]

@@ -532,6 +532,15 @@ class TestPolicy:
         book.accept(("s", "c"), 1)
         assert (book.newest(("s", "a")), book.newest(("s", "b")), book.newest(("s", "c"))) == (5, None, 1)
 
+    def test_the_jobs_of_one_socket_never_push_out_another_sockets(self) -> None:
+        """A user of another grant who opens job after job cannot unfence a job by having it dropped."""
+        book = IncarnationBook(capacity=2)
+        book.accept(("victim", "job-a"), 7)
+        for n in range(100):
+            book.accept(("attacker", f"job-{n}"), 1)
+        assert book.newest(("victim", "job-a")) == 7
+        assert (book.newest(("attacker", "job-0")), book.newest(("attacker", "job-99"))) == (None, 1)
+
     def test_received_directive_of_a_directive(self) -> None:
         d = Directive(2, 3, 4, GEN, None, CONTROL)
         assert ReceivedDirective.of(d) == ReceivedDirective(2, 3, 4, GEN, None, CONTROL)

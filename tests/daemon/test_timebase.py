@@ -56,6 +56,20 @@ class TestPhaseTimebase:
         assert timebase.to_unix_s(50.0) == pytest.approx(1_764_600_000.5)
         assert timebase.to_unix_s(400.0) == pytest.approx(1_764_600_004.0)
 
+    def test_a_repeated_reading_keeps_the_first_and_a_clock_that_went_back_starts_afresh(self) -> None:
+        """A stopped clock's reading keeps the wall clock it was first read at; after a clock that went back,
+        only the readings from then on count (one anchor: the wall clock's rate)."""
+        wall = ManualClock(1_764_600_000.0)
+        phase = [10.0]
+        timebase = PhaseTimebase(lambda: phase[0], wall)
+        wall.advance(1.0)
+        assert timebase.now() == 10.0
+        assert timebase.to_unix_s(10.0) == 1_764_600_000.0
+        phase[0] = 5.0
+        assert timebase.now() == 5.0
+        assert timebase.to_unix_s(5.0) == 1_764_600_001.0
+        assert timebase.to_unix_s(10.0) == 1_764_600_006.0
+
     def test_the_table_stays_bounded_and_spans_the_whole_life(self) -> None:
         """After 10 000 readings at most 64 are kept; the first and the newest still map exactly."""
         wall = ManualClock(1_764_600_000.0)

@@ -80,10 +80,61 @@ def test_the_worker_socket_and_tcp_serve_no_admin_method_before_or_after_admin_c
         open_one = call("PhaseService", "OpenSession", {"jobId": "j", "gpus": [{"index": 1}]})
         session = run_as(worker, [open_one], groups=group)
         pins = [g.pin for g in handle.daemon.gpu_status()]
+        drains = [g.drain for g in handle.daemon.gpu_status()]
         locked = fake.locked()
     assert "UNIMPLEMENTED" not in admin_codes  # the admin really did reach every method
     for outcomes in (before_unix, before_tcp, after_unix, after_tcp):
         assert [o.code for o in outcomes] == ["UNIMPLEMENTED"] * len(ADMIN_METHODS)
     assert session[0].code == "OK"  # the same attacker may use the worker API it is entitled to
     assert pins == [None, None]
+    assert drains == [None, None]
     assert locked == {}
+
+
+JOB_UID = 4242
+"""The user a grant's socket belongs to (no passwd entry is needed to run as a uid)."""
+
+
+def test_no_worker_may_drain_a_gpu_or_end_an_admins_drain(reachable_dir: Path) -> None:
+    """An admin drained GPU 2 of a job's grant (GPUs 1 and 2). A member of the shared socket's group and the
+    job's own user on its grant socket each try to undrain it and to drain the GPUs they may reach: every
+    call is UNIMPLEMENTED, GPU 2 still refuses the job's claim naming the drain, and GPU 1 is still free."""
+    clock = ManualClock()
+    fake = FakeGpuBackend(4, clock=clock)
+    with running_daemon(
+        reachable_dir, backend=fake, clock=clock, reaper=False, tenancy="multi", socket_group=SOCKET_GROUP
+    ) as handle:
+        with grpc.insecure_channel(f"unix:{handle.admin_socket_path}") as channel:
+            admin = pb_grpc.AdminServiceStub(channel)
+            granted = admin.Grant(
+                pb.GrantRequest(name="job", gpus=[pb.GpuRef(index=1), pb.GpuRef(index=2)], uid=JOB_UID),
+                timeout=10,
+            )
+            admin.Drain(pb.DrainRequest(gpus=[pb.GpuRef(index=2)], reason="fan"), timeout=10)
+        undrain_all = call("AdminService", "Undrain", {"all": True}, timeout_s=5.0)
+        drain_all = call("AdminService", "Drain", {"all": True, "reason": "attack"}, timeout_s=5.0)
+        shared = run_as(f"unix:{handle.socket_path}", [undrain_all, drain_all], groups=[socket_group_gid()])
+        own = run_as(
+            f"unix:{granted.grant.socket_path}",
+            [
+                call("AdminService", "Undrain", {"gpus": [{"index": 2}]}, timeout_s=5.0),
+                undrain_all,
+                call("AdminService", "Drain", {"gpus": [{"index": 1}], "reason": "attack"}, timeout_s=5.0),
+                call("PhaseService", "OpenSession", {"jobId": "j", "gpus": [{"index": 2}]}),
+                call("PhaseService", "OpenSession", {"jobId": "j", "gpus": [{"index": 1}]}),
+            ],
+            uid=JOB_UID,
+            gid=JOB_UID,
+        )
+        drains = {g.info.index: g.drain for g in handle.daemon.gpu_status()}
+    assert [o.code for o in shared] == ["UNIMPLEMENTED"] * 2
+    assert [o.code for o in own[:3]] == ["UNIMPLEMENTED"] * 3
+    refused, opened = own[3:]
+    assert refused.code == "FAILED_PRECONDITION"
+    assert "GPU 2 is drained" in refused.details
+    assert "fan" in refused.details
+    assert opened.code == "OK"  # the job still claims the GPU of its grant that no admin drained
+    drain = drains.pop(2)
+    assert drain is not None
+    assert drain.reason == "fan"
+    assert drains == {0: None, 1: None, 3: None}
