@@ -271,7 +271,7 @@ def _cmd_all(args: argparse.Namespace) -> int:
     table = results_markdown(reports) + "\n" + HEADROOM_INTRO + headroom_markdown(rooms)
     print(table)
     if args.markdown is not None:
-        kept = _section_from(args.markdown, MULTINODE_HEADING)
+        _, kept = _split_at_section(args.markdown, MULTINODE_HEADING)  # the section `multinode` writes
         args.markdown.write_text(
             "# eerl-bench results\n\n"
             f"Written by `eerl-bench all --threshold {args.threshold}` (virtual time, simulated GPUs).\n"
@@ -366,21 +366,17 @@ def _cmd_multinode(args: argparse.Namespace) -> int:
 MULTINODE_HEADING = "## Multi-node jobs"
 
 
-def _section_from(path: Path, heading: str) -> str:
-    """The part of a markdown file from ``heading`` on (empty when absent), so that rewriting the rest
-    keeps a section another command writes."""
-    if not path.is_file():
-        return ""
-    text = path.read_text()
+def _split_at_section(path: Path, heading: str) -> tuple[str, str]:
+    """A markdown file cut where the section ``heading`` starts (it runs to the end of the file): what comes
+    before it and the section itself (empty when absent; both empty when there is no file)."""
+    text = path.read_text() if path.is_file() else ""
     index = text.find("\n" + heading + "\n")
-    return "" if index < 0 else text[index:]
+    return (text, "") if index < 0 else (text[:index], text[index:])
 
 
 def _write_section(path: Path, heading: str, section: str) -> None:
     """Replace (or append) the section that starts at ``heading`` and runs to the end of the file."""
-    text = path.read_text() if path.is_file() else ""
-    index = text.find("\n" + heading + "\n")
-    head = text if index < 0 else text[:index]
+    head = _split_at_section(path, heading)[0]
     path.write_text(head.rstrip("\n") + "\n\n" + section)
 
 
@@ -428,16 +424,14 @@ def multinode_row(report: MultinodeReport) -> str:
 def multinode_summary(reports: Sequence[MultinodeReport], threshold: float) -> str:
     """Worst throughput and median capture of each online policy over every run."""
     lines = []
-    oracle = [r.policies["oracle"].savings for r in reports]
     for policy in ("job", "independent"):
-        runs = [r.policies[policy] for r in reports]
-        captures = [f.savings / o if o > 0 else 0.0 for f, o in zip(runs, oracle, strict=True)]
-        throughputs = [f.throughput_ratio for f in runs]
+        captures = [r.capture_of(policy) for r in reports]
+        throughputs = [r.policies[policy].throughput_ratio for r in reports]
         under = sum(t < threshold - 0.01 for t in throughputs)
         lines.append(
             f"{policy}: median capture {statistics.median(captures):.3f} (worst {min(captures):.3f}), "
             f"throughput worst {min(throughputs):.3f} / median {statistics.median(throughputs):.3f}, "
-            f"{under} of {len(runs)} runs under {threshold - 0.01:.2f}"
+            f"{under} of {len(reports)} runs under {threshold - 0.01:.2f}"
         )
     return "\n".join(lines)
 

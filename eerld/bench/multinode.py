@@ -31,15 +31,16 @@ from eerl.directives import DirectiveVerdict
 from eerl.job.controller import JobController, NodeReport
 from eerl.phases import ExecutionMode, PhaseKind, Workload
 
-from eerld.bench.runner import KINDS, RunTotals
+from eerld.bench.runner import KINDS, RunTotals, best_pair
 from eerld.errors import ConfigError
-from eerld.sim.evaluate import clock_grid, clock_index, phase_gpu_totals, sample_iteration
+from eerld.sim.evaluate import clock_grid, clock_index, evaluate_phase, sample_iteration
 from eerld.sim.nodes import (
-    CounterCarry,
     NodeDraws,
     NodePhaseTable,
     NodesOutcome,
     draw_nodes,
+    meter_nodes,
+    node_counters,
     phase_factors,
     price_nodes,
     uniform_job_phase,
@@ -83,8 +84,12 @@ class MultinodeReport:
     @property
     def capture(self) -> float:
         """Job savings over oracle savings (0 when the oracle saves nothing)."""
+        return self.capture_of("job")
+
+    def capture_of(self, policy: str) -> float:
+        """A policy's savings over the oracle's (0 when the oracle saves nothing)."""
         oracle = self.policies["oracle"].savings
-        return self.policies["job"].savings / oracle if oracle > 0 else 0.0
+        return self.policies[policy].savings / oracle if oracle > 0 else 0.0
 
     def to_json(self) -> dict[str, object]:
         """``{"scenario", "nodes", "seed", "policies": {name: figures}}``."""
@@ -151,9 +156,11 @@ class MultinodeRun:
             sample = sample_iteration(self.scenario, i)
             tables = {}
             for kind in KINDS:
-                busy, energy = phase_gpu_totals(self.scenario, sample, kind, requested)
+                priced = evaluate_phase(self.scenario, sample, kind, requested)
                 factors = phase_factors(self.spec, self.draws, seed, i, kind)
-                table = NodePhaseTable(kind, busy, energy, factors, sample.phase(kind).workload)
+                table = NodePhaseTable(
+                    kind, priced.gpu_busy_s, priced.gpu_busy_energy_j, factors, priced.workload
+                )
                 tables[kind] = table
                 duration, job_energy = uniform_job_phase(table, self.idle_w)
                 self.uniform_duration[kind][i] = duration
@@ -191,10 +198,8 @@ class MultinodeRun:
             self.uniform_duration[train],
             self.uniform_energy[train],
         )
-        ok = self.default_totals().wall_s / wall >= threshold
-        index = int(np.argmin(np.where(ok, energy, np.inf)))
-        g, t = divmod(index, energy.shape[1])
-        return (int(g), int(t)), self.fixed_totals((int(g), int(t)))
+        pair = best_pair(energy, wall, self.default_totals().wall_s, threshold)
+        return pair, self.fixed_totals(pair)
 
     # ------------------------------------------------------------------ online policies
 
@@ -209,7 +214,7 @@ class MultinodeRun:
         factory = controller_factory(DEFAULT_CONTROLLER)
         nodes = self.spec.count
         controllers = [factory(self._settings(threshold)) for _ in range(nodes)]
-        meter = CounterCarry(self.draws, self.period_s, self.idle_w)
+        counters = node_counters(self.draws, self.period_s, self.idle_w)
         now_s = energy_total = wall_total = 0.0
         for i in range(self.iterations):
             for kind in KINDS:
@@ -217,7 +222,7 @@ class MultinodeRun:
                 chosen = [c.decide(kind, i, None, now_s).sm_clock_mhz for c in controllers]
                 columns = np.array([self._column(c) for c in chosen], dtype=np.int64)
                 outcome = price_nodes(table, columns, self.idle_w)
-                measured = meter.meter(outcome, now_s)
+                measured = meter_nodes(counters, outcome)
                 now_s += outcome.duration_s
                 for n, controller in enumerate(controllers):
                     controller.observe(
@@ -243,7 +248,7 @@ class MultinodeRun:
         """One job-level controller: the same directive on every node, fed the nodes' reports."""
         nodes = self.spec.count
         job = JobController(self._settings(threshold), nodes)
-        meter = CounterCarry(self.draws, self.period_s, self.idle_w)
+        counters = node_counters(self.draws, self.period_s, self.idle_w)
         now_s = energy_total = wall_total = 0.0
         for i in range(self.iterations):
             iteration_wall = 0.0
@@ -252,7 +257,7 @@ class MultinodeRun:
                 directive = job.plan(kind, i, now_s)
                 columns = np.full(nodes, self._column(directive.sm_clock_mhz), dtype=np.int64)
                 outcome = price_nodes(table, columns, self.idle_w)
-                measured = meter.meter(outcome, now_s)
+                measured = meter_nodes(counters, outcome)
                 now_s += outcome.duration_s
                 reports = _reports(
                     outcome,

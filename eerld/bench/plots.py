@@ -12,6 +12,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import numpy.typing as npt
 from eerl.phases import ControllerState
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from eerld.bench.multinode import MultinodeReport
@@ -127,23 +129,19 @@ def pareto_plot(
         axis.set_ylim(float(e[keep].min()) * 0.98, float(e[keep].max()) * 1.02)
     axis.set_xlabel("throughput (valid tokens / s)")
     axis.set_ylabel("energy per valid token (J)")
-    axis.set_title(title, fontsize=10)
-    axis.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _finish(fig, axis, title, path)
 
 
 def multinode_plot(reports: Sequence[MultinodeReport], *, threshold: float, title: str, path: Path) -> None:
     """Savings against throughput ratio, one point per run and policy (``eerl-bench multinode --plot``)."""
     fig, axis = plt.subplots(figsize=(7, 5))
-    markers = {"oracle": "*", "independent": "x", "job": "o", "job+slack": "^"}
-    for index, policy in enumerate(name for name in markers if any(name in r.policies for r in reports)):
-        runs = [r.policies[policy] for r in reports if policy in r.policies]
+    markers = {"oracle": "*", "independent": "x", "job": "o"}
+    for index, (policy, marker) in enumerate(markers.items()):
+        runs = [r.policies[policy] for r in reports]
         axis.scatter(
             [f.throughput_ratio for f in runs],
             [100.0 * f.savings for f in runs],
-            marker=markers[policy],
+            marker=marker,
             color=f"C{index}",
             s=36,
             label=policy,
@@ -152,6 +150,11 @@ def multinode_plot(reports: Sequence[MultinodeReport], *, threshold: float, titl
     axis.axvline(threshold - 0.01, color="C3", lw=0.8, ls=":", label=f"floor {threshold - 0.01:.2f}")
     axis.set_xlabel("job throughput / default governor's")
     axis.set_ylabel("savings of energy per valid token (%)")
+    _finish(fig, axis, title, path)
+
+
+def _finish(fig: Figure, axis: Axes, title: str, path: Path) -> None:
+    """Title and legend of a one-axis figure; write it as PNG and free it."""
     axis.set_title(title, fontsize=10)
     axis.legend(fontsize=8)
     fig.tight_layout()

@@ -99,6 +99,17 @@ class OnlineRun:
     exploration_phases: int
 
 
+def best_pair(
+    energy_j: FloatArray, wall_s: FloatArray, default_wall_s: float, threshold: float
+) -> tuple[int, int]:
+    """The oracle's choice on a sweep's ``[generation, training]`` tables: the grid columns of the least
+    energy among the pairs whose throughput (the default's wall time over theirs) meets the threshold."""
+    ok = default_wall_s / wall_s >= threshold
+    index = int(np.argmin(np.where(ok, energy_j, np.inf)))
+    g, t = divmod(index, energy_j.shape[1])
+    return int(g), int(t)
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class PriceTable:
     """Every sampled iteration priced at every grid clock, per phase kind (columns: grid clocks).
@@ -181,11 +192,8 @@ class ScenarioRun:
     def oracle(self, threshold: float) -> tuple[tuple[int, int], RunTotals]:
         """The best fixed clock pair meeting the threshold on the whole run (grid indices, totals)."""
         energy, wall = self.sweep()
-        default = self.default_totals()
-        ok = default.wall_s / wall >= threshold
-        index = int(np.argmin(np.where(ok, energy, np.inf)))
-        pair = divmod(index, energy.shape[1])
-        return (int(pair[0]), int(pair[1])), self.totals((int(pair[0]), int(pair[1])))
+        pair = best_pair(energy, wall, self.default_totals().wall_s, threshold)
+        return pair, self.totals(pair)
 
     def run_online(
         self, factory: ControllerFactory, threshold: float, progress: Progress | None = None
@@ -273,11 +281,10 @@ class ScenarioRun:
     @staticmethod
     def _meter(counters: EnergyCounters, outcome: PhaseOutcome) -> float:
         """Run the phase through its pool's counters: the energy two counter reads give, summed over GPUs."""
-        before = counters.read()
-        busy = None if outcome.gpu_busy_s is None else outcome.gpu_busy_s[:, 0]
-        energy = None if outcome.gpu_busy_energy_j is None else outcome.gpu_busy_energy_j[:, 0]
-        counters.advance(float(outcome.duration_s[0]), busy, energy)
-        return float((counters.read() - before).sum())
+        readings = counters.meter(
+            float(outcome.duration_s[0]), outcome.gpu_busy_s[:, 0], outcome.gpu_busy_energy_j[:, 0]
+        )
+        return float(readings.sum())
 
     @staticmethod
     def _observe(

@@ -78,13 +78,28 @@ def clock_grid(profile: GpuProfile) -> ClockGrid:
     return ClockGrid(clocks, volts)
 
 
+@lru_cache(maxsize=16)
+def _grid_positions(profile: GpuProfile) -> Mapping[int, int]:
+    """Each grid clock's index (memoised like the grid), so that a lock's index is one look-up."""
+    return {int(clock): index for index, clock in enumerate(clock_grid(profile).sm_clocks_mhz)}
+
+
 def clock_index(profile: GpuProfile, sm_clock_mhz: int | None) -> int:
     """Grid index of a lock; ``None`` (default governor) is the top clock. InvalidArgument off the grid."""
-    grid = clock_grid(profile)
+    return _position(profile, _grid_positions(profile), sm_clock_mhz)
+
+
+def clock_indices(profile: GpuProfile, sm_clocks_mhz: Sequence[int | None]) -> IntArray:
+    """:func:`clock_index` of every clock (the grid looked up once: pricing asks for every grid clock)."""
+    positions = _grid_positions(profile)
+    return np.array([_position(profile, positions, clock) for clock in sm_clocks_mhz], dtype=np.int64)
+
+
+def _position(profile: GpuProfile, positions: Mapping[int, int], sm_clock_mhz: int | None) -> int:
     if sm_clock_mhz is None:
-        return grid.top
-    index = int(np.searchsorted(grid.sm_clocks_mhz, sm_clock_mhz))
-    if index > grid.top or int(grid.sm_clocks_mhz[index]) != sm_clock_mhz:
+        return len(positions) - 1
+    index = positions.get(sm_clock_mhz)
+    if index is None:
         raise InvalidArgument(f"{sm_clock_mhz} MHz is not a supported SM clock of {profile.name}")
     return index
 
@@ -140,9 +155,9 @@ class PhaseOutcome:
     mean_clock_mhz: FloatArray
     gpus: int
     workload: Workload
-    gpu_busy_s: FloatArray | None = None
+    gpu_busy_s: FloatArray
     """``[gpu, clock]``: each GPU's busy time (it then waits at idle power until the phase ends)."""
-    gpu_busy_energy_j: FloatArray | None = None
+    gpu_busy_energy_j: FloatArray
     """``[gpu, clock]``: each GPU's energy while busy (idle wait excluded)."""
 
 
@@ -247,12 +262,15 @@ def evaluate_phase(
     profile = scenario.gpu
     phase = sample.phase(kind)
     segments = phase.segments
-    requested = np.array([clock_index(profile, c) for c in sm_clocks_mhz], dtype=np.int64)
+    requested = clock_indices(profile, sm_clocks_mhz)
     clocks = tuple(sm_clocks_mhz)
     gpus = segments.gpus
     if segments.count == 0 or len(requested) == 0:
         zeros = np.zeros(len(requested))
-        return PhaseOutcome(kind, clocks, zeros, zeros.copy(), zeros.copy(), gpus, phase.workload)
+        per_gpu = np.zeros((gpus, len(requested)))
+        return PhaseOutcome(
+            kind, clocks, zeros, zeros.copy(), zeros.copy(), gpus, phase.workload, per_gpu, per_gpu.copy()
+        )
 
     totals = _phase_totals(profile, phase, requested)
     if previous_sm_clock_mhz is not None:
@@ -279,24 +297,6 @@ def evaluate_phase(
 
 _Totals = tuple[FloatArray, FloatArray, FloatArray]
 """Per GPU and requested clock: busy seconds, energy (J) and clock × busy seconds (MHz·s)."""
-
-
-def phase_gpu_totals(
-    scenario: Scenario, sample: IterationSample, kind: PhaseKind, sm_clocks_mhz: Sequence[int | None]
-) -> tuple[FloatArray, FloatArray]:
-    """Per GPU of the pool and requested clock: busy seconds and busy energy (J), ``[gpu, clock]``.
-
-    What :func:`evaluate_phase` sums (no idle wait, no clock-switch window); the multi-node model
-    (:mod:`eerld.sim.nodes`) scales these per node.
-    """
-    profile = scenario.gpu
-    phase = sample.phase(kind)
-    requested = np.array([clock_index(profile, c) for c in sm_clocks_mhz], dtype=np.int64)
-    if phase.segments.count == 0 or len(requested) == 0:
-        zeros = np.zeros((phase.segments.gpus, len(requested)))
-        return zeros, zeros.copy()
-    busy, energy, _ = _phase_totals(profile, phase, requested)
-    return busy, energy
 
 
 def _phase_totals(profile: GpuProfile, phase: PhaseSample, requested: IntArray) -> _Totals:

@@ -58,6 +58,13 @@ class EnergyCounters:
         while len(self._recent) > 1 and self._recent[1][0] <= self._now - self._period:
             self._recent.popleft()
 
+    def meter(self, duration_s: float, busy_s: FloatArray, busy_energy_j: FloatArray) -> FloatArray:
+        """Run a phase through the counters (:meth:`advance`): each GPU's reading of it, the difference of
+        a read at its start and one at its end (joules)."""
+        before = self.read()
+        self.advance(duration_s, busy_s, busy_energy_j)
+        return self.read() - before
+
     def read(self) -> FloatArray:
         """Each GPU's counter at :attr:`now_s`: the true energy at its last step (joules)."""
         steps = self._offset + self._period * np.floor((self._now - self._offset) / self._period)

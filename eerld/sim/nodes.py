@@ -11,17 +11,18 @@ numbers across nodes and policies). What differs per node, all drawn from the sc
   σ ``noise_phase_duration`` and ``noise_phase_power``), shared by all the phase's segments.
 
 A phase of the job ends when its slowest node ends; nodes (and GPUs) that finish early wait at idle power.
-The single-node physics prices the segments once per GPU at every grid clock
-(:func:`eerld.sim.evaluate.phase_gpu_totals`); a node's GPU then takes ``busy · k`` seconds and
+The single-node physics prices the segments once per GPU at every grid clock (the per-GPU busy time and
+energy of :func:`eerld.sim.evaluate.evaluate_phase`); a node's GPU then takes ``busy · k`` seconds and
 ``energy · k · p`` joules at that clock (``k`` its duration factor, ``p`` its power factor), so any clock per
 node costs an index, not a re-evaluation. Like the sweep, the model leaves out the 15 ms clock-switch window.
 
-**Metering as the daemon does.** Each GPU has its own energy counter, advancing in steps of
-``energy_counter_period_ms`` (each GPU's steps at its own fixed offset); a node's phase energy is the
-difference of two reads, at the phase's start and at the job's phase end (the node's daemon meters until the
-phase ends, idle wait included), so the job's energy is the sum of the nodes'. The energy of the last partial
-step of one phase is read by the next phase (:class:`CounterCarry`): over a run the readings telescope to the
-true total. A node's reported duration is its own (its slowest GPU's end): what that node's hook sees.
+**Metering as the daemon does.** Each GPU has its own energy counter (:class:`eerld.sim.meter.EnergyCounters`,
+as in the single-node bench), advancing in steps of ``energy_counter_period_ms`` (each GPU's steps at its own
+fixed offset); a node's phase energy is the difference of two reads, at the phase's start and at the job's
+phase end (the node's daemon meters until the phase ends, idle wait included), so the job's energy is the sum
+of the nodes'. The energy of the last partial step of one phase is read by the next phase: over a run the
+readings (:func:`meter_nodes`) telescope to the true total. A node's reported duration is its own (its
+slowest GPU's end): what that node's hook sees.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 from eerl.phases import PhaseKind, Workload
 
+from eerld.sim.meter import EnergyCounters
 from eerld.sim.scenario import NodesSpec
 from eerld.sim.workload import BoolArray, FloatArray, IntArray, iteration_rng
 
@@ -136,31 +138,14 @@ def uniform_job_phase(table: NodePhaseTable, idle_power_w: float) -> tuple[Float
     return duration, energy
 
 
-class CounterCarry:
-    """The nodes' energy counters across consecutive phases of one run (see the module docstring)."""
+def node_counters(draws: NodeDraws, period_s: float, idle_power_w: float) -> EnergyCounters:
+    """The energy counters of every GPU of every node, as one bank (node-major: ``[node * gpu]``)."""
+    return EnergyCounters(draws.counter_offset_s.ravel(), period_s, idle_power_w)
 
-    def __init__(self, draws: NodeDraws, period_s: float, idle_power_w: float) -> None:
-        self._offset = draws.counter_offset_s
-        self._period = period_s
-        self._idle = idle_power_w
-        self._carry = np.zeros_like(draws.counter_offset_s)
 
-    def meter(self, outcome: NodesOutcome, start_s: float) -> FloatArray:
-        """Each node's phase energy as two counter reads would give it (``[node]``), for a phase of the
-        job that starts at ``start_s`` (virtual time) and lasts ``outcome.duration_s``."""
-        end_s = start_s + outcome.duration_s
-        lag = np.mod(end_s - self._offset, self._period)
-        lag = np.minimum(lag, outcome.duration_s)
-        # Energy of [end - lag, end]: busy for what is left of the GPU's busy time in that window.
-        busy_in_lag = np.clip(outcome.busy_s - (outcome.duration_s - lag), 0.0, lag)
-        busy_power = np.divide(
-            outcome.busy_energy_j,
-            outcome.busy_s,
-            out=np.full_like(outcome.busy_s, self._idle),
-            where=outcome.busy_s > 0,
-        )
-        unread = busy_power * busy_in_lag + self._idle * (lag - busy_in_lag)
-        true_gpu = outcome.busy_energy_j + self._idle * (outcome.duration_s - outcome.busy_s)
-        measured = (true_gpu - unread + self._carry).sum(axis=1)
-        self._carry = unread
-        return np.asarray(measured, dtype=np.float64)
+def meter_nodes(counters: EnergyCounters, outcome: NodesOutcome) -> FloatArray:
+    """Run a phase of the job through the counters of :func:`node_counters`: each node's phase energy as its
+    daemon reads it, its GPUs' counter differences summed (``[node]``)."""
+    per_gpu = counters.meter(outcome.duration_s, outcome.busy_s.ravel(), outcome.busy_energy_j.ravel())
+    per_node: FloatArray = per_gpu.reshape(outcome.busy_s.shape).sum(axis=1)
+    return per_node

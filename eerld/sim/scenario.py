@@ -352,7 +352,7 @@ def _parse_workload(source: str, table: Mapping[str, Any]) -> WorkloadSpec:
 
 def _parse_nodes(source: str, raw: Any, gpus: int) -> NodesSpec:
     table = _table(source, "workload.nodes", raw)
-    _reject_unknown(source, "workload.nodes.", table, {*_NODES_RULES, "straggle_factor"})
+    _reject_unknown(source, "workload.nodes.", table, set(nodes_fields()))
     if "count" not in table:
         raise ConfigError(f"{source}: 'workload.nodes.count' is missing")
     values = _scalars(source, "workload.nodes.", table, _NODES_RULES, required=False)
@@ -360,14 +360,21 @@ def _parse_nodes(source: str, raw: Any, gpus: int) -> NodesSpec:
         raise ConfigError(
             f"{source}: 'workload.nodes.gpus' must equal workload.gpus ({gpus}): each node runs the workload"
         )
-    factor = table.get("straggle_factor", [1.15, 1.4])
-    dotted = "workload.nodes.straggle_factor"
-    if not isinstance(factor, list) or len(factor) != 2:
-        raise ConfigError(f"{source}: '{dotted}' must be a list [low, high], not {factor!r}")
-    low, high = (float(_STRAGGLE_FACTOR_RULE.check(source, dotted, value)) for value in factor)
+    if "straggle_factor" in table:  # otherwise NodesSpec's default
+        values["straggle_factor"] = _parse_range(
+            source, "workload.nodes.straggle_factor", table["straggle_factor"], _STRAGGLE_FACTOR_RULE
+        )
+    return NodesSpec(**values)
+
+
+def _parse_range(source: str, dotted: str, raw: Any, rule: _Rule) -> tuple[float, float]:
+    """A ``[low, high]`` pair of numbers, each within ``rule``."""
+    if not isinstance(raw, list) or len(raw) != 2:
+        raise ConfigError(f"{source}: '{dotted}' must be a list [low, high], not {raw!r}")
+    low, high = (float(rule.check(source, dotted, value)) for value in raw)
     if low > high:
-        raise ConfigError(f"{source}: '{dotted}' must be [low, high] with low <= high, got {factor!r}")
-    return NodesSpec(straggle_factor=(low, high), **values)
+        raise ConfigError(f"{source}: '{dotted}' must be [low, high] with low <= high, got {raw!r}")
+    return low, high
 
 
 def _parse_drift(source: str, raw: Any) -> DriftSpec:

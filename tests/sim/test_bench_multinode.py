@@ -82,9 +82,24 @@ class TestCommand:
             assert set(run["policies"]) == set(POLICIES)
             for figures in run["policies"].values():
                 assert set(figures) == {"savings", "throughput_ratio", "energy_per_valid_token_j"}
-        assert plot.stat().st_size > 1000
+        assert plot.read_bytes().startswith(b"\x89PNG")
         printed = capsys.readouterr().out
         assert "median capture" in printed
+
+    def test_markdown_replaces_its_own_section_and_keeps_the_rest(self, tmp_path: Path) -> None:
+        """`--markdown` writes the multi-node section at the end of the file: appended the first time,
+        replaced (not appended again) the next, the part before it untouched."""
+        results = tmp_path / "results.md"
+        results.write_text("# eerl-bench results\n\nthe single-node table\n")
+        command = ["multinode", "--scenario", "multinode-4-h100", "--nodes", "2", "--iterations", "4"]
+        for seeds in ("1", "2"):
+            assert main([*command, "--seeds", seeds, "--markdown", str(results)]) == 0
+        text = results.read_text()
+        head, section = text.split("\n## Multi-node jobs\n")
+        assert head == "# eerl-bench results\n\nthe single-node table\n"
+        assert "--seeds 2" in section
+        assert "--seeds 1" not in section
+        assert "| multinode-4-h100 | 2 | 2 |" in section
 
     def test_a_single_node_scenario_is_refused(self, capsys: pytest.CaptureFixture[str]) -> None:
         assert main(["multinode", "--scenario", "sync-h100", "--iterations", "2"]) == 1

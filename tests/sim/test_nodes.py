@@ -10,11 +10,13 @@ import pytest
 from eerl.phases import PhaseKind
 
 from eerld.errors import ConfigError
-from eerld.sim.evaluate import clock_grid, evaluate_phase, phase_gpu_totals, sample_iteration
+from eerld.sim.evaluate import clock_grid, evaluate_phase, sample_iteration
+from eerld.sim.meter import EnergyCounters
 from eerld.sim.nodes import (
-    CounterCarry,
     NodePhaseTable,
     draw_nodes,
+    meter_nodes,
+    node_counters,
     phase_factors,
     price_nodes,
     uniform_job_phase,
@@ -59,10 +61,10 @@ def table(scenario: Scenario, iteration: int, kind: PhaseKind) -> NodePhaseTable
     assert spec is not None
     sample = sample_iteration(scenario, iteration)
     clocks: list[int | None] = [int(c) for c in clock_grid(scenario.gpu).sm_clocks_mhz]
-    busy, energy = phase_gpu_totals(scenario, sample, kind, clocks)
+    priced = evaluate_phase(scenario, sample, kind, clocks)
     draws = draw_nodes(spec, scenario.workload.seed, 0.1)
     factors = phase_factors(spec, draws, scenario.workload.seed, iteration, kind)
-    return NodePhaseTable(kind, busy, energy, factors, sample.phase(kind).workload)
+    return NodePhaseTable(kind, priced.gpu_busy_s, priced.gpu_busy_energy_j, factors, priced.workload)
 
 
 class TestScenarioTable:
@@ -208,17 +210,33 @@ class TestMetering:
         assert spec is not None
         period = scenario.gpu.energy_counter_period_ms / 1000.0
         idle = scenario.gpu.idle_power_w
-        meter = CounterCarry(draw_nodes(spec, 1, period), period, idle)
-        now = 0.0
+        counters = node_counters(draw_nodes(spec, 1, period), period, idle)
         true_total = measured_total = 0.0
         for i in range(4):
             for kind in (GEN, TRAIN):
                 outcome = price_nodes(table(scenario, i, kind), np.full(4, 60), idle)
-                measured = meter.meter(outcome, now)
-                now += outcome.duration_s
+                measured = meter_nodes(counters, outcome)
                 step = scenario.gpu.power_limit_w * spec.gpus * period
                 assert np.all(np.abs(measured - outcome.energy_j) <= step)
                 true_total += outcome.total_energy_j
                 measured_total += float(measured.sum())
         last_step = scenario.gpu.power_limit_w * spec.gpus * spec.count * period
         assert 0 <= true_total - measured_total <= last_step
+
+    def test_each_node_reads_its_own_gpus_counters(self) -> None:
+        """The job's one bank of counters reads each node as that node's GPUs' own counters would."""
+        scenario = load_scenario("multinode-4-h100")
+        spec = scenario.workload.nodes
+        assert spec is not None
+        period = scenario.gpu.energy_counter_period_ms / 1000.0
+        idle = scenario.gpu.idle_power_w
+        draws = draw_nodes(spec, 1, period)
+        bank = node_counters(draws, period, idle)
+        own = [EnergyCounters(draws.counter_offset_s[n], period, idle) for n in range(spec.count)]
+        for i in range(3):
+            for kind in (GEN, TRAIN):
+                outcome = price_nodes(table(scenario, i, kind), np.array([20, 60, 90, 109]), idle)
+                measured = meter_nodes(bank, outcome)
+                for n, counters in enumerate(own):
+                    alone = counters.meter(outcome.duration_s, outcome.busy_s[n], outcome.busy_energy_j[n])
+                    assert measured[n] == pytest.approx(float(alone.sum()), rel=1e-12)
