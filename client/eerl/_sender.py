@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 import grpc
 
@@ -236,6 +236,29 @@ class _Counters:
     resets: int = 0
     errors: int = 0
 
+    def snapshot(
+        self, *, connected: bool, session_id: str | None, attached: bool, queued: int
+    ) -> ClientStats:
+        """The counters as :class:`ClientStats`, with what only the sender knows."""
+        return ClientStats(
+            connected=connected,
+            session_id=session_id,
+            attached=attached,
+            queued_events=queued,
+            sent_events=self.sent,
+            dropped_events=self.dropped,
+            stale_events=self.stale,
+            failed_events=self.failed,
+            opens=self.opens,
+            connect_failures=self.connect_failures,
+            clamped_values=self.clamped_values,
+            dropped_values=self.dropped_values,
+            invalid_events=self.invalid,
+            resyncs=self.resyncs,
+            resets=self.resets,
+            sender_errors=self.errors,
+        )
+
 
 @dataclass(slots=True)
 class _Link:
@@ -346,26 +369,26 @@ def _release(event: Event) -> None:
         event.done.set()
 
 
-class Sender:
-    """Owns the connection to the daemon; :meth:`submit` is the only method the caller's thread uses."""
+_Reply = TypeVar("_Reply")
 
-    def __init__(self, config: ClientConfig, request: OpenRequest) -> None:
+
+class BackgroundSender(Generic[_Reply]):
+    """What the daemon's :class:`Sender` and the sidecar's (:mod:`eerl.sidecar.client`) share: the
+    caller's side (a bounded :class:`EventQueue`, the counters, the last answers) and the rules that keep
+    the numbers honest on the sender's thread (:meth:`_admit`, :meth:`_checked_workload`, one warning per
+    kind of problem). A subclass runs :meth:`_run` on the thread and says what its session is."""
+
+    _THREAD_NAME = "eerl-sender"
+
+    def __init__(self, config: ClientConfig) -> None:
         self._config = config
-        self._request = request
         self._closing = threading.Event()
         self._connected = threading.Event()
         self._counters = _Counters()
         self._queue = EventQueue(config.queue_size, self._counters)
-        self._link: _Link | None = None
-        self._epochs = itertools.count(1)
-        self._broken_epoch = 0
-        self._attached_epoch = 0
-        self._attach_unimplemented = False
         self._warned: set[str] = set()
-        self._failures_in_a_row = 0
-        self._backoff_s = config.reconnect_initial_s
-        self._answers: dict[tuple[int, bool], eerl_pb2.BeginPhaseResponse | eerl_pb2.EndPhaseResponse] = {}
-        self._thread = threading.Thread(target=self._run, name="eerl-sender", daemon=True)
+        self._answers: dict[tuple[int, bool], _Reply] = {}
+        self._thread = threading.Thread(target=self._run, name=self._THREAD_NAME, daemon=True)
 
     # -- caller side ---------------------------------------------------------------------------------
 
@@ -388,48 +411,148 @@ class Sender:
 
     def stats(self) -> ClientStats:
         """A snapshot of the counters."""
-        link = self._link
-        counters = self._counters
-        return ClientStats(
-            connected=self.connected,
-            session_id=link.session_id if link is not None else None,
-            attached=link is not None and self._attached_epoch == link.epoch,
-            queued_events=len(self._queue),
-            sent_events=counters.sent,
-            dropped_events=counters.dropped,
-            stale_events=counters.stale,
-            failed_events=counters.failed,
-            opens=counters.opens,
-            connect_failures=counters.connect_failures,
-            clamped_values=counters.clamped_values,
-            dropped_values=counters.dropped_values,
-            invalid_events=counters.invalid,
-            resyncs=counters.resyncs,
-            resets=counters.resets,
-            sender_errors=counters.errors,
+        session_id, attached = self._session_view()
+        return self._counters.snapshot(
+            connected=self.connected, session_id=session_id, attached=attached, queued=len(self._queue)
         )
 
     def answer(self, phase_id: int, begin: bool) -> PhaseAnswer | None:
         """The daemon's answer to the begin (or end) of phase ``phase_id``; None if there was none (yet).
 
-        The answers to the last 64 events are kept; they are stored as they came (the sender's thread does
-        no more than a dict insert per event) and converted here.
+        The answers to the last 64 events are kept, as the sender's thread got them (a dict insert per
+        event there), and converted here, on the caller's thread, only when asked for.
         """
         reply = self._answers.get((phase_id, begin))
-        if reply is None:
-            return None
-        if isinstance(reply, eerl_pb2.BeginPhaseResponse):
-            return PhaseAnswer.from_begin(reply)
-        return PhaseAnswer.from_end(reply)
+        return self._answer_from(reply) if reply is not None else None
 
     def close(self) -> None:
-        """Flushes what it can within ``close_timeout_s``, closes the session and stops the thread."""
+        """Flushes what it can within ``close_timeout_s`` and stops the thread."""
         self._closing.set()
         self._queue.wake()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            # Bounded even if an RPC hangs: the thread is a daemon thread, and the Attach stream ends with
-            # the process, which ends the session at the daemon anyway.
+            # Bounded even if a request hangs: the thread is a daemon thread (and the daemon's Attach
+            # stream ends with the process, which ends the session at the daemon anyway).
             self._thread.join(self._config.close_timeout_s + 0.1)
+
+    # -- what a subclass says --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def _session_view(self) -> tuple[str | None, bool]:
+        """The session's id (None: none open) and whether it is bound to an Attach stream."""
+        raise NotImplementedError
+
+    def _answer_from(self, reply: _Reply) -> PhaseAnswer:
+        raise NotImplementedError
+
+    # -- the sender's thread ---------------------------------------------------------------------------
+
+    def _remember(self, phase_id: int, begin: bool, reply: _Reply) -> None:
+        """Keeps an answer for :meth:`answer`; forgets the oldest beyond ``_ANSWERS_KEPT``."""
+        answers = self._answers
+        answers[(phase_id, begin)] = reply
+        if len(answers) > _ANSWERS_KEPT:
+            del answers[next(iter(answers))]
+
+    def _admit(self, event: Event, begun: set[int]) -> int | None:
+        """The iteration to send ``event`` with, or None (counted) if it is not sent: a bad iteration, a
+        begin that waited past ``stale_after_s``, an end whose begin is not in ``begun`` (the begins this
+        session took; an end admitted takes its begin out)."""
+        iteration = check_iteration(event.iteration)
+        if iteration is None:
+            self._counters.invalid += 1
+            if event.begin:  # its end is the same mistake: one word for both
+                self._note(Finding(Problem.BAD_ITERATION, f"iteration={_shown(event.iteration)}"), event)
+            return None
+        if event.begin:
+            if time.monotonic() - event.enqueued_s > self._config.stale_after_s:
+                self._counters.stale += 1
+                return None
+        elif event.phase_id in begun:
+            begun.discard(event.phase_id)
+        else:
+            self._counters.stale += 1
+            return None
+        return iteration
+
+    def _checked_workload(self, event: Event) -> Workload | None:
+        """The event's workload as the daemon accepts it; counts and reports what had to change."""
+        if event.rejected:
+            self._counters.dropped_values += event.rejected
+            self._note(Finding(Problem.NOT_A_NUMBER, event.rejected_what), event)
+        if event.workload is None:
+            return None
+        checked = check_workload(event.workload)
+        if checked.findings:
+            self._counters.clamped_values += checked.clamped
+            self._counters.dropped_values += checked.dropped
+            for finding in checked.findings:
+                self._note(finding, event)
+        return checked.workload
+
+    def _note(self, finding: Finding, event: Event) -> None:
+        """One warning per kind of problem for the whole session; debug after that."""
+        kind = event.kind.value if event.kind is not None else "?"
+        where = f"a {kind} phase" if finding.problem is Problem.BAD_ITERATION else f"the {kind} phase of "
+        if finding.problem is not Problem.BAD_ITERATION:
+            where += f"iteration {event.iteration}"
+        key = f"value:{finding.problem.name}"
+        if key in self._warned:
+            logger.debug("eerl: %s in %s: %s", finding.what, where, finding.problem.value)
+            return
+        self._warned.add(key)
+        logger.warning(
+            "eerl: %s in %s: %s (eerl warns once per kind of problem; ClientStats counts them)",
+            finding.what,
+            where,
+            finding.problem.value,
+        )
+
+    def _on_bug(self) -> None:
+        """An unexpected error while sending cost one event: counted, warned once (with the trace)."""
+        self._counters.errors += 1
+        if "bug" in self._warned:
+            logger.debug("eerl: an unexpected error while sending a phase event", exc_info=True)
+            return
+        self._warned.add("bug")
+        logger.warning(
+            "eerl: an unexpected error while sending a phase event; the event is dropped and eerl "
+            "carries on (later ones: debug log)",
+            exc_info=True,
+        )
+
+    def _warn_once(self, message: str, key: str = "connection") -> None:
+        """Logs ``message`` as a warning the first time for ``key``, as debug after."""
+        if key in self._warned:
+            logger.debug("eerl: %s", message)
+            return
+        self._warned.add(key)
+        logger.warning("eerl: %s", message)
+
+
+class Sender(BackgroundSender[eerl_pb2.BeginPhaseResponse | eerl_pb2.EndPhaseResponse]):
+    """Owns the connection to the daemon; :meth:`submit` is the only method the caller's thread uses."""
+
+    def __init__(self, config: ClientConfig, request: OpenRequest) -> None:
+        super().__init__(config)
+        self._request = request
+        self._link: _Link | None = None
+        self._epochs = itertools.count(1)
+        self._broken_epoch = 0
+        self._attached_epoch = 0
+        self._attach_unimplemented = False
+        self._failures_in_a_row = 0
+        self._backoff_s = config.reconnect_initial_s
+
+    def _session_view(self) -> tuple[str | None, bool]:
+        link = self._link
+        return (link.session_id, self._attached_epoch == link.epoch) if link is not None else (None, False)
+
+    def _answer_from(self, reply: eerl_pb2.BeginPhaseResponse | eerl_pb2.EndPhaseResponse) -> PhaseAnswer:
+        if isinstance(reply, eerl_pb2.BeginPhaseResponse):
+            return PhaseAnswer.from_begin(reply)
+        return PhaseAnswer.from_end(reply)
 
     # -- the background thread -----------------------------------------------------------------------
 
@@ -504,14 +627,6 @@ class Sender:
         self._counters.stale += self._queue.discard(
             lambda event: event.kind is not None and now_s - event.enqueued_s > stale_after_s
         )
-
-    def _warn_once(self, message: str, key: str = "connection") -> None:
-        """Logs ``message`` as a warning the first time for ``key``, as debug after."""
-        if key in self._warned:
-            logger.debug("eerl: %s", message)
-            return
-        self._warned.add(key)
-        logger.warning("eerl: %s", message)
 
     # -- session life ----------------------------------------------------------------------------------
 
@@ -715,16 +830,7 @@ class Sender:
         try:
             self._send(link, event, timeout_s)
         except Exception:
-            self._counters.errors += 1
-            if "bug" in self._warned:
-                logger.debug("eerl: an unexpected error while sending a phase event", exc_info=True)
-            else:
-                self._warned.add("bug")
-                logger.warning(
-                    "eerl: an unexpected error while sending a phase event; the event is dropped and eerl "
-                    "carries on (later ones: debug log)",
-                    exc_info=True,
-                )
+            self._on_bug()
         finally:
             if event.done is not None:
                 event.done.set()
@@ -733,21 +839,9 @@ class Sender:
         kind = event.kind
         if kind is None:
             return
-        iteration = check_iteration(event.iteration)
+        iteration = self._admit(event, link.open_phases)
         if iteration is None:
-            self._counters.invalid += 1
-            if event.begin:  # its end is the same mistake: one word for both
-                self._note(Finding(Problem.BAD_ITERATION, f"iteration={_shown(event.iteration)}"), event)
             return
-        if event.begin:
-            if time.monotonic() - event.enqueued_s > self._config.stale_after_s:
-                self._counters.stale += 1
-                return
-        else:
-            if event.phase_id not in link.open_phases:
-                self._counters.stale += 1
-                return
-            link.open_phases.discard(event.phase_id)
         workload = self._checked(event)
         session_id, kind_pb = link.session_id, KIND_TO_PB[kind]
         try:
@@ -780,53 +874,17 @@ class Sender:
         self._counters.sent += 1
         self._failures_in_a_row = 0
 
-    def _remember(
-        self, phase_id: int, begin: bool, reply: eerl_pb2.BeginPhaseResponse | eerl_pb2.EndPhaseResponse
-    ) -> None:
-        """Keeps the daemon's answer for :meth:`answer`; forgets the oldest beyond ``_ANSWERS_KEPT``."""
-        answers = self._answers
-        answers[(phase_id, begin)] = reply
-        if len(answers) > _ANSWERS_KEPT:
-            del answers[next(iter(answers))]
-
     def _checked(self, event: Event) -> eerl_pb2.Workload | None:
-        """The event's workload as the daemon accepts it; counts and reports what had to change."""
-        if event.rejected:
-            self._counters.dropped_values += event.rejected
-            self._note(Finding(Problem.NOT_A_NUMBER, event.rejected_what), event)
-        if event.workload is None:
+        """The event's workload as the daemon accepts it, on the wire."""
+        workload = self._checked_workload(event)
+        if workload is None:
             return None
-        checked = check_workload(event.workload)
-        if checked.findings:
-            self._counters.clamped_values += checked.clamped
-            self._counters.dropped_values += checked.dropped
-            for finding in checked.findings:
-                self._note(finding, event)
-        workload = checked.workload
         return eerl_pb2.Workload(
             tokens=workload.tokens,
             valid_tokens=workload.valid_tokens,
             sequences=workload.sequences,
             max_response_tokens=workload.max_response_tokens,
             prompt_tokens=workload.prompt_tokens,
-        )
-
-    def _note(self, finding: Finding, event: Event) -> None:
-        """One warning per kind of problem for the whole session; debug after that."""
-        kind = event.kind.value if event.kind is not None else "?"
-        where = f"a {kind} phase" if finding.problem is Problem.BAD_ITERATION else f"the {kind} phase of "
-        if finding.problem is not Problem.BAD_ITERATION:
-            where += f"iteration {event.iteration}"
-        key = f"value:{finding.problem.name}"
-        if key in self._warned:
-            logger.debug("eerl: %s in %s: %s", finding.what, where, finding.problem.value)
-            return
-        self._warned.add(key)
-        logger.warning(
-            "eerl: %s in %s: %s (eerl warns once per kind of problem; ClientStats counts them)",
-            finding.what,
-            where,
-            finding.problem.value,
         )
 
     def _on_rpc_error(self, link: _Link, error: grpc.RpcError, rpc: str) -> None:

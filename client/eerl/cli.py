@@ -24,10 +24,11 @@ from typing import Any
 
 from eerl.errors import ConfigError
 from eerl.sidecar._address import DEFAULT_URL, parse_address
+from eerl.sidecar._api import WORKLOAD_FIELDS
 from eerl.sidecar.client import SidecarHttp, SidecarUnreachable
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
-_COUNTS = ("tokens", "valid_tokens", "sequences", "max_response_tokens", "prompt_tokens")
+_COUNTS = tuple(name for name, _ in WORKLOAD_FIELDS)
 
 
 def build_parser() -> argparse.ArgumentParser:

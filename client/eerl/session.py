@@ -24,7 +24,8 @@ from types import TracebackType
 from typing import ParamSpec, TypeVar
 
 from eerl._pb_enums import MODE_TO_PB, ROLE_TO_PB
-from eerl._sender import ClientStats, Event, EventSink, OpenRequest, PhaseAnswer, Sender
+from eerl._sender import ClientStats, Event, EventSink, OpenRequest, PhaseAnswer, Sender, _Counters
+from eerl._tally import WorkloadTally
 from eerl._validate import MAX_ITERATION, to_count
 from eerl._version import __version__
 from eerl.config import ClientConfig
@@ -40,28 +41,10 @@ _R = TypeVar("_R")
 IterationSpec = int | Callable[..., int] | None
 """An explicit iteration, a callable that returns one, or None for the session's own counter."""
 
-_DISABLED_STATS = ClientStats(
-    connected=False,
-    session_id=None,
-    attached=False,
-    queued_events=0,
-    sent_events=0,
-    dropped_events=0,
-    stale_events=0,
-    failed_events=0,
-    opens=0,
-    connect_failures=0,
-    clamped_values=0,
-    dropped_values=0,
-    invalid_events=0,
-    resyncs=0,
-    resets=0,
-    sender_errors=0,
-)
-_FIELDS = ("tokens", "valid_tokens", "sequences", "max_response_tokens", "prompt_tokens")
+_DISABLED_STATS = _Counters().snapshot(connected=False, session_id=None, attached=False, queued=0)
 
 
-class Phase:
+class Phase(WorkloadTally):
     """One phase of one iteration: a context manager, or a decorator when applied to a function.
 
     ``with session.phase("generation", iteration=i) as p: ... p.report(tokens=n)``. Reports add up, so a
@@ -73,15 +56,8 @@ class Phase:
         "_iteration",
         "_iteration_spec",
         "_kind",
-        "_max_response_tokens",
         "_phase_id",
-        "_prompt_tokens",
-        "_rejected",
-        "_rejected_what",
-        "_sequences",
         "_session",
-        "_tokens",
-        "_valid_tokens",
         "_wait_for_clock_s",
         "hints",
     )
@@ -101,13 +77,7 @@ class Phase:
         self._phase_id = 0
         self.hints = hints
         self._wait_for_clock_s = wait_for_clock_s
-        self._tokens = 0
-        self._valid_tokens = 0
-        self._sequences = 0
-        self._max_response_tokens = 0
-        self._prompt_tokens = 0
-        self._rejected = 0
-        self._rejected_what = ""
+        super().__init__()
 
     @property
     def kind(self) -> PhaseKind:
@@ -118,59 +88,6 @@ class Phase:
     def iteration(self) -> int:
         """The iteration of this phase (-1 before it began)."""
         return self._iteration
-
-    def report(
-        self,
-        tokens: int = 0,
-        valid_tokens: int = 0,
-        sequences: int = 0,
-        max_response_tokens: int = 0,
-        prompt_tokens: int = 0,
-    ) -> None:
-        """Adds to the phase's workload (``max_response_tokens`` keeps the largest value reported).
-
-        Never raises. A value that is not a whole number (a NumPy or PyTorch integer scalar and an
-        integral float are) is dropped; the totals are checked against the daemon's limits when the phase
-        ends, and a bad one is clamped or dropped with one warning per kind (see ``docs/client.md``).
-        """
-        if (
-            type(tokens) is int
-            and type(valid_tokens) is int
-            and type(sequences) is int
-            and type(max_response_tokens) is int
-            and type(prompt_tokens) is int
-        ):
-            self._tokens += tokens
-            self._valid_tokens += valid_tokens
-            self._sequences += sequences
-            self._max_response_tokens = max(self._max_response_tokens, max_response_tokens)
-            self._prompt_tokens += prompt_tokens
-            return
-        self._report_numbers(tokens, valid_tokens, sequences, max_response_tokens, prompt_tokens)
-
-    def _report_numbers(self, *values: object) -> None:
-        """The slow path of :meth:`report`: values that are not plain ints, converted or dropped."""
-        counts: list[int] = []
-        for name, value in zip(_FIELDS, values, strict=True):
-            count = to_count(value)
-            if count is None:
-                self._rejected += 1
-                if not self._rejected_what:
-                    self._rejected_what = f"{name} of type {type(value).__name__}"
-                count = 0
-            counts.append(count)
-        self.report(*counts)
-
-    @property
-    def workload(self) -> Workload:
-        """The workload reported so far."""
-        return Workload(
-            tokens=self._tokens,
-            valid_tokens=self._valid_tokens,
-            sequences=self._sequences,
-            max_response_tokens=self._max_response_tokens,
-            prompt_tokens=self._prompt_tokens,
-        )
 
     def __enter__(self) -> Phase:
         spec = self._iteration_spec

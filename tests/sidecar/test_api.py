@@ -6,7 +6,6 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -136,12 +135,14 @@ class TestRefusals:
         host, port = api_sidecar.url.removeprefix("http://").rsplit(":", 1)
         idle = [socket.create_connection((host, int(port)), timeout=5) for _ in range(3)]
         try:
-            time.sleep(0.2)  # the sidecar has accepted them: its three threads wait for requests
-            started_s = time.monotonic()
-            code, reply = api_sidecar.request("GET", "/healthz")
+            # Once the sidecar has accepted the three (its threads wait IDLE_TIMEOUT_S for a request), a
+            # fourth gets its 503 while they are still held: it never waits for a slot.
+            code, reply = wait_until(
+                "all three connections accepted",
+                lambda: (answer := api_sidecar.request("GET", "/healthz"))[0] == 503 and answer,
+            )
             assert code == 503
             assert reply["error"].startswith("connections:")
-            assert time.monotonic() - started_s < 1.0
         finally:
             for connection in idle:
                 connection.close()

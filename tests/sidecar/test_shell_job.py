@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -117,10 +116,7 @@ class TestShellJob:
         )
         assert eerld_sim.locks() == [GENERATION_MHZ, GENERATION_MHZ]
         sidecar.kill()  # SIGKILL: no goodbye, only the Attach stream ends
-        killed_s = time.monotonic()
         wait_until("the GPUs back at default", lambda: eerld_sim.locks() == [None, None], RESET_WITHIN_S)
-        reset_s = time.monotonic() - killed_s
-        assert reset_s < RESET_WITHIN_S
         assert eerld_sim.session_of("kill-job") is None
         hold.touch()
         out, _ = job.communicate(timeout=60)
@@ -130,7 +126,6 @@ class TestShellJob:
         assert len(calls) == 12
         assert [c.code for c in calls[:5]] == [200] * 5  # up to the begin of generation 1
         assert [c.code for c in calls[5:]] == [0] * 7  # no sidecar: curl's 000, and on it goes
-        assert all(c.seconds < 1.5 for c in calls)  # a sidecar that is gone costs at most the timeout
 
     def test_with_the_daemon_absent_every_call_answers_at_once_and_the_job_ends(
         self, start_sidecar: Callable[..., SidecarProcess], sock_dir: Path
@@ -144,18 +139,18 @@ class TestShellJob:
             "127.0.0.1:0",
             "--socket",
             str(sock_dir / "no-eerld.sock"),
+            # Far beyond job.sh's curl --max-time 1: a call that waited for the daemon would come back
+            # as curl's 000, so 20 answers of 200 say that none waited.
+            "--answer-timeout-s",
+            "30",
         )
-        started_s = time.monotonic()
         calls, finished, code = run_job(sidecar.url, env={"ITERATIONS": "5", "WORK_S": "0"})
-        elapsed_s = time.monotonic() - started_s
         assert code == 0
         assert finished
         assert [c.code for c in calls] == [200] * 20
         assert all(c.answer["connected"] is False for c in calls)
         assert all(c.answer["clock"] == "unknown" for c in calls)
         assert all(c.answer["metered"] is False for c in calls if c.edge == "end")
-        assert max(c.seconds for c in calls) < 0.3, [c.seconds for c in calls]
-        assert elapsed_s < 10
         status = sidecar.status()
         assert status["connected"] is False
         assert status["open_phases"] == []
@@ -211,14 +206,12 @@ class TestPhaseCli:
 
     def test_without_a_sidecar_it_exits_0_at_once_unless_strict(self, sock_dir: Path) -> None:
         nowhere = {"EERL_SIDECAR": f"unix:{sock_dir / 'none.sock'}"}
-        started_s = time.monotonic()
         quiet = self.cli("phase", "begin", "generation", "-i", "1")  # the default address: not deployed
         loose = self.cli("phase", "begin", "generation", "-i", "1", env=nowhere)
         strict = self.cli("phase", "begin", "generation", "-i", "1", "--strict", env=nowhere)
         assert (quiet.returncode, loose.returncode, strict.returncode) == (0, 0, 1)
         assert quiet.stderr == ""
         assert "cannot reach the sidecar" in loose.stderr
-        assert time.monotonic() - started_s < 30
         disabled = self.cli("phase", "begin", "generation", "--strict", env={**nowhere, "EERL_DISABLE": "1"})
         assert disabled.returncode == 0
         assert disabled.stderr == ""

@@ -17,7 +17,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from types import TracebackType
 
+from eerl._tally import WorkloadTally
 from eerl._validate import to_count
+from eerl.directives import Directive
 from eerl.errors import ConfigError
 from eerl.phases import PhaseKind, Workload
 
@@ -27,14 +29,17 @@ logger = logging.getLogger("eerl")
 
 Clock = Callable[[], float]
 
+_DIRECTIVES_KEPT = 64
+"""Directives remembered for :meth:`JobRunner.directive` (the oldest half is forgotten beyond this)."""
 
-class JobPhase:
+
+class JobPhase(WorkloadTally):
     """One phase of one iteration of the whole job.
 
     ``with job.phase("generation", i) as p: p.report(...)``, as with :meth:`eerl.Session.phase`.
     """
 
-    __slots__ = ("_counts", "_iteration", "_iteration_spec", "_job", "_kind", "hints")
+    __slots__ = ("_iteration", "_iteration_spec", "_job", "_kind", "hints")
 
     def __init__(
         self, job: JobRunner, kind: PhaseKind, iteration: int | None, hints: Workload | None
@@ -43,8 +48,8 @@ class JobPhase:
         self._kind = kind
         self._iteration_spec = iteration
         self._iteration = -1
-        self._counts = [0, 0, 0, 0, 0]
         self.hints = hints
+        super().__init__()
 
     @property
     def kind(self) -> PhaseKind:
@@ -54,30 +59,6 @@ class JobPhase:
     def iteration(self) -> int:
         """The iteration of this phase (-1 before it began)."""
         return self._iteration
-
-    def report(
-        self,
-        tokens: int = 0,
-        valid_tokens: int = 0,
-        sequences: int = 0,
-        max_response_tokens: int = 0,
-        prompt_tokens: int = 0,
-    ) -> None:
-        """Adds to the phase's workload, as :meth:`eerl.session.Phase.report` does; never raises."""
-        values = [
-            to_count(v) or 0 for v in (tokens, valid_tokens, sequences, max_response_tokens, prompt_tokens)
-        ]
-        counts = self._counts
-        for i in (0, 1, 2, 4):
-            counts[i] += values[i]
-        counts[3] = max(counts[3], values[3])
-
-    @property
-    def workload(self) -> Workload:
-        c = self._counts
-        return Workload(
-            tokens=c[0], valid_tokens=c[1], sequences=c[2], max_response_tokens=c[3], prompt_tokens=c[4]
-        )
 
     def __enter__(self) -> JobPhase:
         self._job._enter(self)
@@ -104,6 +85,7 @@ class JobRunner(ABC):
         self._current_start_s = 0.0
         self._current_valid_tokens = 0
         self._last_done = -1
+        self._directives: dict[tuple[PhaseKind, int], Directive | None] = {}
         self._warned: set[str] = set()
         self._closed = False
 
@@ -137,6 +119,10 @@ class JobRunner(ABC):
         """Reports to the innermost open phase; else ignored."""
         if self._stack:
             self._stack[-1].report(tokens, valid_tokens, sequences, max_response_tokens, prompt_tokens)
+
+    def directive(self, kind: PhaseKind, iteration: int) -> Directive | None:
+        """The directive sent for a recent phase (None: none was)."""
+        return self._directives.get((kind, iteration))
 
     def end_iteration(
         self, iteration: int, wall_s: float | None = None, valid_tokens: int | None = None
@@ -185,6 +171,14 @@ class JobRunner(ABC):
 
     def _close(self) -> None:
         return None
+
+    def _remember_directive(self, kind: PhaseKind, iteration: int, directive: Directive | None) -> None:
+        """Keeps the directive sent for a phase, for :meth:`directive` (the most recent ones only)."""
+        directives = self._directives
+        directives[(kind, iteration)] = directive
+        if len(directives) > _DIRECTIVES_KEPT:
+            for key in list(directives)[: -(_DIRECTIVES_KEPT // 2)]:
+                del directives[key]
 
     def _warn_once(self, key: str, message: str, *, exc_info: bool = False) -> None:
         if key in self._warned:

@@ -22,15 +22,14 @@ import threading
 import time
 from typing import Any
 
-from eerl._sender import ClientStats, Event, EventQueue, GpuClockReading, PhaseAnswer, _Counters
-from eerl._validate import check_iteration, check_workload
+from eerl._sender import _ANSWERS_KEPT, BackgroundSender, Event, GpuClockReading, PhaseAnswer
 from eerl.config import ClientConfig
 from eerl.phases import ControllerState, Workload
 from eerl.sidecar._address import SidecarAddress, parse_address
+from eerl.sidecar._api import WORKLOAD_FIELDS
 
 logger = logging.getLogger("eerl")
 
-_ANSWERS_KEPT = 64
 _STATUS_PERIOD_S = 5.0
 """How often an idle sender asks the sidecar whether its daemon session is open."""
 
@@ -113,20 +112,21 @@ class SidecarHttp:
             self._connection = None
 
 
-class SidecarSender:
-    """A :class:`eerl.Session`'s sender that posts phase events to the job's sidecar (see the module)."""
+class SidecarSender(BackgroundSender[PhaseAnswer]):
+    """A :class:`eerl.Session`'s sender that posts phase events to the job's sidecar (see the module).
+
+    :meth:`close` posts what is queued (bounded by ``close_timeout_s``) and stops; the sidecar's session
+    stays.
+    """
+
+    _THREAD_NAME = "eerl-sidecar-sender"
 
     def __init__(self, config: ClientConfig) -> None:
         assert config.sidecar_url is not None
-        self._config = config
+        super().__init__(config)
         self._url = config.sidecar_url
         self._http = SidecarHttp(parse_address(config.sidecar_url), config.rpc_timeout_s)
-        self._closing = threading.Event()
-        self._connected = threading.Event()
         self._poll_now = threading.Event()
-        self._counters = _Counters()
-        self._queue = EventQueue(config.queue_size, self._counters)
-        self._answers: dict[tuple[int, bool], PhaseAnswer] = {}
         self._begun: set[int] = set()
         self._reachable = False
         self._retry_at_s = 0.0
@@ -134,26 +134,12 @@ class SidecarSender:
         self._next_status_s = 0.0
         self._session: str | None = None
         self._attached = False
-        self._warned: set[str] = set()
-        self._thread = threading.Thread(target=self._run, name="eerl-sidecar-sender", daemon=True)
 
-    # -- caller side (what Session uses) ---------------------------------------------------------------
-
-    def start(self) -> None:
-        """Starts the background thread; returns at once."""
-        self._thread.start()
-
-    def submit(self, event: Event) -> None:
-        """Queues an event without blocking; drops (and counts) the oldest when the queue is full."""
-        self._queue.put(event)
-
-    @property
-    def connected(self) -> bool:
-        """True while the sidecar answers and its daemon session is open."""
-        return self._connected.is_set()
+    # -- caller side (what Session uses; the rest is BackgroundSender's) -------------------------------
 
     def wait_until_connected(self, timeout_s: float) -> bool:
-        """Waits up to ``timeout_s`` for the sidecar to say its daemon session is open."""
+        """Waits up to ``timeout_s`` for the sidecar to say its daemon session is open (``connected``: the
+        sidecar answers and its session is open)."""
         deadline_s = time.monotonic() + timeout_s
         while not self._connected.is_set() and not self._closing.is_set():
             remaining_s = deadline_s - time.monotonic()
@@ -164,38 +150,13 @@ class SidecarSender:
             self._connected.wait(min(remaining_s, 0.05))
         return self._connected.is_set()
 
-    def stats(self) -> ClientStats:
-        """A snapshot of the counters (``session_id``: the sidecar's session, shortened)."""
-        counters = self._counters
-        return ClientStats(
-            connected=self.connected,
-            session_id=self._session if self.connected else None,
-            attached=self.connected and self._attached,
-            queued_events=len(self._queue),
-            sent_events=counters.sent,
-            dropped_events=counters.dropped,
-            stale_events=counters.stale,
-            failed_events=counters.failed,
-            opens=counters.opens,
-            connect_failures=counters.connect_failures,
-            clamped_values=counters.clamped_values,
-            dropped_values=counters.dropped_values,
-            invalid_events=counters.invalid,
-            resyncs=counters.resyncs,
-            resets=counters.resets,
-            sender_errors=counters.errors,
-        )
+    def _session_view(self) -> tuple[str | None, bool]:
+        """The sidecar's session (shortened) while its session is open."""
+        connected = self.connected
+        return (self._session if connected else None), connected and self._attached
 
-    def answer(self, phase_id: int, begin: bool) -> PhaseAnswer | None:
-        """The sidecar's account of the daemon's answer to that event, if it had one."""
-        return self._answers.get((phase_id, begin))
-
-    def close(self) -> None:
-        """Posts what is queued (bounded by ``close_timeout_s``) and stops; the sidecar's session stays."""
-        self._closing.set()
-        self._queue.wake()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(self._config.close_timeout_s + 0.1)
+    def _answer_from(self, reply: PhaseAnswer) -> PhaseAnswer:
+        return reply
 
     # -- the background thread -------------------------------------------------------------------------
 
@@ -245,9 +206,7 @@ class SidecarSender:
         try:
             self._send(event)
         except Exception:
-            self._counters.errors += 1
-            self._warn_once("bug", "an unexpected error while posting a phase event; it is dropped")
-            logger.debug("eerl: sidecar sender error", exc_info=True)
+            self._on_bug()
         finally:
             if event.done is not None:
                 event.done.set()
@@ -256,26 +215,14 @@ class SidecarSender:
         kind = event.kind
         if kind is None:
             return
-        iteration = check_iteration(event.iteration)
+        iteration = self._admit(event, self._begun)
         if iteration is None:
-            self._counters.invalid += 1
-            if event.begin:
-                self._warn_once("iteration", f"iteration={event.iteration!r} in a {kind} phase is not sent")
             return
-        if event.begin:
-            if time.monotonic() - event.enqueued_s > self._config.stale_after_s:
-                self._counters.stale += 1
-                return
-        elif event.phase_id not in self._begun:
-            self._counters.stale += 1
-            return
-        else:
-            self._begun.discard(event.phase_id)
         if not self._reachable and time.monotonic() < self._retry_at_s:
             self._counters.stale += 1  # the sidecar was not there a moment ago: no wait per event
             return
         body: dict[str, Any] = {"kind": kind.value, "iteration": iteration}
-        workload = self._checked(event)
+        workload = self._checked_workload(event)
         if event.begin:
             if workload is not None:
                 body["hints"] = _workload_fields(workload)
@@ -292,9 +239,9 @@ class SidecarSender:
         if code != 200:
             self._counters.failed += 1
             self._warn_once(
-                f"refused:{code}",
                 f"the sidecar at {self._url} refused a {kind} {'begin' if event.begin else 'end'} "
                 f"({code}: {reply.get('error', '?')})",
+                f"refused:{code}",
             )
             return
         self._counters.sent += 1
@@ -307,23 +254,7 @@ class SidecarSender:
                 self._counters.resyncs += 1
         answer = _answer(event.begin, reply)
         if answer is not None:
-            self._answers[(event.phase_id, event.begin)] = answer
-            if len(self._answers) > _ANSWERS_KEPT:
-                del self._answers[next(iter(self._answers))]
-
-    def _checked(self, event: Event) -> Workload | None:
-        if event.rejected:
-            self._counters.dropped_values += event.rejected
-            self._warn_once("value:nan", f"{event.rejected_what}: not a whole number, dropped (sent as 0)")
-        if event.workload is None:
-            return None
-        checked = check_workload(event.workload)
-        if checked.findings:
-            self._counters.clamped_values += checked.clamped
-            self._counters.dropped_values += checked.dropped
-            for finding in checked.findings:
-                self._warn_once(f"value:{finding.problem.name}", f"{finding.what}: {finding.problem.value}")
-        return checked.workload
+            self._remember(event.phase_id, event.begin, answer)
 
     def _reached(self, body: dict[str, Any]) -> None:
         if not self._reachable:
@@ -349,27 +280,13 @@ class SidecarSender:
         self._retry_at_s = time.monotonic() + self._backoff_s
         self._backoff_s = min(self._backoff_s * 2, self._config.reconnect_max_s)
         self._warn_once(
-            "connection",
             f"cannot reach the sidecar at {self._url} ({why}); the job runs on without clock control and "
-            "eerl keeps retrying",
+            "eerl keeps retrying"
         )
-
-    def _warn_once(self, key: str, message: str) -> None:
-        if key in self._warned:
-            logger.debug("eerl: %s", message)
-            return
-        self._warned.add(key)
-        logger.warning("eerl: %s", message)
 
 
 def _workload_fields(workload: Workload) -> dict[str, int]:
-    return {
-        "tokens": workload.tokens,
-        "valid_tokens": workload.valid_tokens,
-        "sequences": workload.sequences,
-        "max_response_tokens": workload.max_response_tokens,
-        "prompt_tokens": workload.prompt_tokens,
-    }
+    return {name: getattr(workload, name) for name, _ in WORKLOAD_FIELDS}
 
 
 def _answer(begin: bool, reply: dict[str, Any]) -> PhaseAnswer | None:

@@ -181,11 +181,13 @@ class Sidecar:
         session = self._session
         stats = session.stats()
         now_s = time.monotonic()
-        with contextlib.suppress(RuntimeError):  # a dict changed size: another request; take it as empty
-            open_phases = [
-                {"kind": kind.value, "iteration": iteration, "open_s": round(now_s - since_s, 3)}
-                for (kind, iteration), (_, since_s) in list(self._open.items())
-            ]
+        open_now: list[tuple[tuple[PhaseKind, int], tuple[Phase, float]]] = []
+        with contextlib.suppress(RuntimeError):  # the dict changed size (another request): none listed
+            open_now = list(self._open.items())
+        open_phases = [
+            {"kind": kind.value, "iteration": iteration, "open_s": round(now_s - since_s, 3)}
+            for (kind, iteration), (_, since_s) in open_now
+        ]
         return {
             "version": __version__,
             "job_id": session.job_id,
