@@ -26,9 +26,8 @@ from typing import Any
 
 from eerl.config import ClientConfig
 from eerl.control.base import ControllerSettings
-from eerl.control.registry import controller_factory
 from eerl.directives import Directive
-from eerl.job.controller import JobController, NodeReport
+from eerl.job.controller import JobController, NodeReport, common_clocks, make_job_controller
 from eerl.job.node import NodeBegin, NodeLink
 from eerl.job.runner import JobRunner
 from eerl.phases import PhaseKind, Workload
@@ -69,7 +68,6 @@ class DistJob(JobRunner):
         self._world = 1
         self._link: NodeLink | None = None
         self._controller: JobController | None = None
-        self._directives: dict[tuple[PhaseKind, int], Directive | None] = {}
         self.nodes = 0
         self.node_rank: int | None = None
         self.last_begin: NodeBegin | None = None
@@ -129,10 +127,7 @@ class DistJob(JobRunner):
         ):
             return
         planned: Directive | None = box[0] if isinstance(box[0], Directive) else None
-        self._directives[(kind, iteration)] = planned
-        if len(self._directives) > 64:
-            for key in list(self._directives)[:-32]:
-                del self._directives[key]
+        self._remember_directive(kind, iteration, planned)
         if self._link is not None:
             self.last_begin = self._link.begin(planned, kind, iteration)
         self.fanout_s.append(time.monotonic() - started)
@@ -148,7 +143,7 @@ class DistJob(JobRunner):
         ):
             return
         self.fanout_s.append(time.monotonic() - started)
-        if self._controller is None or gathered is None or self._directives.get((kind, iteration)) is None:
+        if self._controller is None or gathered is None or self.directive(kind, iteration) is None:
             return
         reports = [r for r in gathered if isinstance(r, NodeReport)]
         try:
@@ -255,21 +250,19 @@ class DistJob(JobRunner):
         threshold: float,
         incarnation: int,
     ) -> JobController | None:
-        offered = [set(g) for g in grids if g is not None]
+        offered = [grid for grid in grids if grid is not None]
         if len(offered) < self.nodes or not all(offered):
             self._warn_once(
                 "grid", "not every node reported its GPUs' clock grid; job-level control is off for this job"
             )
             return None
         settings = ControllerSettings(
-            supported_sm_clocks_mhz=tuple(sorted(set.intersection(*offered))),
+            supported_sm_clocks_mhz=common_clocks(offered),
             throughput_threshold=threshold,
             fixed_clocks_mhz=dict(fixed_clocks),
         )
         try:
-            return JobController(
-                settings, self.nodes, incarnation=incarnation, controller=controller_factory(policy)(settings)
-            )
+            return make_job_controller(settings, self.nodes, incarnation, policy)
         except Exception:
             self._warn_once("controller", "cannot build the job-level controller; it is off", exc_info=True)
             return None

@@ -27,9 +27,10 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def grpo_trainer(tokenizer: PreTrainedTokenizerFast, output_dir: str) -> GRPOTrainer:
+def tiny_llama(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+    """A one-layer random Llama over ``tokenizer``'s vocabulary (seeded: the same weights every time)."""
     torch.manual_seed(0)
-    model = LlamaForCausalLM(
+    return LlamaForCausalLM(
         LlamaConfig(
             vocab_size=len(tokenizer),
             hidden_size=16,
@@ -43,6 +44,10 @@ def grpo_trainer(tokenizer: PreTrainedTokenizerFast, output_dir: str) -> GRPOTra
             eos_token_id=tokenizer.eos_token_id,
         )
     )
+
+
+def grpo_trainer(tokenizer: PreTrainedTokenizerFast, output_dir: str) -> GRPOTrainer:
+    model = tiny_llama(tokenizer)
 
     def reward_length(completions: list[str], **_: object) -> list[float]:
         return [float(len(c)) for c in completions]

@@ -18,8 +18,8 @@ import trl
 from eerl.integrations import HookWarning
 from eerl.phases import PhaseKind
 
-from tests.client._grpo import BATCH, PROMPTS, STEPS, build_tokenizer, grpo_trainer
-from tests.frameworks.conftest import Recorder
+from tests.client._grpo import BATCH, PROMPTS, STEPS, build_tokenizer, grpo_trainer, tiny_llama
+from tests.frameworks.conftest import Recorder, _at_least
 
 SHARED_PATH = ("GRPOTrainer", "RLOOTrainer", "DistillationTrainer")
 
@@ -53,26 +53,10 @@ def test_a_trainer_it_cannot_hook_warns_naming_this_version(
 
 
 def _rloo_trainer(output_dir: str) -> trl.RLOOTrainer:
-    import torch
     from datasets import Dataset
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = build_tokenizer()
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            max_position_embeddings=64,
-            pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-    )
+    model = tiny_llama(tokenizer)
     args = trl.RLOOConfig(
         output_dir=output_dir,
         per_device_train_batch_size=BATCH,
@@ -130,9 +114,6 @@ def test_before_1_16_grpos_loss_needs_triton_so_the_end_to_end_run_is_16_only(fr
 
     from trl.trainer import utils
 
-    if importlib.util.find_spec("triton") is None and not _at_least_1_16(framework_version):
-        assert utils._ChunkedLogProbFunction is None
-
-
-def _at_least_1_16(version: str) -> bool:
-    return tuple(int(p) for p in version.split(".")[:2]) >= (1, 16)
+    assert importlib.util.find_spec("triton") is None, "the framework environments use CPU torch"
+    # Without Triton, 1.15 has no chunked log-prob kernel, which its GRPO loss needs; 1.16 imports it anyway.
+    assert (utils._ChunkedLogProbFunction is None) is not _at_least(framework_version, (1, 16))

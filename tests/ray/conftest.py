@@ -23,9 +23,8 @@ from typing import Any
 
 import grpc
 import pytest
-
-ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
+import ray
+from ray.cluster_utils import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 NODES = 4

@@ -25,14 +25,14 @@ GEN, TRAIN = PhaseKind.GENERATION, PhaseKind.TRAINING
 CLOCKS = {GEN: 1200, TRAIN: 1500}
 
 
-def wait_until(predicate: Callable[[], bool], timeout_s: float) -> float | None:
-    """Seconds until ``predicate`` held, or None if it did not within ``timeout_s``."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout_s:
+def wait_until(predicate: Callable[[], bool], timeout_s: float) -> bool:
+    """Whether ``predicate`` held by the deadline ``timeout_s`` from now (polled every 20 ms)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
         if predicate():
-            return time.monotonic() - started
+            return True
         time.sleep(0.02)
-    return None
+    return predicate()
 
 
 def fixed_job(job_id: str, **kwargs: object) -> RayJob:
@@ -42,8 +42,8 @@ def fixed_job(job_id: str, **kwargs: object) -> RayJob:
 
 
 def test_without_ray_the_job_runs_on_without_control(caplog: pytest.LogCaptureFixture) -> None:
-    if ray.is_initialized():
-        pytest.skip("Ray is already up in this process")
+    # First in the module: the module's cluster (and ray.init) comes up with the first test that uses it.
+    assert not ray.is_initialized()
     job = RayJob(job_id="no-ray")
     ran = []
     for iteration in range(2):
@@ -80,12 +80,13 @@ def test_a_job_s_phases_clock_every_node_alike(local_cluster: LocalCluster) -> N
                 assert len({r.applied_epoch for r in reports}) == 1
                 assert job.last_observation is not None
                 assert job.last_observation.accepted
-        p50 = sorted(f.seconds for f in job.fanouts)[len(job.fanouts) // 2]
-        assert p50 < 1.0
+        # Every begin and end went to every node and every node answered before the deadline.
+        assert len(job.fanouts) == 2 * 2 * 3
+        assert {(f.asked, f.answered) for f in job.fanouts} == {(NODES, NODES)}
     finally:
         job.close()
     for node in local_cluster.nodes:
-        assert wait_until(lambda node=node: node.locks() == [None, None], 3.0) is not None  # type: ignore[misc]
+        assert wait_until(lambda node=node: node.locks() == [None, None], 3.0)  # type: ignore[misc]
 
 
 def test_the_nodes_are_those_of_the_job_s_placement_groups(local_cluster: LocalCluster) -> None:
@@ -112,9 +113,11 @@ def test_the_controller_killed_every_daemon_falls_back(local_cluster: LocalClust
         with job.phase(GEN, 0):
             assert {b.verdict for b in job.last_begins} == {DirectiveVerdict.ACCEPTED}
         ray.kill(job.controller, no_restart=True)
-        started = time.monotonic()
         with job.phase(GEN, 1):
-            assert time.monotonic() - started < job.deadline_s + 0.5
+            # The dead controller planned nothing, and every node still answered within the one deadline
+            # the plan and the begin fan-out share.
+            assert job.directive(GEN, 1) is None
+            assert (job.fanouts[-1].asked, job.fanouts[-1].answered) == (NODES, NODES)
             assert len(job.last_begins) == NODES
             assert {b.verdict for b in job.last_begins} == {DirectiveVerdict.MISSING}
             # The fallback: the last accepted committed clock of the phase kind (never a trial).
@@ -219,19 +222,17 @@ def test_a_node_removed_mid_phase_goes_to_default_and_the_job_goes_on(local_clus
         with job.phase(GEN, 0):
             assert victim.locks() == [CLOCKS[GEN]] * 2
             local_cluster.remove(victim)
-            to_default = wait_until(lambda: victim.locks() == [None, None], 5.0)
-            assert to_default is not None
-            assert to_default < 2.0, to_default
-        print(f"node removed mid-phase -> its GPUs at default in {to_default:.2f} s")
+            # Its daemon saw the agent's session end and returned the GPUs to default within 2 s.
+            assert wait_until(lambda: victim.locks() == [None, None], 2.0)
         for iteration in range(1, 3):
             for kind in (GEN, TRAIN):
-                started = time.monotonic()
                 with job.phase(kind, iteration):
                     pass
-                assert time.monotonic() - started < 2 * job.deadline_s + 0.5
                 assert (
                     len([b for b in job.last_begins if b.verdict is DirectiveVerdict.ACCEPTED]) == NODES - 1
                 )
+                # The job no longer waits on the removed node: it is not asked, and the others all answer.
+                assert [(f.asked, f.answered) for f in job.fanouts[-2:]] == [(NODES - 1, NODES - 1)] * 2
         assert job.last_observation is not None
         assert not job.last_observation.accepted
     finally:

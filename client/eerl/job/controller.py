@@ -31,7 +31,7 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from eerl.control.base import Controller, ControllerSettings, Decision, PhaseObservation, PhaseSnapshot
@@ -41,7 +41,15 @@ from eerl.directives import Directive, DirectivePurpose, DirectiveVerdict
 from eerl.errors import ValidationError
 from eerl.phases import ControllerState, PhaseKind, Workload
 
-__all__ = ["GuardConfig", "JobController", "JobObservation", "NodeReport", "directive_purpose"]
+__all__ = [
+    "GuardConfig",
+    "JobController",
+    "JobObservation",
+    "NodeReport",
+    "common_clocks",
+    "directive_purpose",
+    "make_job_controller",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +108,13 @@ def directive_purpose(state: ControllerState, sm_clock_mhz: int | None) -> Direc
     return DirectivePurpose.CONTROL
 
 
+def common_clocks(grids: Iterable[Iterable[int]]) -> tuple[int, ...]:
+    """The SM clocks every non-empty grid offers, ascending (empty when no grid is non-empty)."""
+    offered = [set(grid) for grid in grids]
+    offered = [grid for grid in offered if grid]
+    return tuple(sorted(set.intersection(*offered))) if offered else ()
+
+
 @dataclass(slots=True)
 class _Iteration:
     """What the guard collects about one iteration: each kind's workload, median time and clock."""
@@ -137,8 +152,8 @@ class JobController:
         self._guard = guard or GuardConfig()
         self._clocks = tuple(sorted(settings.supported_sm_clocks_mhz))
         self._epoch = 0
-        self._planned_clock: dict[PhaseKind, int | None] = {}
         self._directives: dict[PhaseKind, Directive] = {}
+        """The latest directive per kind: its clock is the kind's planned clock."""
         self._session_epochs: dict[int, int] = {}
         self._predictors = {
             kind: BaselinePredictor(kind, self._guard.predictor_window) for kind in settings.kinds
@@ -179,9 +194,9 @@ class JobController:
         if purpose is DirectivePurpose.COMMITTED and self._lift_steps:
             clock = self._lift(clock)
             purpose = directive_purpose(decision.state, clock)
-        if kind not in self._planned_clock or self._planned_clock[kind] != clock:
+        previous = self._directives.get(kind)
+        if previous is None or previous.sm_clock_mhz != clock:
             self._epoch += 1
-            self._planned_clock[kind] = clock
         directive = Directive(self._incarnation, self._epoch, iteration, kind, clock, purpose)
         self._directives[kind] = directive
         if purpose is DirectivePurpose.TRIAL:
@@ -348,14 +363,24 @@ class JobController:
 
     def _note(self, iteration: int, now_s: float, ratio: float, reason: str) -> None:
         for kind in self._settings.kinds:
+            planned = self._directives.get(kind)
             self._guard_history.append(
                 Decision(
                     kind,
                     iteration,
-                    self._planned_clock.get(kind),
+                    None if planned is None else planned.sm_clock_mhz,
                     self._inner.state_of(kind) or ControllerState.OFF,
                     reason,
                     now_s,
                     throughput_ratio=ratio,
                 )
             )
+
+
+def make_job_controller(
+    settings: ControllerSettings, nodes: int, incarnation: int, policy: str = DEFAULT_CONTROLLER
+) -> JobController:
+    """A JobController over the controller named ``policy`` (``eerl``, ``fixed``, ``off``)."""
+    return JobController(
+        settings, nodes, incarnation=incarnation, controller=controller_factory(policy)(settings)
+    )

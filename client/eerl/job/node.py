@@ -25,12 +25,13 @@ import grpc
 
 from eerl._channel import make_channel
 from eerl._pb_enums import KIND_TO_PB, MODE_TO_PB, PURPOSE_TO_PB, ROLE_TO_PB, VERDICT_FROM_PB
+from eerl._sender import _describe, _gpu_ref
 from eerl._validate import check_iteration, check_workload
 from eerl._version import __version__
 from eerl.config import ClientConfig
 from eerl.directives import Directive, DirectiveVerdict
 from eerl.gpus import GpuId, parse_gpus, visible_gpus
-from eerl.job.controller import NodeReport
+from eerl.job.controller import NodeReport, common_clocks
 from eerl.phases import ExecutionMode, GpuRole, PhaseKind, Workload
 from eerl.v1 import eerl_pb2, eerl_pb2_grpc
 
@@ -453,10 +454,7 @@ def _drop(link: _Link) -> None:
 
 
 def _intersection(gpus: Sequence[eerl_pb2.GpuInfo]) -> tuple[int, ...]:
-    grids = [set(gpu.supported_sm_clocks_mhz) for gpu in gpus if gpu.supported_sm_clocks_mhz]
-    if not grids:
-        return ()
-    return tuple(sorted(set.intersection(*grids)))
+    return common_clocks(gpu.supported_sm_clocks_mhz for gpu in gpus)
 
 
 def _verdict(value: eerl_pb2.DirectiveVerdict.ValueType) -> DirectiveVerdict:
@@ -488,14 +486,3 @@ def _workload_pb(workload: Workload) -> eerl_pb2.Workload:
 
 def _default_gpus(config: ClientConfig) -> tuple[GpuId, ...]:
     return config.gpus if config.gpus is not None else visible_gpus()
-
-
-def _gpu_ref(gpu: GpuId) -> eerl_pb2.GpuRef:
-    return eerl_pb2.GpuRef(index=gpu) if isinstance(gpu, int) else eerl_pb2.GpuRef(uuid=gpu)
-
-
-def _describe(error: grpc.RpcError) -> str:
-    code = error.code()
-    details = error.details() if hasattr(error, "details") else ""
-    name = code.name if code is not None else "UNKNOWN"
-    return f"{name}: {details}" if details else name

@@ -14,9 +14,8 @@ from typing import Any, Protocol
 import ray
 
 from eerl.control.base import ControllerSettings
-from eerl.control.registry import controller_factory
 from eerl.directives import Directive
-from eerl.job.controller import JobController, NodeReport
+from eerl.job.controller import JobController, NodeReport, make_job_controller
 from eerl.phases import PhaseKind, Workload
 
 __all__ = [
@@ -24,17 +23,7 @@ __all__ = [
     "ControllerPort",
     "JobControllerActor",
     "LocalController",
-    "make_job_controller",
 ]
-
-
-def make_job_controller(
-    settings: ControllerSettings, nodes: int, incarnation: int, policy: str
-) -> JobController:
-    """A JobController over the controller named ``policy`` (``eerl``, ``fixed``, ``off``)."""
-    return JobController(
-        settings, nodes, incarnation=incarnation, controller=controller_factory(policy)(settings)
-    )
 
 
 class ControllerPort(Protocol):

@@ -17,18 +17,12 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from eerl.control.base import ControllerSettings
 from eerl.directives import Directive
-from eerl.job.controller import NodeReport
+from eerl.job.controller import NodeReport, common_clocks, make_job_controller
 from eerl.job.node import NodeBegin
 from eerl.job.runner import JobRunner
 from eerl.phases import PhaseKind, Workload
 from eerl.ray._agent import AgentInfo, NodeAgent
-from eerl.ray._controller import (
-    ActorController,
-    ControllerPort,
-    JobControllerActor,
-    LocalController,
-    make_job_controller,
-)
+from eerl.ray._controller import ActorController, ControllerPort, JobControllerActor, LocalController
 
 __all__ = ["FanOut", "RayJob"]
 
@@ -113,7 +107,6 @@ class RayJob(JobRunner):
         self.controller_name = controller_name or f"eerl-job-controller-{self.job_id}"
         self._agents: list[_Agent] = []
         self._port: ControllerPort | None = None
-        self._directives: dict[tuple[PhaseKind, int], Directive | None] = {}
         self.fanouts: list[FanOut] = []
         """Every fan-out so far (bounded to the last 10 000)."""
         self.last_begins: list[NodeBegin] = []
@@ -163,10 +156,6 @@ class RayJob(JobRunner):
             return port.handle
         return None
 
-    def directive(self, kind: PhaseKind, iteration: int) -> Directive | None:
-        """The directive sent for a phase (None: none was)."""
-        return self._directives.get((kind, iteration))
-
     # -- the phases (JobRunner) -----------------------------------------------------------------------
 
     def _begin(self, kind: PhaseKind, iteration: int) -> None:
@@ -181,7 +170,7 @@ class RayJob(JobRunner):
                     "plan", f"the job-level controller did not plan ({type(e).__name__}); the nodes fall back"
                 )
                 directive = None
-        self._remember(kind, iteration, directive)
+        self._remember_directive(kind, iteration, directive)
         answers = self._fan(
             kind, iteration, True, lambda a: a.handle.begin.remote(directive, kind, iteration), started
         )
@@ -194,7 +183,7 @@ class RayJob(JobRunner):
         reports = [answer for answer in answers.values() if isinstance(answer, NodeReport)]
         self.last_reports = reports
         port = self._port
-        if port is not None and self._directives.get((kind, iteration)) is not None:
+        if port is not None and self.directive(kind, iteration) is not None:
             self.last_observation = port.observe(kind, iteration, reports, workload, self._clock())
 
     def _iteration_done(self, iteration: int, wall_s: float, valid_tokens: int) -> None:
@@ -222,12 +211,6 @@ class RayJob(JobRunner):
             port.close()
 
     # -- internals ------------------------------------------------------------------------------------
-
-    def _remember(self, kind: PhaseKind, iteration: int, directive: Directive | None) -> None:
-        self._directives[(kind, iteration)] = directive
-        if len(self._directives) > 64:
-            for key in list(self._directives)[:-32]:
-                del self._directives[key]
 
     def _fan(
         self, kind: PhaseKind, iteration: int, begin: bool, call: Callable[[_Agent], Any], started: float
@@ -347,7 +330,7 @@ class RayJob(JobRunner):
         if place == "off" or not self._agents:
             return
         grids = [
-            set(agent.info.supported_sm_clocks_mhz)
+            agent.info.supported_sm_clocks_mhz
             for agent in self._agents
             if agent.info is not None and agent.info.supported_sm_clocks_mhz
         ]
@@ -357,9 +340,10 @@ class RayJob(JobRunner):
                 "no node reported its GPUs' clock grid; the job runs at the daemons' fallback clocks",
             )
             return
-        grid = tuple(sorted(set.intersection(*grids)))
         settings = ControllerSettings(
-            supported_sm_clocks_mhz=grid, throughput_threshold=threshold, fixed_clocks_mhz=dict(fixed_clocks)
+            supported_sm_clocks_mhz=common_clocks(grids),
+            throughput_threshold=threshold,
+            fixed_clocks_mhz=dict(fixed_clocks),
         )
         self.settings = settings
         if place == "driver":

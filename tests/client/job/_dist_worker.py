@@ -32,7 +32,6 @@ def run_rank(
         fixed_clocks={GEN: 1200, TRAIN: 1500},
     )
     seen: list[dict[str, Any]] = []
-    started = time.monotonic()
     for iteration in range(3):
         if rank == stall_rank and iteration == 1:
             time.sleep(3.0)  # a rank that stops taking part in the side group
@@ -60,7 +59,6 @@ def run_rank(
         "has_controller": job.controller is not None,
         "enabled": job.enabled,
         "phases": seen,
-        "elapsed_s": time.monotonic() - started,
     }
     job.close()
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))

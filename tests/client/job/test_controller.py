@@ -301,7 +301,9 @@ class TestIterationGuard:
         assert lifted.sm_clock_mhz is not None
         assert lifted.sm_clock_mhz > 1200
         assert lifted.purpose is DirectivePurpose.COMMITTED
-        assert any("iteration guard" in d.reason for d in job.decisions())
+        guard = [d for d in job.decisions() if "iteration guard" in d.reason]
+        # One decision per kind, each naming the clock planned for that kind when the guard stepped.
+        assert {(d.kind, d.sm_clock_mhz) for d in guard} == {(GEN, 1200), (TRAIN, 1500)}
 
     def test_it_keeps_backing_off_up_to_its_bound(self) -> None:
         job, inner = self.guarded()

@@ -9,14 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch.multiprocessing as torch_mp
+from eerl.dist import _leaders
 
-torch_mp = pytest.importorskip("torch.multiprocessing")
-
-from eerl.dist import _leaders  # noqa: E402
-
-from eerld.testing import DaemonHandle, running_daemon  # noqa: E402
-from tests.client.job._dist_worker import run_rank  # noqa: E402
-from tests.conftest import short_socket_dir  # noqa: E402
+from eerld.testing import DaemonHandle, running_daemon
+from tests.client.job._dist_worker import run_rank
+from tests.conftest import short_socket_dir
 
 WORLD = 4
 
@@ -66,10 +64,14 @@ def test_a_stalled_rank_turns_job_control_off_and_the_job_goes_on(
 ) -> None:
     results = run_job(daemons, tmp_path, stall_rank=3)
     assert all(len(r["phases"]) == 6 for r in results)
-    assert all(r["phases"][0]["enabled"] for r in results)
     assert not any(r["enabled"] for r in results)
-    # Each rank paid at most about one timeout (2 s) beyond the stall itself.
-    assert max(r["elapsed_s"] for r in results) < 3.0 + 2 * 2.0 + 2.0
+    # On every rank the first side-group collective that timed out (in iteration 1, the stalled one) turned
+    # control off for good: no later phase touched the side group, so no rank paid another timeout.
+    for r in results:
+        enabled = [p["enabled"] for p in r["phases"]]
+        assert enabled[:2] == [True, True], r["rank"]
+        assert enabled[4:] == [False, False], r["rank"]
+        assert enabled == sorted(enabled, reverse=True), r["rank"]
     for daemon in daemons:
         assert daemon.backend.locked() == {}
 

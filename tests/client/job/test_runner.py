@@ -8,6 +8,7 @@ from typing import Any
 import eerl.integrations.openrlhf
 import eerl.integrations.verl
 import pytest
+from eerl.directives import Directive, DirectivePurpose
 from eerl.job.runner import JobRunner
 from eerl.phases import PhaseKind, Workload
 
@@ -109,3 +110,17 @@ def test_the_openrlhf_hook_takes_a_job_object() -> None:
     trainer.fit(2)
     hook.remove()
     assert [c[1] for c in job.calls if c[0] == "end"] == [GEN, TRAIN, GEN, TRAIN]
+
+
+def test_the_directives_of_recent_phases_are_remembered_and_old_ones_forgotten() -> None:
+    job = RecordingJob()
+    committed = DirectivePurpose.COMMITTED
+    sent = {i: Directive(1, i + 1, i, GEN, 1200, committed) if i % 2 else None for i in range(100)}
+    for iteration, directive in sent.items():
+        job._remember_directive(GEN, iteration, directive)
+    assert job.directive(GEN, 99) == sent[99]
+    assert job.directive(GEN, 98) is None  # sent without one
+    assert job.directive(TRAIN, 99) is None
+    assert job.directive(GEN, 1) is None  # forgotten
+    assert len(job._directives) <= 64
+    assert all(job.directive(GEN, i) == sent[i] for i in range(68, 100))
