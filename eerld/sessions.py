@@ -79,6 +79,9 @@ class ActivePhase:
     """The verdict on the phase's directive (job mode), NOT_JOB_MODE otherwise."""
     applied_epoch: int = 0
     """Job mode: the plan epoch of the clock applied (0: the default governor)."""
+    gap_before_s: float = 0.0
+    """Backend-clock time from the session's previous EndPhase to this begin: the work between the phases,
+    at the default governor (0 for the session's first phase)."""
 
 
 @dataclass(slots=True)
@@ -153,9 +156,11 @@ class Session:
         self.active: ActivePhase | None = None
         self.last_iteration: int | None = None
         self.last_ended: dict[PhaseKind, int] = {}
+        self.last_end_time_s: float | None = None
+        """Backend-clock time of the last EndPhase's reading (the next phase's gap starts there)."""
         self.held_since_unix_s: float | None = None
-        """When the last phase ended (wall clock): from then on, until the next, its lock holds between
-        phases."""
+        """When the last phase ended (wall clock). Its lock ends with it; a GPU still locked after that
+        (a release that failed) shows as held since then."""
         self.totals: dict[PhaseKind, PhaseTotals] = {k: PhaseTotals() for k in self.kinds}
         self.last_decision: dict[PhaseKind, Decision] = {}
         self.lock = threading.Lock()

@@ -11,6 +11,11 @@ the daemon does"): a phase's energy is the difference of two energy-counter read
 is the wall clock's; and ``decide()`` gets as hints only what a client knows before the phase starts — the
 batch's shape (responses and prompt tokens), never the realised tokens of the phase about to run. The run's
 figures (energy, wall time) are the true ones.
+
+Between the phases the bench does what the daemon does: a phase's lock ends with the phase, so the work
+between generation and training (``[workload.between]``) runs at the default governor — after the reset's
+clock-switch window — and the next phase begins from the default. That work's time reaches the controller
+as the next phase's ``gap_before_s``, as the daemon reports it; its energy counts in the run's totals.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from eerld.sim.evaluate import (
     RunFigures,
     clock_grid,
     combine_phases,
+    evaluate_between,
     evaluate_phase,
     sample_iteration,
 )
@@ -121,6 +127,9 @@ class PriceTable:
     duration_s: dict[PhaseKind, FloatArray]
     energy_j: dict[PhaseKind, FloatArray]
     valid_tokens: npt.NDArray[np.int64]
+    between_duration_s: FloatArray
+    """Per iteration: the work between the phases at the default governor (0 without any)."""
+    between_energy_j: FloatArray
 
 
 class ScenarioRun:
@@ -148,16 +157,19 @@ class ScenarioRun:
         duration = {k: np.zeros((self.iterations, len(clocks))) for k in KINDS}
         energy = {k: np.zeros((self.iterations, len(clocks))) for k in KINDS}
         valid = np.zeros(self.iterations, dtype=np.int64)
+        between_duration, between_energy = np.zeros(self.iterations), np.zeros(self.iterations)
         for i in range(self.iterations):
             sample = self.sample(i)
             for kind in KINDS:
                 outcome = evaluate_phase(self.scenario, sample, kind, list(clocks))
                 duration[kind][i] = outcome.duration_s
                 energy[kind][i] = outcome.energy_j
+            between = evaluate_between(self.scenario, sample)
+            between_duration[i], between_energy[i] = between.duration_s, between.energy_j
             valid[i] = sample.valid_tokens
             if progress is not None:
                 progress(1)
-        self._table = PriceTable(clocks, duration, energy, valid)
+        self._table = PriceTable(clocks, duration, energy, valid, between_duration, between_energy)
         return self._table
 
     def totals(self, pair: tuple[int, int]) -> RunTotals:
@@ -170,6 +182,8 @@ class ScenarioRun:
             generation_energy_j=table.energy_j[PhaseKind.GENERATION][:, pair[0]],
             training_duration_s=table.duration_s[PhaseKind.TRAINING][:, pair[1]],
             training_energy_j=table.energy_j[PhaseKind.TRAINING][:, pair[1]],
+            between_duration_s=table.between_duration_s,
+            between_energy_j=table.between_energy_j,
         )
         return RunTotals(float(energy.sum()), float(wall.sum()), int(table.valid_tokens.sum()))
 
@@ -187,6 +201,8 @@ class ScenarioRun:
             table.energy_j[PhaseKind.GENERATION],
             table.duration_s[PhaseKind.TRAINING],
             table.energy_j[PhaseKind.TRAINING],
+            between_duration_s=table.between_duration_s,
+            between_energy_j=table.between_energy_j,
         )
 
     def oracle(self, threshold: float) -> tuple[tuple[int, int], RunTotals]:
@@ -220,7 +236,15 @@ class ScenarioRun:
             sample = self.sample(i)
             outcomes = {}
             metered: dict[PhaseKind, float] = {}
+            gap_before_s = between_energy_j = 0.0
             for kind in KINDS:
+                if kind is PhaseKind.TRAINING and mode is ExecutionMode.SYNC and sample.between is not None:
+                    # Generation's lock ended with it: the work between runs at the default governor.
+                    between = evaluate_between(scenario, sample, previous_sync)
+                    counters[kind].advance(between.duration_s, between.gpu_busy_s, between.gpu_busy_energy_j)
+                    now_s += between.duration_s
+                    gap_before_s, between_energy_j = between.duration_s, between.energy_j
+                    previous_sync = top
                 hints = prior_hints(sample.phase(kind).workload)
                 decision = controllers[kind].decide(kind, i, hints, now_s)
                 clock = decision.sm_clock_mhz
@@ -243,7 +267,14 @@ class ScenarioRun:
                 if mode is ExecutionMode.SYNC:
                     now_s += float(outcome.duration_s[0])
                     self._observe(
-                        controllers, outcome, metered[kind], iteration=i, clock=clock, now_s=now_s, mode=mode
+                        controllers,
+                        outcome,
+                        metered[kind],
+                        iteration=i,
+                        clock=clock,
+                        now_s=now_s,
+                        mode=mode,
+                        gap_before_s=gap_before_s if kind is PhaseKind.TRAINING else 0.0,
                     )
             wall, energy = combine_phases(
                 scenario.workload,
@@ -252,6 +283,8 @@ class ScenarioRun:
                 generation_energy_j=outcomes[PhaseKind.GENERATION].energy_j,
                 training_duration_s=outcomes[PhaseKind.TRAINING].duration_s,
                 training_energy_j=outcomes[PhaseKind.TRAINING].energy_j,
+                between_duration_s=gap_before_s,
+                between_energy_j=between_energy_j,
             )
             if mode is ExecutionMode.ASYNC:
                 now_s += float(wall[0])
@@ -296,6 +329,7 @@ class ScenarioRun:
         clock: int | None,
         now_s: float,
         mode: ExecutionMode,
+        gap_before_s: float = 0.0,
     ) -> None:
         kind = outcome.kind
         observation = PhaseObservation(
@@ -307,6 +341,7 @@ class ScenarioRun:
             sm_clock_mhz=clock,
             gpus=outcome.gpus,
             end_time_s=now_s,
+            gap_before_s=gap_before_s,
         )
         if mode is ExecutionMode.SYNC:
             controllers[kind].observe(observation, now_s)

@@ -80,7 +80,7 @@ from eerld.daemon.views import (
     UnpinOutcome,
     Unsubscribe,
 )
-from eerld.energy import phase_energy, read_counters
+from eerld.energy import CounterReading, phase_energy, read_counters
 from eerld.errors import Conflict, NotFound, Unavailable, ValidationError
 from eerld.gpu.base import GpuBackend
 from eerld.grants import SHARED_NAME, GrantSpec
@@ -524,7 +524,7 @@ class Daemon:
             clocks = self._arbiter.set_session(session.gpu_indices, session.session_id, decision.sm_clock_mhz)
             begin = read_counters(self._backend, session.gpu_indices, self._phase_clock())
             held = _held_clock(clocks, decision.sm_clock_mhz)
-            session.active = ActivePhase(kind, iteration, held, begin)
+            session.active = ActivePhase(kind, iteration, held, begin, gap_before_s=_gap(session, begin))
             session.last_iteration = iteration
             session.last_decision[kind] = decision
             session.renew(now_s)
@@ -559,7 +559,9 @@ class Daemon:
                 self._incarnations.accept(job.key, directive.incarnation)
             begin = read_counters(self._backend, session.gpu_indices, self._phase_clock())
             held = _held_clock(clocks, ruling.sm_clock_mhz)
-            session.active = ActivePhase(kind, iteration, held, begin, ruling.verdict, ruling.applied_epoch)
+            session.active = ActivePhase(
+                kind, iteration, held, begin, ruling.verdict, ruling.applied_epoch, _gap(session, begin)
+            )
             session.last_iteration = iteration
             decision = Decision(
                 kind, iteration, ruling.sm_clock_mhz, ruling.state, ruling.reason(), begin.time_s
@@ -656,7 +658,13 @@ class Daemon:
         return decision
 
     def end_phase(self, session_id: str, kind: PhaseKind, iteration: int, workload: Workload) -> EndedPhase:
-        """Meter the running phase, attribute it to (session, kind, iteration) and tell the controller."""
+        """Meter the running phase, release its lock, attribute it to (session, kind, iteration) and tell
+        the controller.
+
+        The lock ends with its phase: the work a trainer does between phases (log-probabilities, rewards,
+        weight sync) runs at the default governor, as it would without eerl, and its time reaches the
+        controller as the next phase's gap (see docs/algorithm.md, "Whole iterations").
+        """
         self._check_running()
         session = self._sessions.get(session_id)
         with session.lock:
@@ -664,6 +672,8 @@ class Daemon:
                 raise NotFound("session_id: no open session with this id")
             active = session.check_end(kind, iteration)
             end = read_counters(self._backend, session.gpu_indices, self._phase_clock())
+            self._arbiter.set_session(session.gpu_indices, session.session_id, None)
+            session.last_end_time_s = end.time_s
             energy = phase_energy(active.begin, end, session.gpu_indices)
             now_s = end.time_s
             observation = PhaseObservation(
@@ -675,6 +685,7 @@ class Daemon:
                 sm_clock_mhz=active.sm_clock_mhz,
                 gpus=len(session.gpu_indices),
                 end_time_s=now_s,
+                gap_before_s=active.gap_before_s,
             )
             session.active = None
             session.last_ended[kind] = iteration
@@ -887,6 +898,12 @@ def _check_begin(session: Session, kind: PhaseKind, iteration: int) -> ActivePha
             reason="a new phase began before it ended (its EndPhase was lost or refused)",
         )
     return abandoned
+
+
+def _gap(session: Session, begin: CounterReading) -> float:
+    """Time since the session's previous EndPhase on the backend clock (0 for its first phase)."""
+    last = session.last_end_time_s
+    return max(0.0, begin.time_s - last) if last is not None else 0.0
 
 
 def _held_clock(clocks: Sequence[AppliedClock], wanted: int | None) -> int | None:

@@ -20,7 +20,7 @@ from eerl.directives import DirectiveVerdict
 from eerl.phases import ControllerState, PhaseKind
 
 from eerld.access import Access
-from eerld.clocks.arbiter import ClockArbiter, ClockSource
+from eerld.clocks.arbiter import ClockArbiter
 from eerld.daemon.drains import Drain
 from eerld.daemon.inventory import Inventory
 from eerld.daemon.jobmode import JobDecision, JobSessions, JobState, ReceivedDirective
@@ -187,7 +187,9 @@ class StatusReader:
         held_since, held_mhz = None, None
         if active is None and session.held_since_unix_s is not None and session.gpu_indices:
             view = self._arbiter.view(session.gpu_indices[0])
-            if view.source is ClockSource.SESSION:  # a pin's lock is the pin's, not the session's
+            # The lock ended with the phase; one still in place is a release that failed (the GPU is
+            # degraded and retried). A pin's lock is the pin's, not the session's.
+            if view.pin is None:
                 held_mhz = view.locked_sm_clock_mhz or view.would_lock_sm_clock_mhz
             held_since = session.held_since_unix_s if held_mhz is not None else None
         return SessionView(

@@ -33,6 +33,8 @@ from eerld.sim import physics
 from eerld.sim.profiles import GpuProfile
 from eerld.sim.scenario import Scenario, WorkloadSpec
 from eerld.sim.workload import (
+    BETWEEN_NOISE_STREAM,
+    BETWEEN_PHASE_NOISE_STREAM,
     DECODE_BUCKET_TOKENS,
     GENERATION_NOISE_STREAM,
     GENERATION_PHASE_NOISE_STREAM,
@@ -42,6 +44,7 @@ from eerld.sim.workload import (
     IntArray,
     Rollout,
     Segments,
+    between_segments,
     draw_rollout,
     generation_segments,
     generation_workload,
@@ -116,6 +119,19 @@ class PhaseSample:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
+class BetweenSample:
+    """The work between generation and training of a sampled iteration (sim-model "Work between the
+    phases"): its segments and, per segment, the grid index of the power-limited clock."""
+
+    segments: Segments
+    capped_index: IntArray
+
+
+Priced = PhaseSample | BetweenSample
+"""GPU work the evaluator can price at any clock."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class IterationSample:
     """Everything random about one iteration, fixed before any clock is chosen.
 
@@ -129,6 +145,8 @@ class IterationSample:
     training: PhaseSample
     rollout: Rollout
     trained_rollout: Rollout | None
+    between: BetweenSample | None = None
+    """The work between the phases (None: the scenario has none)."""
 
     @property
     def valid_tokens(self) -> int:
@@ -209,18 +227,41 @@ def sample_iteration(
             profile.noise_phase_duration,
             profile.noise_phase_power,
         )
+    between: BetweenSample | None = None
+    if not spec.between.empty:
+        work = with_phase_noise(
+            between_segments(
+                current.training,
+                spec.between,
+                rollout,
+                spec.gpus,
+                iteration_rng(spec.seed, iteration, BETWEEN_NOISE_STREAM),
+                **noise,
+            ),
+            iteration_rng(spec.seed, iteration, BETWEEN_PHASE_NOISE_STREAM),
+            profile.noise_phase_duration,
+            profile.noise_phase_power,
+        )
+        _freeze(work)
+        between = BetweenSample(work, _capped(profile, work))
     return IterationSample(
         iteration=iteration,
         generation=_phase_sample(profile, PhaseKind.GENERATION, gen_segments, generation_workload(rollout)),
         training=_phase_sample(profile, PhaseKind.TRAINING, train_segments, training_workload(trained)),
         rollout=rollout,
         trained_rollout=trained,
+        between=between,
     )
 
 
 def _phase_sample(
     profile: GpuProfile, kind: PhaseKind, segments: Segments, workload: Workload
 ) -> PhaseSample:
+    _freeze(segments)
+    return PhaseSample(kind, segments, workload, _capped(profile, segments))
+
+
+def _freeze(segments: Segments) -> None:
     for array in (
         segments.compute_mhz_s,
         segments.memory_s,
@@ -230,9 +271,12 @@ def _phase_sample(
         segments.gpu_bounds,
     ):
         array.setflags(write=False)
+
+
+def _capped(profile: GpuProfile, segments: Segments) -> IntArray:
     capped = power_capped_index(profile, segments)
     capped.setflags(write=False)
-    return PhaseSample(kind, segments, workload, capped)
+    return capped
 
 
 def power_capped_index(profile: GpuProfile, segments: Segments) -> IntArray:
@@ -295,11 +339,43 @@ def evaluate_phase(
     )
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class BetweenOutcome:
+    """The work between the phases, run at the default governor (the lock ends with its phase): its
+    duration (the slowest GPU's) and the energy of every GPU over it, idle waits included."""
+
+    duration_s: float
+    energy_j: float
+    gpu_busy_s: FloatArray
+    """Per GPU: busy time (it then waits at idle power until the slowest GPU is done)."""
+    gpu_busy_energy_j: FloatArray
+
+
+def evaluate_between(
+    scenario: Scenario, sample: IterationSample, previous_sm_clock_mhz: int | None = None
+) -> BetweenOutcome:
+    """The iteration's work between the phases at the default governor; ``previous_sm_clock_mhz`` is the
+    lock of the phase before it, which holds for the reset's ``clock_switch_ms`` (None: no switch)."""
+    profile = scenario.gpu
+    gpus = scenario.workload.gpus
+    work = sample.between
+    if work is None or work.segments.count == 0:
+        return BetweenOutcome(0.0, 0.0, np.zeros(gpus), np.zeros(gpus))
+    requested = clock_indices(profile, [None])
+    totals = _phase_totals(profile, work, requested)
+    if previous_sm_clock_mhz is not None:
+        _apply_clock_switch(profile, work, clock_index(profile, previous_sm_clock_mhz), requested, totals)
+    busy, energy, _ = totals
+    duration = float(busy[:, 0].max())
+    idle = profile.idle_power_w * float((duration - busy[:, 0]).sum())
+    return BetweenOutcome(duration, float(energy[:, 0].sum()) + idle, busy[:, 0], energy[:, 0])
+
+
 _Totals = tuple[FloatArray, FloatArray, FloatArray]
 """Per GPU and requested clock: busy seconds, energy (J) and clock × busy seconds (MHz·s)."""
 
 
-def _phase_totals(profile: GpuProfile, phase: PhaseSample, requested: IntArray) -> _Totals:
+def _phase_totals(profile: GpuProfile, phase: Priced, requested: IntArray) -> _Totals:
     """Per-GPU totals of a phase, split by whether the power limit can bind.
 
     Segments whose power-limited clock is at or above every requested clock run at exactly the requested
@@ -377,7 +453,7 @@ def _price(
 
 
 def _apply_clock_switch(
-    profile: GpuProfile, phase: PhaseSample, previous_index: int, requested: IntArray, totals: _Totals
+    profile: GpuProfile, phase: Priced, previous_index: int, requested: IntArray, totals: _Totals
 ) -> None:
     """Blend each GPU's first segment with its price at the previous clock (in place; see module doc)."""
     switching = requested != previous_index
@@ -406,15 +482,21 @@ def combine_phases(
     generation_energy_j: FloatArray,
     training_duration_s: FloatArray,
     training_energy_j: FloatArray,
+    between_duration_s: FloatArray | float = 0.0,
+    between_energy_j: FloatArray | float = 0.0,
 ) -> tuple[FloatArray, FloatArray]:
     """Wall time and energy of an iteration from its two phases (NumPy broadcasting applies).
 
-    Sync: the phases follow each other on the same GPUs, so both add. Async: they run at once on their
-    pools; the iteration lasts as long as the slower pool, and the faster pool's GPUs wait at idle power
-    for the rest (that idle energy is included). GPUs in neither pool are not part of the job.
+    Sync: the phases and the work between them follow each other on the same GPUs, so all add. Async: they
+    run at once on their pools; the iteration lasts as long as the slower pool, and the faster pool's GPUs
+    wait at idle power for the rest (that idle energy is included). GPUs in neither pool are not part of
+    the job.
     """
     if workload.mode is ExecutionMode.SYNC:
-        return generation_duration_s + training_duration_s, generation_energy_j + training_energy_j
+        return (
+            generation_duration_s + between_duration_s + training_duration_s,
+            generation_energy_j + between_energy_j + training_energy_j,
+        )
     wall = np.maximum(generation_duration_s, training_duration_s)
     idle = idle_power_w * (
         workload.pool_gpus(PhaseKind.GENERATION) * (wall - generation_duration_s)
@@ -432,8 +514,14 @@ class IterationTotals:
     valid_tokens: int
 
 
-def iteration_totals(scenario: Scenario, generation: PhaseOutcome, training: PhaseOutcome) -> IterationTotals:
-    """Combine two outcomes of the same iteration, pairing their clock columns element-wise."""
+def iteration_totals(
+    scenario: Scenario,
+    generation: PhaseOutcome,
+    training: PhaseOutcome,
+    between: BetweenOutcome | None = None,
+) -> IterationTotals:
+    """Combine two outcomes of the same iteration (and the work between them), pairing their clock columns
+    element-wise."""
     wall, energy = combine_phases(
         scenario.workload,
         scenario.gpu.idle_power_w,
@@ -441,6 +529,8 @@ def iteration_totals(scenario: Scenario, generation: PhaseOutcome, training: Pha
         generation_energy_j=generation.energy_j,
         training_duration_s=training.duration_s,
         training_energy_j=training.energy_j,
+        between_duration_s=0.0 if between is None else between.duration_s,
+        between_energy_j=0.0 if between is None else between.energy_j,
     )
     return IterationTotals(wall, energy, training.workload.valid_tokens)
 
@@ -497,7 +587,10 @@ def run_fixed(
     """Run the scenario with one fixed clock per phase kind (missing or None: default governor).
 
     Sync: each phase starts right after the other phase on the same GPUs, so it pays the clock switch
-    from the other phase's clock. Async: each pool keeps its clock, so there is no switch. ``samples``
+    from the other phase's clock; the work between generation and training runs at the default governor
+    (the daemon releases a phase's lock when it ends), so it pays the reset's switch from generation's
+    clock and training then switches from the default. Async: each pool keeps its clock, so there is no
+    switch. ``samples``
     (``sample_iteration(scenario, i)`` for the first iterations) lets several runs share the sampling,
     which costs more than pricing a phase at one clock.
     """
@@ -519,10 +612,11 @@ def run_fixed(
     for i in range(count):
         sample = sample_iteration(scenario, i) if samples is None else samples[i]
         gen_previous = as_lock(train_clock) if sync and i > 0 else None
-        train_previous = as_lock(gen_clock) if sync else None
         gen = evaluate_phase(scenario, sample, PhaseKind.GENERATION, [gen_clock], gen_previous)
+        between = evaluate_between(scenario, sample, as_lock(gen_clock))
+        train_previous = (top if between.duration_s > 0 else as_lock(gen_clock)) if sync else None
         train = evaluate_phase(scenario, sample, PhaseKind.TRAINING, [train_clock], train_previous)
-        totals = iteration_totals(scenario, gen, train)
+        totals = iteration_totals(scenario, gen, train, between)
         for key, value in (
             ("gd", gen.duration_s[0]),
             ("ge", gen.energy_j[0]),

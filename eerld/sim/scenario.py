@@ -90,6 +90,10 @@ _NODES_RULES: dict[str, _Rule] = {
     "noise_phase_duration": _Rule(float, 0.0, 1.0),
     "noise_phase_power": _Rule(float, 0.0, 1.0),
 }
+_BETWEEN_RULES: dict[str, _Rule] = {
+    "forward_passes": _Rule(int, 0, 64),
+    "fixed_s": _Rule(float, 0.0, 86_400.0),
+}
 _STRAGGLE_FACTOR_RULE = _Rule(float, 1.0, 100.0)
 _GROWTH_RULE = _Rule(float, -0.1, 0.1)
 _AT_ITERATION_RULE = _Rule(int, 0)
@@ -128,6 +132,22 @@ class TrainingSpec:
     weight_sync_s: float
     valid_fraction_mean: float
     valid_fraction_sd: float
+
+
+@dataclass(frozen=True, slots=True)
+class BetweenSpec:
+    """``[workload.between]``: the work a trainer does between generation and training (sim-model "Work
+    between the phases"): ``forward_passes`` passes over the training tokens (reference and old
+    log-probabilities, values), each a third of a training step's cost per token, then ``fixed_s`` of
+    memory-bound work (rewards, advantages, bookkeeping). It runs at whatever clock holds."""
+
+    forward_passes: int = 0
+    fixed_s: float = 0.0
+
+    @property
+    def empty(self) -> bool:
+        """No work between the phases (the reference workload)."""
+        return self.forward_passes == 0 and self.fixed_s == 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +217,8 @@ class WorkloadSpec:
     async_: AsyncSpec | None
     nodes: NodesSpec | None = None
     """Multi-node scenarios only: the nodes that each run this workload (``eerl-bench multinode``)."""
+    between: BetweenSpec = BetweenSpec()
+    """Work between generation and training (sync single-node scenarios only)."""
 
     def pool_gpus(self, kind: PhaseKind) -> int:
         """How many GPUs run phases of this kind (all of them in sync mode)."""
@@ -312,7 +334,7 @@ def _parse_gpu(source: str, table: Mapping[str, Any]) -> GpuProfile:
 
 
 def _parse_workload(source: str, table: Mapping[str, Any]) -> WorkloadSpec:
-    allowed = {"mode", "generation", "training", "drift", "async", "nodes", *_WORKLOAD_RULES}
+    allowed = {"mode", "generation", "training", "drift", "async", "nodes", "between", *_WORKLOAD_RULES}
     _reject_unknown(source, "workload.", table, allowed)
     mode_text = _string(source, "workload.mode", table.get("mode"), required=True)
     try:
@@ -337,6 +359,17 @@ def _parse_workload(source: str, table: Mapping[str, Any]) -> WorkloadSpec:
         if mode is not ExecutionMode.SYNC:
             raise ConfigError(f"{source}: 'workload.nodes' is only supported with mode = \"sync\"")
         nodes = _parse_nodes(source, table["nodes"], int(scalars["gpus"]))
+    between = BetweenSpec()
+    if "between" in table:
+        if mode is not ExecutionMode.SYNC or nodes is not None:
+            raise ConfigError(
+                f"{source}: 'workload.between' is only supported with mode = \"sync\" on one node"
+            )
+        between_table = _table(source, "workload.between", table["between"])
+        _reject_unknown(source, "workload.between.", between_table, set(_BETWEEN_RULES))
+        between = BetweenSpec(
+            **_scalars(source, "workload.between.", between_table, _BETWEEN_RULES, required=False)
+        )
     return WorkloadSpec(
         mode=mode,
         iterations=int(scalars["iterations"]),
@@ -347,6 +380,7 @@ def _parse_workload(source: str, table: Mapping[str, Any]) -> WorkloadSpec:
         drift=drift,
         async_=async_spec,
         nodes=nodes,
+        between=between,
     )
 
 
@@ -492,6 +526,7 @@ def scenario_fields() -> dict[str, tuple[str, ...]]:
         "workload.training": tuple(f.name for f in fields(TrainingSpec)),
         "workload.drift": ("response_growth_per_iteration", "steps"),
         "workload.async": ("generation_gpus", "training_gpus", "staleness"),
+        "workload.between": tuple(_BETWEEN_RULES),
     }
 
 

@@ -7,7 +7,9 @@ Async mode is not (an iteration lasts as long as the slower pool), so pairs are 
 
 The default governor equals a lock at the top grid clock (a lock never lifts the power limit), so the
 top row/column of the tables is the default, and a best pair that uses the top clock reports ``None``
-for that phase: no lock is needed. Clock-switch windows are ignored here (15 ms per phase of tens of
+for that phase: no lock is needed. The work between the phases runs at the default governor for every pair
+(the lock ends with its phase), so it adds the same time and energy to each. Clock-switch windows are
+ignored here (15 ms per phase of tens of
 seconds: below 0.05%); :func:`eerld.sim.evaluate.run_fixed` includes them.
 """
 
@@ -23,6 +25,7 @@ from eerld.sim.evaluate import (
     RunFigures,
     clock_grid,
     combine_phases,
+    evaluate_between,
     evaluate_phase,
     sample_iteration,
 )
@@ -137,16 +140,22 @@ def pair_totals(
     generation_energy_j: FloatArray,
     training_duration_s: FloatArray,
     training_energy_j: FloatArray,
+    *,
+    between_duration_s: FloatArray | None = None,
+    between_energy_j: FloatArray | None = None,
 ) -> tuple[FloatArray, FloatArray]:
     """Whole-run (energy, wall) of every (generation clock, training clock) pair: ``[g, t]`` arrays.
 
-    The inputs are ``[iteration, clock index]`` phase tables. Sync phases add, so the run's totals are
-    sums of column sums; async iterations last as long as their slower pool, so they combine per iteration.
+    The inputs are ``[iteration, clock index]`` phase tables and ``[iteration]`` totals of the work between
+    the phases. Sync phases add, so the run's totals are sums of column sums; async iterations last as
+    long as their slower pool, so they combine per iteration.
     """
     if scenario.workload.mode is ExecutionMode.SYNC:
+        between_wall = 0.0 if between_duration_s is None else float(between_duration_s.sum())
+        between_energy = 0.0 if between_energy_j is None else float(between_energy_j.sum())
         wall = generation_duration_s.sum(axis=0)[:, None] + training_duration_s.sum(axis=0)[None, :]
         energy = generation_energy_j.sum(axis=0)[:, None] + training_energy_j.sum(axis=0)[None, :]
-        return energy, wall
+        return energy + between_energy, wall + between_wall
     size = generation_duration_s.shape[1]
     wall = np.zeros((size, training_duration_s.shape[1]))
     energy = np.zeros_like(wall)
@@ -173,6 +182,7 @@ def sweep(
     requested: list[int | None] = list(clocks)
     size = len(clocks)
     tables = {name: np.zeros((count, size)) for name in ("gd", "ge", "td", "te")}
+    between_duration, between_energy = np.zeros(count), np.zeros(count)
     valid = np.zeros(count, dtype=np.int64)
     for i in range(count):
         sample = sample_iteration(scenario, i)
@@ -180,10 +190,20 @@ def sweep(
         train = evaluate_phase(scenario, sample, PhaseKind.TRAINING, requested)
         tables["gd"][i], tables["ge"][i] = gen.duration_s, gen.energy_j
         tables["td"][i], tables["te"][i] = train.duration_s, train.energy_j
+        between = evaluate_between(scenario, sample)
+        between_duration[i], between_energy[i] = between.duration_s, between.energy_j
         valid[i] = sample.valid_tokens
         if progress is not None:
             progress(i + 1, count)
-    energy, wall = pair_totals(scenario, tables["gd"], tables["ge"], tables["td"], tables["te"])
+    energy, wall = pair_totals(
+        scenario,
+        tables["gd"],
+        tables["ge"],
+        tables["td"],
+        tables["te"],
+        between_duration_s=between_duration,
+        between_energy_j=between_energy,
+    )
     return SweepResult(
         scenario=scenario.name,
         iterations=count,

@@ -4,7 +4,8 @@ Common random numbers: every draw of iteration ``i`` comes from a NumPy Generato
 ``SeedSequence([seed, i, stream])`` — never from clocks or from what ran before — so a default-governor
 run, a fixed-clock sweep and an online controller see the very same responses and the very same noise.
 Streams: 0 = response lengths and validity (the rollout), 1 = generation noise, 2 = training noise,
-6 and 7 = generation and training phase-level noise (one factor per phase and GPU; 3–5 are the nodes model's).
+6 and 7 = generation and training phase-level noise (one factor per phase and GPU; 3–5 are the nodes model's),
+9 and 10 = the work between the phases (segment noise, phase-level noise; 8 is the bench's counter offsets).
 
 Segments are stored per phase as flat arrays, GPU by GPU (``gpu_bounds[g]:gpu_bounds[g + 1]`` are GPU
 ``g``'s segments, in execution order), so the evaluator can price every segment at every clock at once.
@@ -18,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 from eerl.phases import Workload
 
-from eerld.sim.scenario import GenerationSpec, TrainingSpec
+from eerld.sim.scenario import BetweenSpec, GenerationSpec, TrainingSpec
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -32,6 +33,10 @@ WEIGHT_SYNC_MEM_ACTIVITY = 0.3
 
 ROLLOUT_STREAM, GENERATION_NOISE_STREAM, TRAINING_NOISE_STREAM = 0, 1, 2
 GENERATION_PHASE_NOISE_STREAM, TRAINING_PHASE_NOISE_STREAM = 6, 7
+BETWEEN_NOISE_STREAM, BETWEEN_PHASE_NOISE_STREAM = 9, 10
+
+FORWARD_PASS_COST_SHARE = 1.0 / 3.0
+"""A forward pass costs a third of a training step per token (a backward pass costs about two forwards)."""
 
 
 def iteration_rng(seed: int, iteration: int, stream: int) -> np.random.Generator:
@@ -226,6 +231,32 @@ def training_segments(
     )
     scale = np.concatenate([np.ones(training.micro_batches + 1), [WEIGHT_SYNC_MEM_ACTIVITY]])
     return _segments([(compute, memory, scale)] * gpus, rng, noise_duration, noise_power)
+
+
+def between_segments(
+    training: TrainingSpec,
+    between: BetweenSpec,
+    rollout: Rollout,
+    gpus: int,
+    rng: np.random.Generator,
+    *,
+    noise_duration: float,
+    noise_power: float,
+) -> Segments:
+    """Per GPU: ``forward_passes`` passes of ``micro_batches`` segments over an even share of the training
+    tokens, each at a third of a training segment's compute and memory, then ``fixed_s`` of memory-bound
+    work (sim-model "Work between the phases"). No work: no segment at all."""
+    tokens = float(training_tokens(rollout))
+    micro_tokens = tokens / (gpus * training.micro_batches)
+    passes = between.forward_passes * training.micro_batches if tokens > 0 else 0
+    share = FORWARD_PASS_COST_SHARE * micro_tokens
+    compute = np.full(passes, share * training.train_compute_mhz_s_per_token)
+    memory = np.full(passes, share * training.train_memory_s_per_token)
+    if between.fixed_s > 0:
+        compute = np.append(compute, 0.0)
+        memory = np.append(memory, between.fixed_s)
+    per_gpu = (compute, memory, np.ones(len(compute)))
+    return _segments([per_gpu] * gpus, rng, noise_duration, noise_power)
 
 
 def training_tokens(rollout: Rollout) -> int:

@@ -101,17 +101,19 @@ class TestDryRun:
     def test_dry_run_decides_and_meters_but_never_locks_and_status_shows_what_would_be_locked(
         self, start_daemon, fake: FakeGpuBackend, clock: ManualClock
     ):
-        with start_daemon(dry_run=True) as handle:
-            with grpc.insecure_channel(f"unix:{handle.socket_path}") as ch:
-                stub = pb_grpc.PhaseServiceStub(ch)
-                session = open_session(stub, 0)
-                began = begin(stub, session.session_id, GEN, 0)
-                clock.advance(2.0)
-                ended = end(stub, session.session_id, GEN, 0)
-            with grpc.insecure_channel(f"unix:{handle.admin_socket_path}") as ch:
-                admin = pb_grpc.AdminServiceStub(ch)
-                pin(admin, 1)
-                status = admin.Status(pb.StatusRequest())
+        with (
+            start_daemon(dry_run=True) as handle,
+            grpc.insecure_channel(f"unix:{handle.socket_path}") as ch,
+            grpc.insecure_channel(f"unix:{handle.admin_socket_path}") as admin_channel,
+        ):
+            stub = pb_grpc.PhaseServiceStub(ch)
+            session = open_session(stub, 0)
+            began = begin(stub, session.session_id, GEN, 0)
+            clock.advance(2.0)
+            admin = pb_grpc.AdminServiceStub(admin_channel)
+            pin(admin, 1)
+            status = admin.Status(pb.StatusRequest())  # during the phase: its lock would hold
+            ended = end(stub, session.session_id, GEN, 0)
         assert fake.lock_calls() == 0
         assert fake.locked() == {}
         assert began.clocks[0].dry_run
@@ -147,12 +149,22 @@ class TestDryRun:
         assert all("dry-run" in r.degraded_reason for r in results)
 
 
-class TestNoOpCalls:
-    def test_a_phase_whose_clock_already_holds_makes_no_lock_call(self, phase, fake: FakeGpuBackend):
+class TestLockEndsWithItsPhase:
+    def test_each_phase_locks_once_and_its_end_returns_the_gpu_to_default(self, phase, fake: FakeGpuBackend):
+        """The work between phases runs at the default governor, not at the last phase's lock."""
         session = open_session(phase, 0)
         for iteration in range(3):
             begin(phase, session.session_id, GEN, iteration)
+            assert fake.locked() == {0: 1200}
             end(phase, session.session_id, GEN, iteration)
+            assert fake.locked() == {}
+        assert fake.lock_calls() == 3
+
+    def test_a_begin_whose_clock_already_holds_makes_no_lock_call(self, phase, fake: FakeGpuBackend):
+        """A lost EndPhase: the next BeginPhase abandons the phase and finds its clock in place."""
+        session = open_session(phase, 0)
+        begin(phase, session.session_id, GEN, 0)
+        begin(phase, session.session_id, GEN, 1)
         assert fake.lock_calls() == 1
 
 

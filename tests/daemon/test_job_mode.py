@@ -387,16 +387,18 @@ class TestFallback:
 
     def test_never_a_trial(self, node: Node) -> None:
         sid = node.open(0)
-        node.phase(sid, 0, 1200, TRIAL, epoch=1)
-        assert node.fake.locked() == {0: 1200}
+        began, _ = node.phase(sid, 0, 1200, TRIAL, epoch=1)
+        assert began.clocks[0].requested_sm_clock_mhz == 1200
+        assert node.locks() == [1200]
         began, _ = node.phase(sid, 1, None, send=False)
         assert began.target_sm_clock_mhz is None
-        assert node.fake.locked() == {}
+        assert began.clocks[0].requested_sm_clock_mhz is None
+        assert node.locks() == [1200]
         node.phase(sid, 2, 1500, COMMITTED, epoch=2)
         node.phase(sid, 3, 1215, TRIAL, epoch=3)
         began, _ = node.phase(sid, 4, 1215, TRIAL, epoch=2)  # stale
         assert (verdict(began), began.target_sm_clock_mhz) == (V.STALE_EPOCH, 1500)
-        assert node.fake.locked() == {0: 1500}
+        assert node.locks()[-1] == 1500
 
     def test_a_committed_default_makes_the_fallback_the_default(self, node: Node) -> None:
         sid = node.open(0)
@@ -407,32 +409,33 @@ class TestFallback:
 
 
 class TestRateLimit:
-    def drain(self, n: Node, sid: str, start: int, changes: int) -> int:
-        """Alternate committed clocks for ``changes`` phases that take no time (the rate limit's bucket does
-        not refill); the next iteration."""
-        for i in range(start, start + changes):
+    def drain(self, n: Node, sid: str, start: int, phases: int) -> int:
+        """Alternate committed clocks for ``phases`` phases that take no time (the rate limit's bucket does
+        not refill; each phase takes two tokens, its lock and its end's release); the next iteration."""
+        for i in range(start, start + phases):
             began, _ = n.phase(sid, i, 1500 if i % 2 else 1515, COMMITTED, epoch=i, duration_s=0.0)
             assert verdict(began) is V.ACCEPTED
-        return start + changes
+        return start + phases
 
-    def test_a_change_the_rate_limit_refuses_falls_back_to_the_committed_clock(self, node: Node) -> None:
+    def test_a_change_the_rate_limit_refuses_falls_back_to_the_default(self, node: Node) -> None:
+        """The lock ended with the last phase, so the committed clock would be a change as well."""
         sid = node.open(0)
-        nxt = self.drain(node, sid, 1, 20)  # the burst: 20 changes, ending at 1515 (iteration 20)
-        held = node.fake.locked()[0]
+        nxt = self.drain(node, sid, 1, 10)  # the burst: 10 locks and 10 releases
         began, _ = node.phase(sid, nxt, 1350, COMMITTED, epoch=nxt, duration_s=0.0)
-        assert (verdict(began), began.target_sm_clock_mhz) == (V.RATE_LIMITED, held)
+        assert (verdict(began), began.target_sm_clock_mhz, began.applied_epoch) == (V.RATE_LIMITED, None, 0)
         assert "rate limit refuses 1350 MHz" in began.verdict_detail
         assert 1350 not in node.locks()
+        assert node.fake.locked() == {}
         node.clock.advance(1.0)  # ten changes a second come back
         assert verdict(node.phase(sid, nxt + 1, 1350, COMMITTED, epoch=nxt + 1)[0]) is V.ACCEPTED
 
-    def test_a_refused_fallback_goes_to_the_default_never_stays_at_a_trial(self, node: Node) -> None:
+    def test_a_refused_change_never_leaves_a_trial_clock(self, node: Node) -> None:
         sid = node.open(0)
         node.phase(sid, 0, 1500, COMMITTED, epoch=1, duration_s=0.0)
-        for i in range(1, 20):  # the rest of the burst, on trials
+        for i in range(1, 10):  # the rest of the burst, on trials
             began, _ = node.phase(sid, i, 1200 if i % 2 else 1215, TRIAL, epoch=1 + i, duration_s=0.0)
             assert verdict(began) is V.ACCEPTED
-        assert node.fake.locked()[0] in (1200, 1215)  # a trial clock holds, no token left
+        assert node.locks()[-1] in (1200, 1215)  # the last trial locked; no token left
         began, _ = node.phase(sid, 21, 1350, COMMITTED, epoch=30, duration_s=0.0)
         assert (verdict(began), began.target_sm_clock_mhz, began.applied_epoch) == (V.RATE_LIMITED, None, 0)
         assert node.fake.locked() == {}  # a reset is never held back

@@ -32,9 +32,9 @@ def test_phase_energy_from_sampled_counters_matches_the_power_drawn(sock_dir: Pa
         for iteration in range(2):
             for kind, clock_mhz in ((GEN, 1200), (TRAIN, 1500)):
                 begin(stub, session.session_id, kind, iteration)
+                assert fake.locked() == {0: clock_mhz, 1: clock_mhz}
+                power_w = 2 * fake.power_at(0)  # both GPUs, locked alike
                 time.sleep(0.8)
                 ended = end(stub, session.session_id, kind, iteration)
-                power_w = 2 * fake.power_at(0)  # both GPUs, locked alike
-                assert fake.locked() == {0: clock_mhz, 1: clock_mhz}
                 expected_mj = power_w * ended.duration_s * 1000.0
                 assert abs(ended.energy_mj - expected_mj) <= 0.08 * expected_mj

@@ -181,10 +181,12 @@ class RecordingController(OffController):
         super().__init__(settings)
         self.seen: list[tuple[PhaseKind, int]] = []
         self.clocks: list[int | None] = []
+        self.gaps_s: list[float] = []
 
     def observe(self, observation: PhaseObservation, now_s: float) -> Decision | None:
         self.seen.append((observation.kind, observation.iteration))
         self.clocks.append(observation.sm_clock_mhz)
+        self.gaps_s.append(observation.gap_before_s)
         return super().observe(observation, now_s)
 
 
@@ -245,6 +247,38 @@ class TestObservations:
         daemon.begin_phase(sid, PhaseKind.GENERATION, 0, None)
         daemon.end_phase(sid, PhaseKind.GENERATION, 0, Workload(tokens=10))
         assert controllers[0].clocks == [held]
+        daemon.shutdown()
+
+
+class TestBetweenPhases:
+    def test_the_work_between_phases_runs_at_default_and_the_controller_is_told_how_long_it_took(
+        self, sock_dir
+    ):
+        """Log-probabilities, rewards and weight sync run between EndPhase and the next BeginPhase: at the
+        default governor (the lock ends with its phase), and counted in the next phase's gap."""
+        controllers: list[RecordingController] = []
+
+        def factory(settings: ControllerSettings) -> RecordingController:
+            controllers.append(FixedRecording(settings))
+            return controllers[-1]
+
+        clock = ManualClock()
+        fake = FakeGpuBackend(1, clock=clock)
+        daemon = Daemon(fake, sock_dir, controller_name="rec", controller_factory=factory, clock=clock)
+        spec = SessionSpec(
+            "j", 0, 0, (GpuSelector("gpus[0]", index=0),), ExecutionMode.SYNC, GpuRole.BOTH, None, None
+        )
+        sid = daemon.open_session(spec).session_id
+        between: list[dict[int, int]] = []
+        for iteration, gaps in enumerate(((3.0, 0.5), (2.0, 0.25))):
+            for kind, gap_s in zip((PhaseKind.GENERATION, PhaseKind.TRAINING), gaps, strict=True):
+                daemon.begin_phase(sid, kind, iteration, None)
+                clock.advance(10.0)
+                daemon.end_phase(sid, kind, iteration, Workload(tokens=10))
+                between.append(fake.locked())
+                clock.advance(gap_s)
+        assert between == [{}, {}, {}, {}]
+        assert controllers[0].gaps_s == [0.0, 3.0, 0.5, 2.0]  # the first phase has no gap before it
         daemon.shutdown()
 
 

@@ -17,8 +17,9 @@ import pytest
 from eerl.v1 import eerl_pb2, eerl_pb2_grpc
 
 from eerld.ctl import main
+from eerld.errors import GpuLost
 from eerld.metrics import MetricsServer, start_metrics_server
-from eerld.testing import DaemonHandle, running_daemon
+from eerld.testing import DaemonHandle, FakeGpuBackend, running_daemon
 
 
 @pytest.fixture
@@ -265,11 +266,9 @@ class TestDrain:
 
 
 class TestBetweenPhases:
-    def test_status_says_none_and_since_when_the_gpu_is_held(self, daemon: DaemonHandle) -> None:
-        """After EndPhase the session's GPU stays locked at 1200 MHz: status says no phase runs, and since
-        when (UTC) the lock is held."""
+    @staticmethod
+    def end_generation(daemon: DaemonHandle) -> str:
         session_id = daemon.daemon.sessions()[0].session_id
-        before = time.time()
         with grpc.insecure_channel(f"unix:{daemon.socket_path}") as channel:
             eerl_pb2_grpc.PhaseServiceStub(channel).EndPhase(
                 eerl_pb2.EndPhaseRequest(
@@ -279,9 +278,31 @@ class TestBetweenPhases:
                     workload=eerl_pb2.Workload(tokens=10, valid_tokens=8, sequences=1),
                 )
             )
+        return session_id
+
+    def test_after_end_phase_the_gpu_is_at_default_and_no_phase_shows(self, daemon: DaemonHandle) -> None:
+        """The lock ends with its phase: between phases the session's GPU runs the default governor."""
+        assert isinstance(daemon.backend, FakeGpuBackend)
+        assert daemon.backend.locked() == {0: 1200}
+        self.end_generation(daemon)
+        session = ctl_json(daemon, "status")["sessions"][0]
+        text = ctl(daemon, "status")[1]
+        assert daemon.backend.locked() == {}
+        assert (session["current_phase"], session["held_sm_clock_mhz"]) == (None, None)
+        assert "none@1" in text
+        assert "held at" not in text
+
+    def test_a_lock_whose_release_failed_shows_as_held_and_since_when(self, daemon: DaemonHandle) -> None:
+        """The reset at EndPhase fails: status says no phase runs, the GPU is still locked, and since when
+        (UTC)."""
+        assert isinstance(daemon.backend, FakeGpuBackend)
+        daemon.backend.fail(0, "reset_sm_clock", GpuLost("fell off the bus", gpu_index=0))
+        before = time.time()
+        self.end_generation(daemon)
         ended = time.time()
         session = ctl_json(daemon, "status")["sessions"][0]
         text = ctl(daemon, "status")[1]
+        assert daemon.backend.locked() == {0: 1200}
         assert session["current_phase"] is None
         assert session["held_sm_clock_mhz"] == 1200
         assert before <= session["held_since_unix_s"] <= ended  # held from the EndPhase on

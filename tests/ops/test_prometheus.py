@@ -331,8 +331,12 @@ def values(url: str, promql: str) -> dict[str, float]:
 
 class TestPrometheusScrapesEerld:
     def test_gpu_clocks_and_locks_arrive_with_dcgm_labels(self, prometheus: str) -> None:
-        """The pinned GPU 1 is locked at 1005 MHz; its series carry the node name and the GPU's UUID."""
-        assert values(prometheus, 'eerl_gpu_locked{job="eerld"}') == {"0": 1.0, "1": 1.0, "2": 1.0}
+        """The pinned GPU 1 is locked at 1005 MHz, the running job's GPU 2 in its phases (between two of
+        them, for the moment of two RPCs, it is not: hence the maximum over a minute), and the finished
+        session's GPU 0 not at all: its lock ended with its last phase. The series carry the node name and
+        the GPU's UUID."""
+        locked = values(prometheus, 'max_over_time(eerl_gpu_locked{job="eerld"}[1m])')
+        assert locked == {"0": 0.0, "1": 1.0, "2": 1.0}
         assert values(prometheus, 'eerl_gpu_locked_sm_clock_hertz{gpu="1"}') == {"1": 1.005e9}
         (series,) = query(prometheus, 'eerl_gpu_admin_pinned{gpu="1"}')
         assert series["metric"]["Hostname"] == NODE_NAME

@@ -196,15 +196,16 @@ class TestClockChangeRateLimit:
                     stub.BeginPhase(pb.BeginPhaseRequest(session_id=sid, kind=kind, iteration=i))
                     stub.EndPhase(pb.EndPhaseRequest(session_id=sid, kind=kind, iteration=i, workload=WORK))
 
-            flip(100, 0)  # no time passes: only the burst gets through
+            # Each phase takes two changes: its lock and its end's release (a release is never held back).
+            flip(100, 0)  # no time passes: only the burst gets through (20 changes: 10 locks)
             burst_changes = fake.lock_calls()
             clock.advance(1.0)
-            flip(100, 100)  # one second later: ten more
+            flip(100, 100)  # one second later: ten more changes (5 locks)
             after_one_second = fake.lock_calls() - burst_changes
             stub.CloseSession(pb.CloseSessionRequest(session_id=sid))  # the reset is never limited
             locked_after_close = fake.locked()
-        assert burst_changes == 20
-        assert after_one_second == 10
+        assert burst_changes == 10
+        assert after_one_second == 5
         assert locked_after_close == {}
 
     def test_an_admin_pin_on_a_gpu_whose_budget_is_spent_is_refused_until_it_refills(
@@ -233,7 +234,7 @@ class TestClockChangeRateLimit:
             locked = fake.locked()
         assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "retry" in refused.value.details()
-        assert (locked_refused, pins_refused) == ({0: 1500}, None)
+        assert (locked_refused, pins_refused) == ({}, None)  # the last phase's lock ended with it
         assert locked == {0: 900}
 
     def test_resets_take_from_the_budget_so_an_open_lock_close_loop_cannot_thrash_a_gpu(

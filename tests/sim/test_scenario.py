@@ -13,7 +13,15 @@ from eerld.sim.scenario import builtin_scenario_names, load_scenario, scenario_f
 
 WriteScenario = Callable[..., Path]
 
-EXPECTED_BUILTINS = {"sync-h100", "sync-gb200", "async-h100", "drift-h100", "step-h100", "noisy-h100"}
+EXPECTED_BUILTINS = {
+    "sync-h100",
+    "sync-gb200",
+    "async-h100",
+    "drift-h100",
+    "step-h100",
+    "noisy-h100",
+    "verl-h100",
+}
 
 
 class TestBuiltins:

@@ -37,6 +37,9 @@ class PhaseObservation:
     """The lock that held during the phase; None for the default governor."""
     gpus: int
     end_time_s: float
+    gap_before_s: float = 0.0
+    """Time from the end of the session's previous phase to this phase's begin (0 for its first): the work
+    between the phases, which runs at the default governor (the lock ends with its phase)."""
 
 
 @dataclass(frozen=True, slots=True)

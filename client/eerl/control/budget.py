@@ -1,10 +1,11 @@
 """Spend the iteration's allowed slowdown where it saves the most energy.
 
 The throughput threshold is a property of the whole iteration, not of each phase: in sync mode the
-iteration takes the sum of its phases' times, so a memory-bound generation phase that barely slows down can
-take a large clock cut while a compute-bound training phase takes a small one. Given each kind's estimated
-time and energy ratio at every candidate clock and its typical default time and energy, the allocation
-minimises the iteration's energy subject to its time staying within ``default / threshold``.
+iteration takes the sum of its phases' times (and of the work between them), so a memory-bound generation
+phase that barely slows down can take a large clock cut while a compute-bound training phase takes a small
+one. Given each kind's estimated time and energy ratio at every candidate clock and its typical default
+time and energy, the allocation minimises the iteration's energy subject to its time staying within
+``default / threshold``.
 
 In async mode the pools run at once and the iteration takes as long as the slower pool; a pool that waits
 for its peer has slack, and may slow down until it is used up (plus the threshold's share).
@@ -43,12 +44,16 @@ class Allocation:
     energy_ratio: float
 
 
-def allocate_sync(options: list[KindOptions], threshold: float) -> Allocation:
-    """Minimum-energy clocks whose summed phase time stays within the default time over the threshold."""
+def allocate_sync(options: list[KindOptions], threshold: float, between_s: float = 0.0) -> Allocation:
+    """Minimum-energy clocks whose iteration time stays within the default time over the threshold.
+
+    ``between_s`` is the iteration's work between the phases (:mod:`eerl.control.between`): it runs at the
+    default governor whatever the phases' clocks, so it adds the same time to both sides.
+    """
     assert options, "at least one phase kind"
-    default_time = sum(o.default_duration_s for o in options)
+    default_time = sum(o.default_duration_s for o in options) + between_s
     default_energy = sum(o.default_energy_j for o in options)
-    time = np.zeros(1)
+    time = np.full(1, between_s)
     energy = np.zeros(1)
     for o in options:
         t = o.default_duration_s * np.nan_to_num(o.time_ratio, nan=np.inf)

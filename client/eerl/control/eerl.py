@@ -26,7 +26,8 @@ Each part is a module with one job, over the records of :mod:`eerl.control.state
 * :mod:`eerl.control.retune` — the refine of a commit, and the re-tunes that answer drift;
 * :mod:`eerl.control.grid` — the clock grid: fine candidates, coarse descent, re-tune windows.
 
-The allocation spends the throughput threshold over the whole iteration (see :mod:`eerl.control.budget`).
+The allocation spends the throughput threshold over the whole iteration, the work between the phases included
+(see :mod:`eerl.control.budget` and :mod:`eerl.control.between`).
 Everything here is pure: time and observations come in as arguments.
 """
 
@@ -37,6 +38,7 @@ from collections.abc import Sequence
 
 from eerl.control.base import Controller, ControllerSettings, Decision, PhaseObservation, PhaseSnapshot
 from eerl.control.baseline import baseline_complete, learn_default, rebaseline_step, track_default_scale
+from eerl.control.between import BetweenWork
 from eerl.control.budget import Allocation
 from eerl.control.commit import try_commit
 from eerl.control.config import EerlConfig
@@ -77,7 +79,10 @@ class EerlController:
         self._all = tuple(self._tracks.values())
         """Every kind's track, in the session's order (what the plan and the commit look at together)."""
         self._slack = PeerSlack(active=settings.mode is ExecutionMode.ASYNC and len(self._all) == 1)
-        self._planner = Planner(settings.throughput_threshold, self._config, self._grid, self._slack)
+        self._between = BetweenWork(active=settings.mode is ExecutionMode.SYNC)
+        self._planner = Planner(
+            settings.throughput_threshold, self._config, self._grid, self._slack, self._between
+        )
         self._pace = RefinePace()
         self._history: deque[Decision] = deque(maxlen=self._config.history)
         self._iteration = 0
@@ -106,6 +111,7 @@ class EerlController:
         if track is None:
             self._slack.observe_peer(observation.duration_s)
             return None
+        self._between.observe(observation.iteration, observation.gap_before_s)
         if observation.duration_s <= 0 or observation.energy_j <= 0:
             return None
         track.ledger.phases += 1

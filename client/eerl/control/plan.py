@@ -4,7 +4,8 @@
 offers its fine candidates (:func:`eerl.control.search.candidate_clocks`) with the clock curve's estimated
 ratios, a committed kind only its committed clock, every kind the default governor. The plan aims at the
 threshold plus a margin for the predictor's own uncertainty. One async pool alone in its session plans
-against its peer's time (:mod:`eerl.control.slack`); otherwise the kinds share one sync iteration.
+against its peer's time (:mod:`eerl.control.slack`); otherwise the kinds share one sync iteration, with the
+work between its phases (:mod:`eerl.control.between`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from eerl.control.between import BetweenWork
 from eerl.control.budget import Allocation, KindOptions, allocate_async, allocate_sync
 from eerl.control.config import EerlConfig
 from eerl.control.grid import ClockGrid
@@ -28,11 +30,19 @@ MIN_SUPPORT = 0.3
 class Planner:
     """Plans the iteration over the kinds' tracks it is given; holds no state of its own."""
 
-    def __init__(self, target: float, config: EerlConfig, grid: ClockGrid, slack: PeerSlack) -> None:
+    def __init__(
+        self,
+        target: float,
+        config: EerlConfig,
+        grid: ClockGrid,
+        slack: PeerSlack,
+        between: BetweenWork | None = None,
+    ) -> None:
         self._target = target
         self._config = config
         self._grid = grid
         self._slack = slack
+        self._between = between or BetweenWork(active=False)
 
     @property
     def async_pool(self) -> bool:
@@ -65,7 +75,7 @@ class Planner:
         if self.async_pool:
             options = self.options(tracks[0], iteration)
             return allocate_async(options, self._slack.peer_duration_s(), self.threshold(tracks), 0.0)
-        return allocate_sync([self.options(t, iteration) for t in tracks], self.threshold(tracks))
+        return self._sync([self.options(t, iteration) for t in tracks], tracks)
 
     def committed_and_best(
         self, tracks: Sequence[KindTrack], iteration: int
@@ -78,18 +88,19 @@ class Planner:
             )
             free = self.options(tracks[0], iteration, free=True, extrapolate=False)
             return current, allocate_async(free, peer, self.threshold(tracks), 0.0)
-        current = allocate_sync([self.committed_option(t, iteration) for t in tracks], self.threshold(tracks))
-        best = allocate_sync(
-            [self.options(t, iteration, free=True, extrapolate=False) for t in tracks], self.threshold(tracks)
-        )
+        current = self._sync([self.committed_option(t, iteration) for t in tracks], tracks)
+        best = self._sync([self.options(t, iteration, free=True, extrapolate=False) for t in tracks], tracks)
         return current, best
+
+    def _sync(self, options: list[KindOptions], tracks: Sequence[KindTrack]) -> Allocation:
+        return allocate_sync(options, self.threshold(tracks), self._between.per_iteration_s())
 
     def time_cap(self, track: KindTrack, tracks: Sequence[KindTrack]) -> float:
         """The largest time ratio this kind could take if every other phase ran at default."""
         default_s = track.baseline.default_duration_s
         if self.async_pool:
             return self._slack.time_cap(default_s, self._target)
-        total = sum(t.baseline.default_duration_s for t in tracks)
+        total = sum(t.baseline.default_duration_s for t in tracks) + self._between.per_iteration_s()
         slack = total / self._target - total
         return 1.0 + slack / max(default_s, 1e-9)
 

@@ -163,6 +163,10 @@ class JobController:
         self._iterations: dict[int, _Iteration] = {}
         self._lift_steps = 0
         self._guard_history: deque[Decision] = deque(maxlen=128)
+        self._last_end_s: float | None = None
+        """When the last phase's reports were judged: the work between phases starts there."""
+        self._gap_before: tuple[PhaseKind, int, float] | None = None
+        """The planned phase and the time since the last phase ended (its observation's gap)."""
 
     # ------------------------------------------------------------------ interface
 
@@ -199,6 +203,8 @@ class JobController:
             self._epoch += 1
         directive = Directive(self._incarnation, self._epoch, iteration, kind, clock, purpose)
         self._directives[kind] = directive
+        if self._last_end_s is not None:
+            self._gap_before = (kind, iteration, max(0.0, now_s - self._last_end_s))
         if purpose is DirectivePurpose.TRIAL:
             self._iterations.setdefault(iteration, _Iteration({}, {})).trial = True
         return directive
@@ -215,6 +221,9 @@ class JobController:
         directive = self._directives.get(kind)
         record = self._iterations.setdefault(iteration, _Iteration({}, {}))
         record.workloads[kind] = workload
+        gap = self._gap_before
+        gap_before_s = gap[2] if gap is not None and gap[:2] == (kind, iteration) else 0.0
+        self._gap_before, self._last_end_s = None, now_s
         reason = self._incomplete(kind, iteration, reports, directive)
         if reason is not None or directive is None:
             record.at_default = False
@@ -234,6 +243,7 @@ class JobController:
             sm_clock_mhz=directive.sm_clock_mhz,
             gpus=sum(report.gpus for report in reports),
             end_time_s=now_s,
+            gap_before_s=gap_before_s,
         )
         self._inner.observe(observation, now_s)
         record.medians[kind] = median
