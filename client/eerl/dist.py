@@ -6,9 +6,13 @@ node's local rank 0 holds that node's job-mode session (:class:`eerl.job.node.No
 none. Once per phase, rank 0 broadcasts the directive (``broadcast_object_list``) and, after the phase, the
 node leaders' reports come back to it (``gather_object``); the aggregation counts nodes, not ranks.
 
-Every rank must enter the same phases in the same order (as data-parallel trainers do). Any timeout or
-error on the side group turns job-level control off on that rank for the rest of the job, with one warning;
-the job goes on, and its nodes return to their default clocks.
+Every rank must enter the same phases in the same order (as data-parallel trainers do); a rank that gets
+the directive of another phase than its own turns job-level control off (the ranks no longer line up). Any
+timeout or error on the side group turns job-level control off on that rank for the rest of the job, with
+one warning; the job goes on, and its nodes return to their default clocks.
+
+``eerl-sidecar --job-nodes`` (:mod:`eerl.sidecar._agent`) runs a ``DistJob`` too, one rank per node: the
+same collectives for a job that does not run its phases in Python.
 
     job = eerl.dist.DistJob(job_id="my-grpo-run")        # after torch.distributed.init_process_group
     eerl.integrations.trl.instrument(trainer, job)        # the one changed line
@@ -27,6 +31,7 @@ from typing import Any
 from eerl.config import ClientConfig
 from eerl.control.base import ControllerSettings
 from eerl.directives import Directive
+from eerl.errors import one_line
 from eerl.job.controller import JobController, NodeReport, common_clocks, make_job_controller
 from eerl.job.node import NodeBegin, NodeLink
 from eerl.job.runner import JobRunner
@@ -71,7 +76,13 @@ class DistJob(JobRunner):
         self.nodes = 0
         self.node_rank: int | None = None
         self.last_begin: NodeBegin | None = None
+        """This node's answer to the phase begun last (None: not a node leader, or control is off)."""
+        self.last_report: NodeReport | None = None
+        """What this node metered of the phase ended last (None: as for ``last_begin``)."""
         self.last_observation: Any = None
+        """Rank 0: what the controller made of the phase ended last (None: it observed nothing)."""
+        self.disabled_reason = ""
+        """Why job-level control is off on this rank (empty while it is on)."""
         self.fanout_s: list[float] = []
         try:
             self._start(
@@ -85,8 +96,8 @@ class DistJob(JobRunner):
                 threshold=threshold,
                 incarnation=incarnation,
             )
-        except Exception:
-            self._disable("start", exc_info=True)
+        except Exception as e:
+            self._disable(f"its start failed: {one_line(e)}", exc_info=True)
 
     @property
     def enabled(self) -> bool:
@@ -110,6 +121,7 @@ class DistJob(JobRunner):
     # -- JobRunner ------------------------------------------------------------------------------------
 
     def _begin(self, kind: PhaseKind, iteration: int) -> None:
+        self.last_begin = None
         if self._group is None:
             return
         started = time.monotonic()
@@ -127,16 +139,26 @@ class DistJob(JobRunner):
         ):
             return
         planned: Directive | None = box[0] if isinstance(box[0], Directive) else None
+        if planned is not None and (planned.kind, planned.iteration) != (kind, iteration):
+            # Rank 0 planned another phase: from here on every collective would pair mismatched phases.
+            self._disable(
+                f"this rank is in the {kind.value} phase {iteration}, rank 0 in the "
+                f"{planned.kind.value} phase {planned.iteration}: the ranks' phases do not line up"
+            )
+            return
         self._remember_directive(kind, iteration, planned)
         if self._link is not None:
             self.last_begin = self._link.begin(planned, kind, iteration)
         self.fanout_s.append(time.monotonic() - started)
 
     def _end(self, kind: PhaseKind, iteration: int, workload: Workload) -> None:
+        self.last_report = None
+        self.last_observation = None
         if self._group is None:
             return
         started = time.monotonic()
         report = self._link.end(kind, iteration, workload) if self._link is not None else None
+        self.last_report = report
         gathered: list[Any] | None = [None] * self._world if self._rank == 0 else None
         if not self._collective(
             "gather", lambda: self._dist.gather_object(report, gathered, dst=0, group=self._group)
@@ -187,6 +209,7 @@ class DistJob(JobRunner):
 
         self._dist = dist
         if not dist.is_available() or not dist.is_initialized():
+            self.disabled_reason = "torch.distributed is not initialised"
             self._warn_once("init", "torch.distributed is not initialised; job-level control is off")
             return
         self._rank = dist.get_rank()
@@ -237,6 +260,7 @@ class DistJob(JobRunner):
         ):
             return
         if not decided[0]:
+            self.disabled_reason = self.disabled_reason or "rank 0 has no job-level controller (see its log)"
             self._group = None
             link, self._link = self._link, None
             if link is not None:
@@ -252,6 +276,7 @@ class DistJob(JobRunner):
     ) -> JobController | None:
         offered = [grid for grid in grids if grid is not None]
         if len(offered) < self.nodes or not all(offered):
+            self.disabled_reason = "not every node reported its GPUs' clock grid"
             self._warn_once(
                 "grid", "not every node reported its GPUs' clock grid; job-level control is off for this job"
             )
@@ -263,7 +288,8 @@ class DistJob(JobRunner):
         )
         try:
             return make_job_controller(settings, self.nodes, incarnation, policy)
-        except Exception:
+        except Exception as e:
+            self.disabled_reason = f"cannot build the job-level controller ({e})"
             self._warn_once("controller", "cannot build the job-level controller; it is off", exc_info=True)
             return None
 
@@ -271,15 +297,16 @@ class DistJob(JobRunner):
         """Runs one side-group collective; on any error or timeout turns job-level control off here."""
         try:
             call()
-        except Exception:
-            self._disable(what)
+        except Exception as e:
+            self._disable(f"{what} on the side gloo group failed or timed out: {one_line(e)}")
             return False
         return True
 
-    def _disable(self, what: str, *, exc_info: bool = False) -> None:
+    def _disable(self, why: str, *, exc_info: bool = False) -> None:
+        self.disabled_reason = self.disabled_reason or why
         self._warn_once(
             "disabled",
-            f"job-level control is off from now on ({what} on the side gloo group failed or timed out); "
+            f"job-level control is off from now on ({why}); "
             "the job goes on, its nodes at their default clocks",
             exc_info=exc_info,
         )

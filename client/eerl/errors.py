@@ -28,3 +28,10 @@ class ValidationError(ClientError, ValueError):
         super().__init__(f"{field}: {problem}")
         self.field = field
         self.problem = problem
+
+
+def one_line(error: BaseException, limit: int = 160) -> str:
+    """An exception in one short line, for a warning or an error reply (gloo's and JSON's messages span
+    lines and name source files)."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= limit else text[:limit] + "…"

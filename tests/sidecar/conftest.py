@@ -82,6 +82,7 @@ class SimEerld:
             f"--admin-socket={self.admin_socket_path}",
             f"--state-dir={self.directory / 'state'}",
             "--tenancy=single",
+            "--metrics-address=off",  # several daemons at once (one per node in test_multinode.py)
             "--controller=fixed",
             f"--fixed-clocks=generation={GENERATION_MHZ},training={TRAINING_MHZ}",
             "--log-format=json",

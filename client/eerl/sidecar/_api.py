@@ -16,7 +16,7 @@ from typing import Any
 
 from eerl._sender import ClientStats, PhaseAnswer
 from eerl._validate import MAX_ITERATION, MAX_SEQUENCES, MAX_TOKENS
-from eerl.errors import ConfigError
+from eerl.errors import ConfigError, one_line
 from eerl.phases import PhaseKind, Workload
 
 MAX_BODY_BYTES = 16 * 1024
@@ -182,7 +182,7 @@ def _object(body: bytes, allowed: frozenset[str]) -> dict[str, Any]:
     try:
         value = json.loads(body.decode("utf-8"), parse_constant=_no_constant)
     except (UnicodeDecodeError, ValueError) as e:
-        raise ApiError(400, f"body: not JSON ({_one_line(e)})") from None
+        raise ApiError(400, f"body: not JSON ({one_line(e, 120)})") from None
     if not isinstance(value, dict):
         raise ApiError(400, f"body: must be a JSON object, not {_json_type(value)}")
     unknown = sorted(set(value) - allowed)
@@ -268,7 +268,3 @@ def _json_type(value: object) -> str:
 
 def _shown(value: str) -> str:
     return repr(value) if len(value) <= 40 else repr(value[:40] + "…")
-
-
-def _one_line(error: Exception) -> str:
-    return " ".join(str(error).split())[:120]

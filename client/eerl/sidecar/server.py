@@ -19,6 +19,9 @@ serve connections are bounded (``--max-connections``); a connection beyond them 
 
 The API has no authentication: it listens on a loopback address (inside a pod, the pod's own) or on a
 Unix socket of mode 0600 (``--socket-mode`` to share it with another user of a shared volume).
+
+With ``--job-nodes`` the sidecar is one node of a multi-node job: the same API, served by
+:class:`eerl.sidecar.job.JobSidecar` through the job-level control instead of a session of its own.
 """
 
 from __future__ import annotations
@@ -38,15 +41,13 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import eerl
 from eerl._version import __version__
 from eerl.config import ClientConfig
 from eerl.errors import ConfigError
 from eerl.gpus import GpuId, parse_gpu_list
-from eerl.phases import PhaseKind
 from eerl.session import Phase, Session
 from eerl.sidecar._address import DEFAULT_PORT, SidecarAddress, parse_address
 from eerl.sidecar._api import (
@@ -61,6 +62,8 @@ from eerl.sidecar._api import (
     parse_end,
     stats_fields,
 )
+from eerl.sidecar._book import OpenPhases, Tallies
+from eerl.sidecar.job import add_job_arguments, job_sidecar
 
 logger = logging.getLogger("eerl.sidecar")
 
@@ -70,19 +73,30 @@ DEFAULT_MAX_CONNECTIONS = 16
 """Connections served at once; one beyond gets a 503 and is closed."""
 IDLE_TIMEOUT_S = 30.0
 """A kept-alive connection idle this long is closed (its thread is freed)."""
-MAX_OPEN_PHASES = 8
-"""Phases begun and not ended that the sidecar remembers; the oldest is forgotten beyond (never ended)."""
+CONNECT_WAIT_S = 2.0
+"""With ``-- command``: how long the job's start waits at most for the daemon session."""
+JOB_CONNECT_WAIT_S = 60.0
+"""The same with ``--job-nodes``: the side group forms once every node's sidecar is up."""
 
 
-@dataclass(slots=True)
-class _Tally:
-    """What the sidecar saw of one phase kind: the last clock, and what was metered so far."""
+class PhaseService(Protocol):
+    """What the HTTP handler serves: :class:`Sidecar` (one session of its own) or, with ``--job-nodes``,
+    :class:`eerl.sidecar.job.JobSidecar` (one node of a multi-node job)."""
 
-    metered: int = 0
-    duration_s: float = 0.0
-    energy_j: float = 0.0
-    sm_clock_mhz: int | None = None
-    state: str | None = None
+    @property
+    def job_id(self) -> str | None: ...
+
+    def begin(self, request: BeginRequest) -> dict[str, Any]: ...
+
+    def end(self, request: EndRequest) -> dict[str, Any]: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+    def refused(self) -> None: ...
+
+    def wait_until_ready(self, timeout_s: float) -> bool: ...
+
+    def close(self) -> None: ...
 
 
 class Sidecar:
@@ -96,8 +110,8 @@ class Sidecar:
         self._session = session
         self._answer_timeout_s = answer_timeout_s
         self._lock = threading.Lock()
-        self._open: dict[tuple[PhaseKind, int], tuple[Phase, float]] = {}
-        self._tallies = {kind: _Tally() for kind in PhaseKind}
+        self._open: OpenPhases[Phase] = OpenPhases()
+        self._tallies = Tallies()
         self._started_s = time.monotonic()
         self._refused = 0
 
@@ -106,18 +120,27 @@ class Sidecar:
         """The job's session with the daemon."""
         return self._session
 
+    @property
+    def job_id(self) -> str | None:
+        return self._session.job_id or None
+
     def refused(self) -> None:
         """Counts a request refused with a 4xx (for :meth:`status`)."""
         self._refused += 1
+
+    def wait_until_ready(self, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` for the daemon session (before ``-- command`` starts the job)."""
+        return self._session.wait_until_connected(timeout_s)
+
+    def close(self) -> None:
+        """Closes the session: the daemon resets the job's GPUs."""
+        self._session.close()
 
     def begin(self, request: BeginRequest) -> dict[str, Any]:
         """Begins a phase: queues its begin, waits (bounded) for the clock; raises ApiError (409)."""
         session = self._session
         with self._lock:
-            if request.iteration is not None and (request.kind, request.iteration) in self._open:
-                raise ApiError(
-                    409, f"iteration: the {request.kind} phase {request.iteration} is already open"
-                )
+            self._open.check_new(request.kind, request.iteration)
             connected = session.stats().connected
             phase = session.phase(
                 request.kind,
@@ -127,24 +150,16 @@ class Sidecar:
             )
             phase.__enter__()
             _forget_on_this_thread(session, phase)
-            self._open[(request.kind, phase.iteration)] = (phase, time.monotonic())
-            while len(self._open) > MAX_OPEN_PHASES:
-                (kind, iteration), _ = next(iter(self._open.items()))
-                del self._open[(kind, iteration)]
-                logger.warning("eerl-sidecar: forgot the %s phase %d, begun and never ended", kind, iteration)
+            self._open.add(request.kind, phase.iteration, phase)
             answer = session.answer(phase, begin=True)
-            if answer is not None:
-                tally = self._tallies[request.kind]
-                tally.sm_clock_mhz = answer.sm_clock_mhz or None
-                tally.state = answer.state.value if answer.state is not None else tally.state
+            self._tallies.note(request.kind, answer)
             return begin_answer(request.kind, phase.iteration, session.stats().connected, answer)
 
     def end(self, request: EndRequest) -> dict[str, Any]:
         """Ends a phase begun before: queues its end, waits (bounded) for what the daemon metered."""
         session = self._session
         with self._lock:
-            key = self._find(request.kind, request.iteration)
-            phase, _ = self._open.pop(key)
+            _, phase = self._open.pop(request.kind, request.iteration)
             workload = request.workload
             phase.report(
                 tokens=workload.tokens,
@@ -157,37 +172,13 @@ class Sidecar:
             if session.stats().connected:
                 session.flush(self._answer_timeout_s)  # FIFO: the end was handled once the flush is
             answer = session.answer(phase, begin=False)
-            if answer is not None:
-                tally = self._tallies[request.kind]
-                tally.metered += 1
-                tally.duration_s += answer.duration_s
-                tally.energy_j += answer.energy_j
-                tally.sm_clock_mhz = answer.sm_clock_mhz or None
-                tally.state = answer.state.value if answer.state is not None else tally.state
+            self._tallies.note(request.kind, answer)
             return end_answer(request.kind, phase.iteration, session.stats().connected, answer)
-
-    def _find(self, kind: PhaseKind, iteration: int | None) -> tuple[PhaseKind, int]:
-        if iteration is not None:
-            if (kind, iteration) in self._open:
-                return (kind, iteration)
-            raise ApiError(409, f"iteration: no {kind} phase {iteration} is open (begin it first)")
-        for key in reversed(self._open):
-            if key[0] is kind:
-                return key
-        raise ApiError(409, f"kind: no {kind} phase is open (begin it first)")
 
     def status(self) -> dict[str, Any]:
         """``GET /v1/status``: the session, the phases open, the controller's state per kind, the tallies."""
         session = self._session
         stats = session.stats()
-        now_s = time.monotonic()
-        open_now: list[tuple[tuple[PhaseKind, int], tuple[Phase, float]]] = []
-        with contextlib.suppress(RuntimeError):  # the dict changed size (another request): none listed
-            open_now = list(self._open.items())
-        open_phases = [
-            {"kind": kind.value, "iteration": iteration, "open_s": round(now_s - since_s, 3)}
-            for (kind, iteration), (_, since_s) in open_now
-        ]
         return {
             "version": __version__,
             "job_id": session.job_id,
@@ -196,18 +187,9 @@ class Sidecar:
             "connected": stats.connected,
             "attached": stats.attached,
             "session": stats.session_id[:8] if stats.session_id else None,
-            "uptime_s": round(now_s - self._started_s, 3),
-            "open_phases": open_phases,
-            "phases": {
-                kind.value: {
-                    "state": tally.state,
-                    "sm_clock_mhz": tally.sm_clock_mhz,
-                    "metered": tally.metered,
-                    "duration_s": round(tally.duration_s, 6),
-                    "energy_j": round(tally.energy_j, 6),
-                }
-                for kind, tally in self._tallies.items()
-            },
+            "uptime_s": round(time.monotonic() - self._started_s, 3),
+            "open_phases": self._open.listing(),
+            "phases": self._tallies.as_json(),
             "refused_requests": self._refused,
             "client": stats_fields(stats),
         }
@@ -322,14 +304,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 class _Serving(socketserver.BaseServer):
     """What the handler needs of its server (both kinds below)."""
 
-    sidecar: Sidecar
+    sidecar: PhaseService
 
 
 class _BoundedThreads:
     """One thread per connection, at most ``max_connections`` at once; one more gets a 503 and is closed."""
 
     daemon_threads = True
-    sidecar: Sidecar
+    sidecar: PhaseService
     _slots: threading.BoundedSemaphore
 
     def process_request(self, request: Any, client_address: Any) -> None:
@@ -375,7 +357,7 @@ class _UnixServer(_BoundedThreads, socketserver.UnixStreamServer):
 
 
 def serve(
-    sidecar: Sidecar,
+    sidecar: PhaseService,
     address: SidecarAddress,
     *,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
@@ -467,14 +449,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--connect-wait-s",
         type=float,
-        default=2.0,
-        help="with -- command: how long to wait at most for the daemon session before the job starts "
-        "(default 2; the job starts anyway)",
+        help="with -- command: how long to wait at most for the daemon session (with --job-nodes: for "
+        f"the job's side group) before the job starts (default {CONNECT_WAIT_S:g}, with --job-nodes "
+        f"{JOB_CONNECT_WAIT_S:g}; the job starts anyway)",
     )
     parser.add_argument(
         "--socket-mode", default="0600", help="mode of a unix: socket, octal (default 0600: this user only)"
     )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_job_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- command ...: run the job, then exit")
     return parser
 
@@ -499,18 +482,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--listen: {args.listen!r} is not a loopback address (the API has no authentication)")
     if args.answer_timeout_s < 0 or args.max_connections < 1:
         parser.error("--answer-timeout-s must not be negative, --max-connections must be positive")
-    session = _connect(args, gpus)
-    sidecar = Sidecar(session, answer_timeout_s=args.answer_timeout_s)
+    config = _client_config(args)
+    try:
+        job = job_sidecar(args, config, gpus, os.environ)
+    except ConfigError as e:
+        parser.error(str(e))
+    sidecar: PhaseService = job or Sidecar(
+        _connect(args, gpus, config), answer_timeout_s=args.answer_timeout_s
+    )
     try:
         server, bound = serve(sidecar, address, max_connections=args.max_connections, socket_mode=socket_mode)
     except OSError as e:
-        session.close()
+        sidecar.close()
         if not command:
             print(f"eerl-sidecar: cannot listen on {args.listen}: {e}", file=sys.stderr)
             return 1
         logger.warning("eerl-sidecar: cannot listen on %s (%s); the job runs without eerl", args.listen, e)
         return subprocess.call(command)
     print(f"eerl-sidecar: listening on {bound.url}", flush=True)
+    if job is not None:
+        job.agent.start()  # the side group forms in the background
     thread = threading.Thread(target=server.serve_forever, name="eerl-sidecar-http", daemon=True)
     thread.start()
     stop = threading.Event()
@@ -527,10 +518,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = 0
     try:
         if command:
-            session.wait_until_connected(max(0.0, args.connect_wait_s))  # bounded: fail-open
+            wait_s = args.connect_wait_s
+            if wait_s is None:
+                wait_s = CONNECT_WAIT_S if job is None else JOB_CONNECT_WAIT_S
+            sidecar.wait_until_ready(max(0.0, wait_s))  # bounded: fail-open
             env = {**os.environ, "EERL_SIDECAR": bound.url}
-            if session.job_id:
-                env.setdefault("EERL_JOB_ID", session.job_id)
+            if sidecar.job_id:
+                env.setdefault("EERL_JOB_ID", sidecar.job_id)
             try:
                 child = subprocess.Popen(command, env=env)
             except OSError as e:
@@ -543,15 +537,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         server.shutdown()
         server.server_close()
-        session.close()  # the daemon resets the job's GPUs
+        sidecar.close()  # the daemon resets the job's GPUs
         if bound.path:
             with contextlib.suppress(OSError):
                 os.unlink(bound.path)
     return code if code >= 0 else 128 - code
 
 
-def _connect(args: argparse.Namespace, gpus: tuple[GpuId, ...] | None) -> Session:
-    """The job's session, fail-open: a configuration the client cannot read gives a disabled one."""
+def _client_config(args: argparse.Namespace) -> ClientConfig:
+    """How to reach the node's daemon, fail-open: a configuration the client cannot read gives a disabled
+    one (the API still answers)."""
     env = {name: value for name, value in os.environ.items() if name != "EERL_SIDECAR"}  # not itself
     try:
         config = ClientConfig.from_env(env)
@@ -568,6 +563,11 @@ def _connect(args: argparse.Namespace, gpus: tuple[GpuId, ...] | None) -> Sessio
     except ConfigError as e:
         logger.warning("eerl-sidecar: %s; eerl is off for this job (the API still answers)", e)
         config = ClientConfig.disabled_config()
+    return config
+
+
+def _connect(args: argparse.Namespace, gpus: tuple[GpuId, ...] | None, config: ClientConfig) -> Session:
+    """The job's session with :func:`eerl.connect` (the plain sidecar's)."""
     try:
         return eerl.connect(
             gpus=list(gpus) if gpus is not None else None,

@@ -16,7 +16,13 @@ GEN, TRAIN = PhaseKind.GENERATION, PhaseKind.TRAINING
 
 
 def run_rank(
-    rank: int, world: int, init_file: str, sockets: list[str], out_dir: str, stall_rank: int
+    rank: int,
+    world: int,
+    init_file: str,
+    sockets: list[str],
+    out_dir: str,
+    stall_rank: int,
+    shift_rank: int = -1,
 ) -> None:
     per_node = world // len(sockets)
     node, local_rank = divmod(rank, per_node)
@@ -36,7 +42,8 @@ def run_rank(
         if rank == stall_rank and iteration == 1:
             time.sleep(3.0)  # a rank that stops taking part in the side group
         for kind in (GEN, TRAIN):
-            with job.phase(kind, iteration) as phase:
+            # A shifted rank counts its iterations from 1: as if it had missed the job's first iteration.
+            with job.phase(kind, iteration + (rank == shift_rank)) as phase:
                 begin = job.last_begin if job.is_leader else None
                 seen.append(
                     {
@@ -58,6 +65,7 @@ def run_rank(
         "nodes": job.nodes,
         "has_controller": job.controller is not None,
         "enabled": job.enabled,
+        "disabled_reason": job.disabled_reason,
         "phases": seen,
     }
     job.close()

@@ -29,11 +29,13 @@ def daemons() -> Iterator[list[DaemonHandle]]:
         yield handles
 
 
-def run_job(daemons: list[DaemonHandle], tmp_path: Path, stall_rank: int = -1) -> list[dict[str, Any]]:
+def run_job(
+    daemons: list[DaemonHandle], tmp_path: Path, stall_rank: int = -1, shift_rank: int = -1
+) -> list[dict[str, Any]]:
     sockets = [str(d.socket_path) for d in daemons]
     torch_mp.spawn(
         run_rank,
-        args=(WORLD, str(tmp_path / "init"), sockets, str(tmp_path), stall_rank),
+        args=(WORLD, str(tmp_path / "init"), sockets, str(tmp_path), stall_rank, shift_rank),
         nprocs=WORLD,
         join=True,
     )
@@ -72,6 +74,22 @@ def test_a_stalled_rank_turns_job_control_off_and_the_job_goes_on(
         assert enabled[:2] == [True, True], r["rank"]
         assert enabled[4:] == [False, False], r["rank"]
         assert enabled == sorted(enabled, reverse=True), r["rank"]
+    for daemon in daemons:
+        assert daemon.backend.locked() == {}
+
+
+@pytest.mark.slow
+def test_ranks_whose_phases_do_not_line_up_turn_job_control_off(
+    daemons: list[DaemonHandle], tmp_path: Path
+) -> None:
+    results = run_job(daemons, tmp_path, shift_rank=2)
+    assert all(len(r["phases"]) == 6 for r in results)
+    assert not any(r["enabled"] for r in results)
+    # The shifted rank saw rank 0's directive for another phase than its own at its first begin, and said so;
+    # the others, no longer paired, timed out on the side group.
+    assert "do not line up" in results[2]["disabled_reason"]
+    assert results[2]["phases"][0]["enabled"] is False
+    assert all("side gloo group" in r["disabled_reason"] for r in (results[0], results[1], results[3]))
     for daemon in daemons:
         assert daemon.backend.locked() == {}
 
