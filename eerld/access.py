@@ -40,6 +40,7 @@ from eerld.grants import (
     GrantStore,
     TicketBook,
     default_name,
+    grant_socket_path,
     is_grant_name,
 )
 
@@ -269,7 +270,7 @@ class Access:
         grant = Grant(
             name=name,
             kind=GrantKind.GRANT,
-            socket_path=self._grant_dir / f"{name}.sock",
+            socket_path=grant_socket_path(self._grant_dir, name, own_directory=spec.own_directory),
             gpu_uuids=uuids,
             uid=spec.uid,
             gid=spec.gid,
@@ -277,6 +278,7 @@ class Access:
             created_at_unix_s=now,
             expires_at_unix_s=now + spec.duration_s if spec.duration_s > 0 else 0.0,
             reason=spec.reason,
+            own_directory=spec.own_directory,
         )
         with self._lock:
             in_way = [

@@ -49,6 +49,8 @@ TICKET_TTL_S = 30.0
 MAX_TICKETS = 256
 MAX_UNIX_ID = 2**32 - 2
 MAX_SOCKET_PATH_BYTES = 107
+OWN_DIRECTORY_SOCKET = "eerld.sock"
+"""The socket's name in a grant's own directory (``own_directory``), as in a per-GPU socket's directory."""
 GRANT_SOCKET_OWNER_MODE = 0o600
 GRANT_SOCKET_GROUP_MODE = 0o660
 GPU_SOCKET_MODE = 0o666
@@ -82,6 +84,8 @@ class Grant:
     expires_at_unix_s: float = 0.0
     """0 means until revoked."""
     reason: str = ""
+    own_directory: bool = False
+    """The socket is ``<grant dir>/<name>/eerld.sock``, in a directory of its own (eerl-csi mounts it)."""
 
     @property
     def socket_mode(self) -> int:
@@ -112,6 +116,13 @@ def is_grant_name(name: str) -> bool:
     return bool(GRANT_NAME.fullmatch(name)) and name != SHARED_NAME and not name.startswith("gpu-")
 
 
+def grant_socket_path(grant_dir: Path, name: str, *, own_directory: bool) -> Path:
+    """Where a grant's socket lives: ``<grant_dir>/<name>.sock`` (where clients look for a job's grant), or
+    with ``own_directory`` ``<grant_dir>/<name>/eerld.sock``, so that a bind mount of the directory follows
+    the socket across eerld's restarts (a mount of the file would hold the dead socket's inode)."""
+    return grant_dir / name / OWN_DIRECTORY_SOCKET if own_directory else grant_dir / f"{name}.sock"
+
+
 def default_name(job_id: str) -> str:
     """The name of a job's grant, where its clients look for it: ``job-<job_id>``."""
     return f"job-{job_id}"
@@ -129,6 +140,7 @@ class GrantSpec:
     duration_s: float
     reason: str
     replace: bool
+    own_directory: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +251,7 @@ def _grant_to_json(g: Grant) -> dict[str, object]:
         "created_at_unix_s": g.created_at_unix_s,
         "expires_at_unix_s": g.expires_at_unix_s,
         "reason": g.reason,
+        "own_directory": g.own_directory,
     }
 
 
@@ -270,10 +283,13 @@ def _grant_from_json(item: object, path: Path, grant_dir: Path) -> Grant:
     name = str(get("name", str))
     if not is_grant_name(name):
         raise ConfigError(f"{path}: {name!r} is not a grant name ({NAME_RULE})")
+    own_directory = item.get("own_directory", False)
+    if not isinstance(own_directory, bool):
+        raise ConfigError(f"{path}: grant {name!r}: own_directory has the wrong type")
     return Grant(
         name=name,
         kind=GrantKind.GRANT,
-        socket_path=grant_dir / f"{name}.sock",
+        socket_path=grant_socket_path(grant_dir, name, own_directory=own_directory),
         gpu_uuids=tuple(uuids),
         uid=uid,
         gid=gid,
@@ -281,4 +297,5 @@ def _grant_from_json(item: object, path: Path, grant_dir: Path) -> Grant:
         created_at_unix_s=created,
         expires_at_unix_s=expires,
         reason=str(get("reason", str, "")),
+        own_directory=own_directory,
     )

@@ -27,6 +27,7 @@ __all__ = [
     "GPU_RESOURCE_NAMES",
     "DeviceAllocation",
     "GpuOwners",
+    "PodDevices",
     "PodOwner",
     "PodResourcesError",
     "PodResourcesLister",
@@ -57,6 +58,16 @@ class DeviceAllocation:
     container: str
     resource_name: str
     device_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PodDevices:
+    """One pod the kubelet runs and every device it allocated to the pod's containers (maybe none): eerl-csi
+    tells a pod it does not know from a pod without GPUs."""
+
+    namespace: str
+    name: str
+    allocations: tuple[DeviceAllocation, ...]
 
 
 @dataclass(frozen=True, slots=True)

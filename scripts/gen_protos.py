@@ -3,7 +3,9 @@
 The generated files are committed (users install the client without protoc); this script is the
 one way they are made, with the tool versions pinned in pyproject.toml's dev extra. It also generates the
 messages of the kubelet's pod-resources API that the daemon reads (``eerld/api/podresources/api.proto``,
-messages only: the daemon's client calls the one method by name).
+messages only: the daemon's client calls the one method by name), and the Container Storage Interface
+that ``eerl-csi`` serves (``eerld/api/csi/csi.proto``, the spec's own file, unchanged: messages and the
+gRPC services, whose stubs the tests call as the kubelet would).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ PACKAGE_DIR = Path("eerl") / "v1"
 GENERATED = ("eerl_pb2.py", "eerl_pb2.pyi", "eerl_pb2_grpc.py", "eerl_pb2_grpc.pyi")
 KUBELET_PROTO = Path("eerld") / "api" / "podresources" / "api.proto"
 KUBELET_GENERATED = ("api_pb2.py", "api_pb2.pyi")
+CSI_PROTO = Path("eerld") / "api" / "csi" / "csi.proto"
+"""container-storage-interface/spec v1.12.0 (commit e6fc13ea4d529db12e211ef79c924ee3186c39d5), as released."""
+CSI_GENERATED = ("csi_pb2.py", "csi_pb2.pyi", "csi_pb2_grpc.py", "csi_pb2_grpc.pyi")
 
 
 def generate(out_root: Path) -> None:
@@ -52,6 +57,18 @@ def generate(out_root: Path) -> None:
         str(KUBELET_PROTO),
     ]
     subprocess.run(kubelet, check=True, cwd=ROOT, env=env)
+    csi = [
+        sys.executable,
+        "-m",
+        "grpc_tools.protoc",
+        f"-I{ROOT}",
+        f"--python_out={out_root}",
+        f"--grpc_python_out={out_root}",
+        f"--mypy_out={out_root}",
+        f"--mypy_grpc_out={out_root}",
+        str(CSI_PROTO),
+    ]
+    subprocess.run(csi, check=True, cwd=ROOT, env=env)
 
 
 def _outputs(out_root: Path) -> list[tuple[Path, Path]]:
@@ -59,6 +76,8 @@ def _outputs(out_root: Path) -> list[tuple[Path, Path]]:
     pairs = [(out_root / PACKAGE_DIR / n, OUT_ROOT / PACKAGE_DIR / n) for n in GENERATED]
     kubelet_dir = KUBELET_PROTO.parent
     pairs += [(out_root / kubelet_dir / n, ROOT / kubelet_dir / n) for n in KUBELET_GENERATED]
+    csi_dir = CSI_PROTO.parent
+    pairs += [(out_root / csi_dir / n, ROOT / csi_dir / n) for n in CSI_GENERATED]
     return pairs
 
 

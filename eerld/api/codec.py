@@ -363,6 +363,7 @@ def grant(req: pb.GrantRequest) -> GrantSpec:
         duration_s=_finite(req.duration_s, "duration_s", 0.0, MAX_GRANT_DURATION_S),
         reason=_text(req.reason, "reason", MAX_REASON_CHARS),
         replace=req.replace,
+        own_directory=req.own_directory,
     )
 
 

@@ -243,6 +243,9 @@ class Server:
         if grant.kind is GrantKind.GPU:
             _ensure_dir(directory.parent, GPU_SOCKET_DIR_MODE, "gpu_socket_dir")
             _ensure_dir(directory, GRANT_DIR_MODE, "gpu_socket_dir")
+        elif grant.own_directory:
+            _ensure_dir(directory.parent, GRANT_DIR_MODE, "grant_dir")
+            _ensure_dir(directory, GRANT_DIR_MODE, "grant_dir")
         else:
             _ensure_dir(directory, GRANT_DIR_MODE, "grant_dir")
         workers = min(MAX_GRANT_WORKERS, GRANT_BASE_WORKERS + 2 * len(grant.gpu_uuids))
@@ -267,7 +270,7 @@ class Server:
         log.info("grant_socket_open", grant=grant.name, socket=str(grant.socket_path), workers=workers)
 
     def close_socket(self, grant: Grant) -> None:
-        """Stop serving the grant's socket at once and remove its file."""
+        """Stop serving the grant's socket at once and remove its file (and its own directory, if any)."""
         with self._endpoints_lock:
             endpoint = self._grant_endpoints.pop(grant.name, None)
         if endpoint is None:
@@ -277,6 +280,10 @@ class Server:
         if endpoint.socket_path is not None:
             with contextlib.suppress(FileNotFoundError):
                 endpoint.socket_path.unlink()
+        if grant.own_directory:
+            # only this grant's directory, and only when empty (a mount of it elsewhere does not hold it)
+            with contextlib.suppress(OSError):
+                grant.socket_path.parent.rmdir()
         log.info("grant_socket_closed", grant=grant.name, socket=str(grant.socket_path))
 
     def _endpoints(self) -> list[Endpoint]:

@@ -19,6 +19,8 @@ from kubernetes import client as k8s
 
 from eerld.cdi import load_spec, patch_spec
 from eerld.config import load_config
+from eerld.csi import DRIVER_NAME
+from eerld.csi.main import build_parser as csi_parser
 from eerld.ctl import _parser as eerlctl_parser
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,6 +30,7 @@ MODELS: dict[tuple[str, str], Any] = {
     ("v1", "Service"): k8s.V1Service,
     ("v1", "Pod"): k8s.V1Pod,
     ("apps/v1", "DaemonSet"): k8s.V1DaemonSet,
+    ("storage.k8s.io/v1", "CSIDriver"): k8s.V1CSIDriver,
 }
 
 
@@ -97,7 +100,15 @@ class TestManifests:
                 continue
             model = MODELS[(doc["apiVersion"], doc["kind"])]
             model.model_validate(doc)
-        assert sorted(kinds) == ["DaemonSet", "Namespace", "Pod", "Pod", "Service", "ServiceMonitor"]
+        assert sorted(kinds) == [
+            "CSIDriver",
+            "DaemonSet",
+            "Namespace",
+            "Pod",
+            "Pod",
+            "Service",
+            "ServiceMonitor",
+        ]
 
     def test_a_misspelt_field_is_caught(self) -> None:
         """The validation is strict: a typo in a container field fails."""
@@ -271,6 +282,63 @@ class TestCdiSidecar:
         assert f"{sockets}/{gpu1}" not in str(patched)
         assert (script.returncode, load_spec(spec_path.read_text(), "yaml")) == (0, patched)
         assert "patched" in stdout
+
+
+class TestCsiPlugin:
+    """eerl-csi and its registrar in the DaemonSet, and the CSIDriver they serve."""
+
+    def pod(self) -> dict[str, Any]:
+        spec: dict[str, Any] = one("DaemonSet")["spec"]["template"]["spec"]
+        return spec
+
+    def container(self, name: str) -> dict[str, Any]:
+        (container,) = (c for c in self.pod()["containers"] if c["name"] == name)
+        return container  # type: ignore[no-any-return]
+
+    def host_paths(self) -> dict[str, str]:
+        return {v["name"]: v["hostPath"]["path"] for v in self.pod()["volumes"] if "hostPath" in v}
+
+    def test_the_driver_is_ephemeral_with_pod_info_and_no_attach(self) -> None:
+        spec = one("CSIDriver")["spec"]
+        assert one("CSIDriver")["metadata"]["name"] == DRIVER_NAME
+        assert (spec["volumeLifecycleModes"], spec["podInfoOnMount"], spec["attachRequired"]) == (
+            ["Ephemeral"],
+            True,
+            False,
+        )
+        assert spec["fsGroupPolicy"] == "None"
+
+    def test_eerl_csis_flags_parse_and_reach_eerlds_admin_socket_and_the_kubelet(self) -> None:
+        csi = self.container("eerl-csi")
+        args = csi_parser().parse_args(csi["args"])
+        eerld_config = load_config(self.pod()["containers"][0]["args"])
+        mounts = {m["mountPath"]: m for m in csi["volumeMounts"]}
+        assert args.admin_socket == eerld_config.admin_socket_path
+        assert mounts[str(args.admin_socket.parent)]["name"] == "admin"  # the pod's own emptyDir
+        assert str(args.csi_socket) == f"/var/lib/kubelet/plugins/{DRIVER_NAME}/csi.sock"
+        kubelet = mounts[str(args.kubelet_dir)]
+        assert (self.host_paths()[kubelet["name"]], kubelet["mountPropagation"]) == (
+            "/var/lib/kubelet",
+            "Bidirectional",
+        )
+        assert str(args.pod_resources_socket).startswith(str(args.kubelet_dir) + "/")
+        assert self.host_paths()[mounts[str(args.state_dir)]["name"]] == str(args.state_dir)
+        grants = eerld_config.grant_dir
+        assert grants is not None
+        (run,) = (m for m in csi["volumeMounts"] if str(grants).startswith(m["mountPath"] + "/"))
+        assert self.host_paths()[run["name"]] == run["mountPath"]  # eerld's grant directories, as the host's
+        assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in csi["env"]
+
+    def test_the_registrar_points_the_kubelet_at_eerl_csis_socket(self) -> None:
+        registrar = self.container("csi-node-driver-registrar")
+        assert registrar["image"].startswith("registry.k8s.io/sig-storage/csi-node-driver-registrar:")
+        args = dict(a.lstrip("-").split("=", 1) for a in registrar["args"])
+        csi_socket = str(csi_parser().parse_args(self.container("eerl-csi")["args"]).csi_socket)
+        mounts = {m["mountPath"]: m["name"] for m in registrar["volumeMounts"]}
+        assert args["kubelet-registration-path"] == csi_socket
+        assert self.host_paths()[mounts["/csi"]] + "/" + Path(args["csi-address"]).name == csi_socket
+        assert self.host_paths()[mounts["/registration"]] == "/var/lib/kubelet/plugins_registry"
+        assert registrar["securityContext"]["capabilities"]["drop"] == ["ALL"]
 
 
 class TestWiring:

@@ -33,12 +33,16 @@ from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2_grpc
 
+from eerld.api.csi import csi_pb2, csi_pb2_grpc
+
 STUBS: dict[str, Any] = {
     "PhaseService": pb_grpc.PhaseServiceStub,
     "AdminService": pb_grpc.AdminServiceStub,
     "Health": health_pb2_grpc.HealthStub,
+    "Identity": csi_pb2_grpc.IdentityStub,
+    "Node": csi_pb2_grpc.NodeStub,
 }
-MESSAGES: dict[str, Any] = {"Health": health_pb2}
+MESSAGES: dict[str, Any] = {"Health": health_pb2, "Identity": csi_pb2, "Node": csi_pb2}
 
 
 def drop_privileges(uid: int, gid: int, groups: list[int]) -> None:

@@ -1,5 +1,6 @@
 """deploy/kubernetes/rl-job-sidecar-pod.yaml: a valid Pod; the sidecar native, the only container that
-reaches the node; the trainer container within the "restricted" Pod Security level; flags that parse."""
+reaches eerld (through its inline csi.eerl.dev volume); the whole pod within the "restricted" Pod Security
+level; flags that parse."""
 
 from __future__ import annotations
 
@@ -14,6 +15,17 @@ from eerl.sidecar.server import build_parser as sidecar_parser
 from kubernetes import client as k8s
 
 MANIFEST = Path(__file__).resolve().parents[2] / "deploy/kubernetes/rl-job-sidecar-pod.yaml"
+RESTRICTED_VOLUME_TYPES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
+"""The volume types the "restricted" Pod Security Standard admits (v1.29+)."""
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +62,24 @@ def restricted_violations(container: dict[str, Any], pod_security: dict[str, Any
         problems.append("seccomp")
     if any(port.get("hostPort") for port in container.get("ports", [])):
         problems.append("hostPort")
-    if container.get("volumeMounts"):
-        problems.append("volume mounts (the trainer needs none)")
+    if "procMount" in context and context["procMount"] != "Default":
+        problems.append("procMount")
+    return problems
+
+
+def pod_violations(pod: dict[str, Any]) -> list[str]:
+    """The "restricted" checks of the whole pod: its own fields, its volumes and every container."""
+    spec = pod["spec"]
+    problems = [key for key in ("hostNetwork", "hostPID", "hostIPC") if spec.get(key)]
+    for volume in spec.get("volumes", []):
+        kinds = set(volume) - {"name"}
+        if kinds - RESTRICTED_VOLUME_TYPES:
+            problems.append(f"volume {volume['name']}: {', '.join(sorted(kinds))}")
+    security = spec.get("securityContext", {})
+    if security.get("runAsUser") == 0:
+        problems.append("pod runAsUser 0")
+    for container in spec.get("initContainers", []) + spec.get("containers", []):
+        problems += [f"{container['name']}: {p}" for p in restricted_violations(container, security)]
     return problems
 
 
@@ -60,26 +88,49 @@ class TestSidecarPod:
         assert (pod["apiVersion"], pod["kind"]) == ("v1", "Pod")
         k8s.V1Pod.model_validate(pod)
 
-    def test_the_sidecar_is_native_and_the_only_container_with_a_node_volume(
+    def test_the_whole_pod_meets_the_restricted_level(self, pod: dict[str, Any]) -> None:
+        assert pod_violations(pod) == []
+        assert "hostPath" not in MANIFEST.read_text().split("apiVersion:", 1)[1]
+
+    def test_the_restricted_check_is_real(self, pod: dict[str, Any]) -> None:
+        """A hostPath volume, a root container or a missing seccomp profile each fail it."""
+        spec = pod["spec"]
+        host = {**pod, "spec": {**spec, "volumes": [{"name": "h", "hostPath": {"path": "/run/eerld"}}]}}
+        (sidecar,) = spec["initContainers"]
+        root = {**sidecar, "securityContext": {**sidecar["securityContext"], "runAsUser": 0}}
+        rooted = {**pod, "spec": {**spec, "initContainers": [root]}}
+        bare = {k: v for k, v in sidecar["securityContext"].items() if k != "seccompProfile"}
+        loose_spec = {**spec, "securityContext": {"runAsNonRoot": True}}
+        loose = {**pod, "spec": {**loose_spec, "initContainers": [{**sidecar, "securityContext": bare}]}}
+        assert pod_violations(host) == ["volume h: hostPath"]
+        assert pod_violations(rooted) == ["eerl-sidecar: runAsUser 0"]
+        assert pod_violations(loose) == ["eerl-sidecar: seccomp"]
+
+    def test_the_sidecar_is_native_and_the_only_container_that_reaches_eerld(
         self, pod: dict[str, Any]
     ) -> None:
         spec = pod["spec"]
         (sidecar,) = spec["initContainers"]
         assert sidecar["restartPolicy"] == "Always"
         assert sidecar["command"] == ["eerl-sidecar"]
-        host_volumes = {v["name"] for v in spec["volumes"] if "hostPath" in v}
-        assert host_volumes == {"eerld-grants"}
-        assert [m["name"] for m in sidecar["volumeMounts"]] == ["eerld-grants"]
-        assert all(m["readOnly"] for m in sidecar["volumeMounts"])
+        (volume,) = spec["volumes"]
+        assert volume["csi"]["driver"] == "csi.eerl.dev"
+        assert volume["csi"]["volumeAttributes"] == {"uid": "65532", "gid": "65532"}
+        assert [(m["name"], m["readOnly"]) for m in sidecar["volumeMounts"]] == [(volume["name"], True)]
         for container in spec["containers"]:
             assert not container.get("volumeMounts")
-        assert sidecar["securityContext"]["runAsUser"] != 0
-        assert sidecar["securityContext"]["capabilities"]["drop"] == ["ALL"]
+        assert sidecar["securityContext"]["runAsUser"] == int(volume["csi"]["volumeAttributes"]["uid"])
+        assert sidecar["securityContext"]["runAsGroup"] == int(volume["csi"]["volumeAttributes"]["gid"])
         assert "nvidia.com/gpu" not in sidecar.get("resources", {}).get("limits", {})
 
-    def test_the_trainer_meets_the_restricted_level(self, pod: dict[str, Any]) -> None:
+    def test_the_sidecars_job_id_is_the_pods_uid_which_the_grant_admits(self, pod: dict[str, Any]) -> None:
+        """eerl-csi makes the grant for job id = the pod's uid (eerld.csi.grant.plan_grant)."""
+        (sidecar,) = pod["spec"]["initContainers"]
+        (job_id,) = (e for e in sidecar["env"] if e["name"] == "EERL_JOB_ID")
+        assert job_id["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
+
+    def test_the_trainer_requests_gpus_and_speaks_only_to_the_sidecar(self, pod: dict[str, Any]) -> None:
         (trainer,) = pod["spec"]["containers"]
-        assert restricted_violations(trainer, pod["spec"]["securityContext"]) == []
         assert int(trainer["resources"]["limits"]["nvidia.com/gpu"]) > 0
         env = {e["name"]: e.get("value") for e in trainer["env"]}
         assert env["EERL_SIDECAR"] == "http://127.0.0.1:9479"
@@ -90,8 +141,8 @@ class TestSidecarPod:
         args = sidecar_parser().parse_args(expand(sidecar["args"], sidecar["env"]))
         assert args.listen == "127.0.0.1:9479"
         assert args.scoped
-        assert args.socket == "/run/eerld/grants/job-<EERL_JOB_ID>.sock"
-        assert args.socket.startswith(sidecar["volumeMounts"][0]["mountPath"] + "/")
+        assert args.socket == "/run/eerl/eerld.sock"  # eerld.grants.OWN_DIRECTORY_SOCKET in the mount
+        assert args.socket == sidecar["volumeMounts"][0]["mountPath"] + "/eerld.sock"
         for probe in ("startupProbe", "livenessProbe"):
             command = sidecar[probe]["exec"]["command"]
             assert command[0] == "eerl"

@@ -1899,6 +1899,7 @@ class GrantRequest(_message.Message):
     DURATION_S_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     REPLACE_FIELD_NUMBER: _builtins.int
+    OWN_DIRECTORY_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Name of the grant ([A-Za-z0-9._-], at most 64); empty means "job-<job_id>" when job_id is set."""
     uid: _builtins.int
@@ -1915,6 +1916,11 @@ class GrantRequest(_message.Message):
     """Revoke first every grant of the same name or on any of these GPUs (a Slurm prolog: the scheduler
     gave these GPUs to a new job); otherwise such a grant is a conflict.
     """
+    own_directory: _builtins.bool
+    """Serve the socket as <grant directory>/<name>/eerld.sock, in a directory of its own (mode 0711), which
+    a CSI driver bind-mounts into one pod (eerl-csi): a mounted directory shows the socket eerld re-creates
+    there after a restart, a mounted socket file would stay the dead one. The directory goes with the grant.
+    """
     @_builtins.property
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuRef]:
         """GPUs its sessions may claim; at least one."""
@@ -1930,10 +1936,11 @@ class GrantRequest(_message.Message):
         duration_s: _builtins.float = ...,
         reason: _builtins.str = ...,
         replace: _builtins.bool = ...,
+        own_directory: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_gid", b"_gid", "_uid", b"_uid", "gid", b"gid", "uid", b"uid"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gid", b"_gid", "_uid", b"_uid", "duration_s", b"duration_s", "gid", b"gid", "gpus", b"gpus", "job_id", b"job_id", "name", b"name", "reason", b"reason", "replace", b"replace", "uid", b"uid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gid", b"_gid", "_uid", b"_uid", "duration_s", b"duration_s", "gid", b"gid", "gpus", b"gpus", "job_id", b"job_id", "name", b"name", "own_directory", b"own_directory", "reason", b"reason", "replace", b"replace", "uid", b"uid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__gid: _TypeAlias = _typing.Literal["gid"]  # noqa: Y015
     _WhichOneofArgType__gid: _TypeAlias = _typing.Literal["_gid", b"_gid"]  # noqa: Y015

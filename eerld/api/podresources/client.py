@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 
 from eerld.api.podresources import api_pb2 as pb
-from eerld.podresources import DeviceAllocation, PodResourcesError
+from eerld.podresources import DeviceAllocation, PodDevices, PodResourcesError
 
 __all__ = ["LIST_METHOD", "MAX_RESPONSE_BYTES", "KubeletPodResources"]
 
@@ -37,6 +37,10 @@ class KubeletPodResources:
     def list_allocations(self, timeout_s: float) -> Sequence[DeviceAllocation]:
         """Every device allocated to a container now; PodResourcesError when the kubelet does not answer
         within ``timeout_s`` or answers an error."""
+        return tuple(a for pod in self.list_pods(timeout_s) for a in pod.allocations)
+
+    def list_pods(self, timeout_s: float) -> Sequence[PodDevices]:
+        """Every pod the kubelet lists now, each with its device allocations (a pod with none included)."""
         if self._optional and not self.socket_path.exists():
             return ()
         call = self._call()
@@ -48,16 +52,22 @@ class KubeletPodResources:
             name = code.name if code is not None else "UNKNOWN"
             raise PodResourcesError(f"{self.socket_path}: List: {name}: {detail}") from None
         return tuple(
-            DeviceAllocation(
+            PodDevices(
                 namespace=pod.namespace,
-                pod=pod.name,
-                container=container.name,
-                resource_name=devices.resource_name,
-                device_ids=tuple(devices.device_ids),
+                name=pod.name,
+                allocations=tuple(
+                    DeviceAllocation(
+                        namespace=pod.namespace,
+                        pod=pod.name,
+                        container=container.name,
+                        resource_name=devices.resource_name,
+                        device_ids=tuple(devices.device_ids),
+                    )
+                    for container in pod.containers
+                    for devices in container.devices
+                ),
             )
             for pod in reply.pod_resources
-            for container in pod.containers
-            for devices in container.devices
         )
 
     def _call(self) -> grpc.UnaryUnaryMultiCallable[pb.ListPodResourcesRequest, pb.ListPodResourcesResponse]:

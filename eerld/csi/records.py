@@ -1,0 +1,100 @@
+"""What eerl-csi has published, on disk: so that a restarted eerl-csi knows each grant's pod.
+
+A record is written before its grant is asked for and removed after the grant is revoked, so every grant
+of eerl-csi's (named ``csi-…``) that outlives a crash has a record naming its pod, and the reconcile
+(:meth:`eerld.csi.node.NodePlugin.reconcile`) can revoke those of pods the kubelet no longer runs.
+One JSON file in a root-only state directory, replaced atomically (:func:`eerld.files.atomic_write_json`);
+a file that is not what eerl-csi wrote is set aside (its grants then count as unrecorded, see the node).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import structlog
+
+from eerld.errors import ConfigError
+from eerld.files import atomic_write_json, ensure_private_dir, read_json_object, set_aside
+
+log = structlog.get_logger("eerld.csi.records")
+
+RECORDS_FILE = "volumes.json"
+
+
+@dataclass(frozen=True, slots=True)
+class VolumeRecord:
+    """One published (or being published) volume."""
+
+    volume_id: str
+    grant: str
+    namespace: str
+    pod_name: str
+    pod_uid: str
+    target_path: str
+
+
+class VolumeRecords:
+    """The records under ``state_dir``; every change written before it is relied on."""
+
+    def __init__(self, state_dir: Path) -> None:
+        ensure_private_dir(state_dir, "--state-dir")
+        self._path = state_dir / RECORDS_FILE
+        self._lock = threading.Lock()
+        self._records = self._load()
+
+    def _load(self) -> dict[str, VolumeRecord]:
+        try:
+            items = read_json_object(self._path).get("volumes", [])
+            if not isinstance(items, list):
+                raise ConfigError(f"{self._path}: 'volumes' must be a list")
+            records = [_record(item, self._path) for item in items]
+        except ConfigError as e:
+            moved = set_aside(self._path)
+            log.error("volume_records_set_aside", error=str(e), moved_to=str(moved))
+            return {}
+        return {r.volume_id: r for r in records}
+
+    def all(self) -> Mapping[str, VolumeRecord]:
+        """A copy of every record, by volume id."""
+        with self._lock:
+            return dict(self._records)
+
+    def get(self, volume_id: str) -> VolumeRecord | None:
+        """The record of ``volume_id``, if any."""
+        with self._lock:
+            return self._records.get(volume_id)
+
+    def put(self, record: VolumeRecord) -> None:
+        """Add or replace a record, durably."""
+        with self._lock:
+            records = {**self._records, record.volume_id: record}
+            self._write(records)
+            self._records = records
+
+    def remove(self, volume_id: str) -> None:
+        """Remove a record, durably (a no-op when there is none)."""
+        with self._lock:
+            if volume_id in self._records:
+                records = {k: v for k, v in self._records.items() if k != volume_id}
+                self._write(records)
+                self._records = records
+
+    def _write(self, records: Mapping[str, VolumeRecord]) -> None:
+        atomic_write_json(self._path, {"version": 1, "volumes": [asdict(r) for r in records.values()]})
+
+
+def _record(item: object, path: Path) -> VolumeRecord:
+    names = VolumeRecord.__dataclass_fields__
+    if (
+        not isinstance(item, dict)
+        or set(item) != set(names)
+        or not all(isinstance(v, str) for v in item.values())
+    ):
+        raise ConfigError(f"{path}: malformed volume record {str(item)[:200]}")
+    return VolumeRecord(**item)
+
+
+__all__ = ["RECORDS_FILE", "VolumeRecord", "VolumeRecords"]
