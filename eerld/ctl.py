@@ -263,6 +263,7 @@ def _cmd_grant(ctx: _Context) -> int:
         duration_s=duration_s,
         reason=a.reason,
         replace=a.replace,
+        own_directory=a.own_directory,
     )
     if a.uid is not None:
         request.uid = parse_uid(a.uid)
@@ -430,6 +431,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--until", metavar="TIME", help="expire at an ISO time (2026-12-01T18:00) or Unix seconds")
     p.add_argument("--reason", default="", help="why (shown in grants and logs)")
     p.add_argument("--replace", action="store_true", help="revoke grants on the same GPUs or name first")
+    p.add_argument(
+        "--own-directory",
+        action="store_true",
+        help="the socket in a directory of its own, <grant dir>/<name>/eerld.sock (to bind-mount it)",
+    )
     p = parsers["revoke"]
     p.add_argument("name", nargs="?", help="the grant to revoke")
     p.add_argument("--job-id", metavar="JOB", help="revoke every grant of this job")

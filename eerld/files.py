@@ -26,9 +26,11 @@ user controls. The rules, each refused with :class:`~eerld.errors.ConfigError` n
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import secrets
+import socket
 import stat
 import time
 from pathlib import Path
@@ -152,6 +154,63 @@ def ensure_socket_dir(path: Path, flag: str, mode: int = PUBLIC_DIR_MODE, *, uid
     """Create a socket directory with ``mode`` if missing, then :func:`check_socket_dir` it."""
     _make_dirs(path, flag, mode, _trusted(uid))
     check_socket_dir(path, flag, uid=uid)
+
+
+def ensure_narrow_dir(path: Path, flag: str, mode: int) -> None:
+    """A directory of sockets only the daemon may change: created with ``mode`` if missing, then refused
+    (ConfigError) unless it is the daemon's own (its euid) with no permission beyond ``mode`` and no group
+    or other write (:func:`ensure_socket_dir` first: not a symlink, trusted directories above)."""
+    ensure_socket_dir(path, flag, mode)
+    st = path.lstat()
+    if (
+        st.st_uid != os.geteuid()
+        or st.st_mode & _GROUP_OR_OTHER_WRITE
+        or stat.S_IMODE(st.st_mode) & ~mode & 0o777
+    ):
+        raise ConfigError(
+            f"{flag}: {path} must be owned by the daemon's user with mode {mode:04o} at most "
+            f"(it is {stat.S_IMODE(st.st_mode):04o}, uid {st.st_uid})"
+        )
+
+
+def ensure_own_socket_dir(path: Path, flag: str, mode: int, socket_name: str) -> None:
+    """The directory of one socket (a grant's own directory): :func:`ensure_narrow_dir`, and refused unless
+    it is empty or holds only ``socket_name`` (a dead daemon's socket, which the bind then replaces).
+
+    An existing directory is what eerl-csi makes for a pod whose volume it published while eerld was away,
+    so that the grant's socket appears in the directory already mounted into the pod; anything else there
+    (a symlink, a directory of another owner or mode, other files) was not made for that and is refused.
+    """
+    ensure_narrow_dir(path, flag, mode)
+    others = sorted(name for name in os.listdir(path) if name != socket_name)
+    if others:
+        raise ConfigError(
+            f"{flag}: {path} holds {others[0][:80]!r}: a socket's own directory must be empty; refusing it"
+        )
+
+
+def remove_stale_socket(path: Path, flag: str, server: str) -> bool:
+    """Remove the socket of a dead ``server`` at ``path`` so that it can be bound again; False when there
+    was none. ConfigError when a live one answers there, or when the path is not a socket."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ConfigError(f"{flag}: {path} exists and is not a socket; refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except OSError as e:
+        if e.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+            raise ConfigError(f"{flag}: cannot probe existing socket {path}: {e.strerror}") from None
+    else:
+        raise ConfigError(f"{flag}: another {server} is already serving on {path}")
+    finally:
+        probe.close()
+    path.unlink()
+    return True
 
 
 def secure_socket(

@@ -49,6 +49,9 @@ TICKET_TTL_S = 30.0
 MAX_TICKETS = 256
 MAX_UNIX_ID = 2**32 - 2
 MAX_SOCKET_PATH_BYTES = 107
+GRANT_DIR_MODE = 0o711
+"""The grant directory and a grant's own directory: anyone may reach a socket in it by name (its own mode
+then decides); nobody may list or write it."""
 OWN_DIRECTORY_SOCKET = "eerld.sock"
 """The socket's name in a grant's own directory (``own_directory``), as in a per-GPU socket's directory."""
 GRANT_SOCKET_OWNER_MODE = 0o600

@@ -12,13 +12,9 @@ resets every GPU eerld locked. :func:`serve` adds signals.
 from __future__ import annotations
 
 import contextlib
-import errno
 import grp
 import os
 import resource
-import signal
-import socket
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import grpc
@@ -44,17 +39,16 @@ from eerld.app import App, build
 from eerld.config import Config
 from eerld.errors import ConfigError
 from eerld.gpu.base import GpuBackend
-from eerld.grants import SHARED_NAME, Grant, GrantKind
+from eerld.grants import GRANT_DIR_MODE, OWN_DIRECTORY_SOCKET, SHARED_NAME, Grant, GrantKind
 from eerld.podresources import GpuOwners
 from eerld.sdnotify import sd_notify
+from eerld.signals import serve_until_signal
 
 log = structlog.get_logger("eerld.server")
 
 WORKER_SOCKET_MODE = 0o660
 ADMIN_SOCKET_MODE = 0o600
 ADMIN_GROUP_SOCKET_MODE = 0o660
-GRANT_DIR_MODE = 0o711
-"""Anyone may reach a socket in it by name (its own mode then decides); nobody may list or write it."""
 GPU_SOCKET_DIR_MODE = 0o700
 """Root only: a per-GPU socket (mode 0666, in a 0711 directory of its GPU) is reached only where a CDI spec
 mounts its GPU's directory into a container."""
@@ -77,34 +71,11 @@ HANDSHAKE_TIMEOUT_S = 10.0
 """A TCP client must finish its TLS handshake within this."""
 
 
-def _socket_in_use(path: Path) -> bool:
-    """Whether something accepts connections on the Unix socket at ``path``."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(1.0)
-    try:
-        probe.connect(str(path))
-    except OSError as e:
-        if e.errno in (errno.ECONNREFUSED, errno.ENOENT):
-            return False
-        raise ConfigError(f"{path}: cannot probe existing socket: {e.strerror}") from None
-    finally:
-        probe.close()
-    return True
-
-
 def prepare_socket_path(path: Path, flag: str) -> None:
     """Make ``path`` bindable: a live daemon is an error, a stale socket is removed, anything else refused."""
     files.ensure_socket_dir(path.parent, flag)
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise ConfigError(f"{flag}: {path} exists and is not a socket; refusing to replace it")
-    if _socket_in_use(path):
-        raise ConfigError(f"{flag}: another eerld is already serving on {path}")
-    path.unlink()
-    log.info("stale_socket_removed", path=str(path))
+    if files.remove_stale_socket(path, flag, "eerld"):
+        log.info("stale_socket_removed", path=str(path))
 
 
 @contextmanager
@@ -241,13 +212,14 @@ class Server:
             return
         directory = grant.socket_path.parent
         if grant.kind is GrantKind.GPU:
-            _ensure_dir(directory.parent, GPU_SOCKET_DIR_MODE, "gpu_socket_dir")
-            _ensure_dir(directory, GRANT_DIR_MODE, "gpu_socket_dir")
+            files.ensure_narrow_dir(directory.parent, "gpu_socket_dir", GPU_SOCKET_DIR_MODE)
+            files.ensure_narrow_dir(directory, "gpu_socket_dir", GRANT_DIR_MODE)
         elif grant.own_directory:
-            _ensure_dir(directory.parent, GRANT_DIR_MODE, "grant_dir")
-            _ensure_dir(directory, GRANT_DIR_MODE, "grant_dir")
+            # eerl-csi may have made it already (published while eerld was away): empty, ours, 0711 at most
+            files.ensure_narrow_dir(directory.parent, "grant_dir", GRANT_DIR_MODE)
+            files.ensure_own_socket_dir(directory, "grant_dir", GRANT_DIR_MODE, OWN_DIRECTORY_SOCKET)
         else:
-            _ensure_dir(directory, GRANT_DIR_MODE, "grant_dir")
+            files.ensure_narrow_dir(directory, "grant_dir", GRANT_DIR_MODE)
         workers = min(MAX_GRANT_WORKERS, GRANT_BASE_WORKERS + 2 * len(grant.gpu_uuids))
         endpoint = self._build(grant.name, WORKER_SERVICES, workers, PhaseServicer(self.daemon, grant.name))
         prepare_socket_path(grant.socket_path, f"grant {grant.name}")
@@ -361,17 +333,6 @@ def _bind_unix(server: grpc.Server, path: Path, mode: int, uid: int | None, gid:
     _secure_socket(path, mode, uid, gid)
 
 
-def _ensure_dir(path: Path, mode: int, flag: str) -> None:
-    """The directory of grant sockets: created with ``mode`` if missing; refused if its mode is wider."""
-    files.ensure_socket_dir(path, flag, mode)
-    st = path.lstat()
-    if st.st_uid != os.geteuid() or st.st_mode & 0o022 or stat.S_IMODE(st.st_mode) & ~mode & 0o777:
-        raise ConfigError(
-            f"{flag}: {path} must be owned by the daemon's user with mode {mode:04o} at most "
-            f"(it is {stat.S_IMODE(st.st_mode):04o}, uid {st.st_uid})"
-        )
-
-
 def create_server(
     config: Config,
     *,
@@ -403,23 +364,8 @@ def create_server(
 
 def serve(server: Server) -> int:
     """Run until SIGTERM or SIGINT, then stop gracefully (every GPU reset); return the exit code 0."""
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("signal", signal=signal.Signals(signum).name)
-        stop.set()
-
     _raise_open_files_limit()
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        server.start()
-        while not stop.wait(1.0):
-            pass
-    finally:
-        server.stop()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    return 0
+    return serve_until_signal(server.start, server.stop)
 
 
 def _raise_open_files_limit() -> None:

@@ -18,6 +18,13 @@ from eerld.csi.grant import GrantedSocket, GrantPlan
 from eerld.errors import Conflict, EerlError, NotFound, PermissionDenied, Unavailable, ValidationError
 
 TIMEOUT_S = 5.0
+CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+"""gRPC's reconnect back-off grows to two minutes by default: the reconcile that follows eerld's return
+must reach it (a pending volume's grant), so it is kept to a second."""
 
 
 class EerldAdmin:
@@ -70,7 +77,7 @@ class EerldAdmin:
     def _admin(self) -> pb_grpc.AdminServiceStub:
         with self._lock:
             if self._stub is None:
-                self._channel = grpc.insecure_channel(f"unix:{self.socket_path}")
+                self._channel = grpc.insecure_channel(f"unix:{self.socket_path}", options=CHANNEL_OPTIONS)
                 self._stub = pb_grpc.AdminServiceStub(self._channel)
             return self._stub
 

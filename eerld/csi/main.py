@@ -49,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--admin-socket", type=Path, default=d.admin_socket, help="eerld's admin socket")
     parser.add_argument(
+        "--grant-dir",
+        type=Path,
+        default=d.grant_dir,
+        help="eerld's --grant-dir: a volume published while eerld is away gets its grant's directory there",
+    )
+    parser.add_argument(
         "--pod-resources-socket",
         type=Path,
         default=d.pod_resources_socket,
@@ -80,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         csi_socket=args.csi_socket,
         node_id=args.node_id,
         admin_socket=args.admin_socket,
+        grant_dir=args.grant_dir,
         pod_resources_socket=args.pod_resources_socket,
         kubelet_dir=args.kubelet_dir,
         state_dir=args.state_dir,

@@ -6,14 +6,22 @@
   bind-mount the grant's directory at the target path. Any failure undoes what was done (no grant, no
   record, no mount) and is raised as one :mod:`eerld.errors` error; a second publish of a published volume
   is a no-op.
+- **Fail-open**: when eerld does not answer (and only then: an unknown pod, a pod without GPUs, bad
+  attributes or an absent kubelet are refused), publish succeeds all the same, so that the pod starts
+  without clock control rather than wait: eerl-csi makes the grant's directory itself, where and as eerld
+  makes it (``<grant dir>/<name>``, root's, 0711), mounts it, and records the volume ``pending``; the
+  reconcile asks for the grant once eerld answers, and eerld binds the socket in that directory, which the
+  pod already sees.
 - **Unpublish**: unmount, revoke, forget; idempotent. When eerld does not answer, the volume is unmounted
   anyway (a pod's termination never waits for eerld) and its record kept, so that the reconcile revokes the
-  grant once eerld is back.
+  grant once eerld is back; a pending volume's record and directory go at once (it has no grant; one made
+  unseen is a ``csi-`` grant no record names, which the reconcile revokes).
 - **Reconcile** (at start and every ``--reconcile-s``): revoke the grants of pods the kubelet no longer
   lists — records whose pod is gone, and ``csi-`` grants no record names — once they were seen so in two
-  reconciles in a row, so that a kubelet restarting with a short list costs no live pod its grant. A
-  publish also retires, at once, the records of pods missing from the very listing that shows its own pod,
-  or of an older pod of the same name: the kubelet has given their GPUs to someone else.
+  reconciles in a row, so that a kubelet restarting with a short list costs no live pod its grant; revoke
+  the ``retiring`` ones at once; ask for the grants of pending volumes whose pod runs. A publish also
+  retires, at once, the records of pods missing from the very listing that shows its own pod, or of an
+  older pod of the same name: the kubelet has given their GPUs to someone else.
 
 One lock serialises the three, so that a reconcile never sees a grant whose record is being written.
 """
@@ -22,18 +30,20 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import structlog
 
+from eerld import files
 from eerld.csi import mounts
-from eerld.csi.grant import GRANT_PREFIX, EerldGrants, grant_name, plan_grant
+from eerld.csi.grant import GRANT_PREFIX, EerldGrants, GrantedSocket, grant_name, plan_grant
 from eerld.csi.pods import PodLister, live_pods, pod_gpus
-from eerld.csi.records import VolumeRecord, VolumeRecords
-from eerld.csi.volume import check_target_path, parse_publish
-from eerld.errors import Conflict, Unavailable
+from eerld.csi.records import VolumeRecord, VolumeRecords, VolumeState
+from eerld.csi.volume import PodVolume, check_target_path, parse_publish
+from eerld.errors import ConfigError, Conflict, EerlError, Unavailable
+from eerld.grants import GRANT_DIR_MODE, OWN_DIRECTORY_SOCKET
 from eerld.podresources import PodDevices, PodResourcesError
 
 log = structlog.get_logger("eerld.csi")
@@ -49,6 +59,8 @@ class ReconcileOutcome:
     suspected: tuple[str, ...]
     skipped: str = ""
     """Why nothing was judged (the kubelet or eerld did not answer); empty when it ran."""
+    granted: tuple[str, ...] = ()
+    """The grants of pending volumes made by this reconcile."""
 
 
 class NodePlugin:
@@ -61,12 +73,14 @@ class NodePlugin:
         records: VolumeRecords,
         *,
         kubelet_dir: Path,
+        grant_dir: Path,
         list_timeout_s: float = LIST_TIMEOUT_S,
     ) -> None:
         self._pods = pods
         self._eerld = eerld
         self._records = records
         self._kubelet_dir = str(kubelet_dir)
+        self._grant_dir = grant_dir
         self._list_timeout_s = list_timeout_s
         self._lock = threading.Lock()
         self._suspects: frozenset[str] = frozenset()
@@ -86,7 +100,8 @@ class NodePlugin:
             if existing is not None and existing.pod_uid == volume.pod_uid and mounts.is_mount_point(target):
                 return
             if existing is not None:  # a publish that did not finish (a crash between grant and mount)
-                self._eerld.revoke(existing.grant, "eerl-csi: published again")
+                with contextlib.suppress(Unavailable):  # else the pending grant's reconcile revokes it
+                    self._eerld.revoke(existing.grant, "eerl-csi: published again")
             pods = self._list_pods()
             gpus = pod_gpus(pods, volume.namespace, volume.pod_name)
             live = live_pods(pods)
@@ -96,28 +111,39 @@ class NodePlugin:
                 if record.volume_id != volume_id and (gone or (renamed and record.pod_uid != volume.pod_uid)):
                     self._retire(record, "its pod is gone: the kubelet gave its GPUs to another pod")
             plan = plan_grant(volume, gpus)
-            record = VolumeRecord(
-                volume_id, plan.name, volume.namespace, volume.pod_name, volume.pod_uid, target_path
-            )
+            record = _record(volume, plan.name, VolumeState.PENDING)
             self._records.put(record)
+            granted: GrantedSocket | None = None
             try:
                 granted = self._eerld.grant(plan)
+                source = granted.socket_path.parent
+            except Unavailable as e:  # fail open: the pod starts now, the reconcile gets the grant
+                log.warning("grant_pending", volume_id=volume_id, grant=plan.name, error=str(e))
+                try:
+                    source = self._own_directory(plan.name)
+                except BaseException:
+                    self._records.remove(volume_id)
+                    raise
             except BaseException:
                 self._records.remove(volume_id)
                 raise
             try:
-                mounts.bind_read_only(granted.socket_path.parent, target)
+                mounts.bind_read_only(source, target)
             except BaseException:
-                self._undo(record)
+                self._undo(record, granted=granted is not None)
                 raise
+            if granted is not None:
+                self._records.put(replace(record, state=VolumeState.GRANTED))
+                self._check_directory(granted)
         log.info(
             "published",
             pod=volume.pod,
             pod_uid=volume.pod_uid,
             volume_id=volume_id,
-            grant=granted.name,
+            grant=plan.name,
+            pending=granted is None,
             gpus=[str(g) for g in gpus],
-            gpu_indices=list(granted.gpu_indices),
+            gpu_indices=list(granted.gpu_indices) if granted is not None else None,
             uid=volume.uid,
             gid=volume.gid,
             target_path=target_path,
@@ -136,14 +162,17 @@ class NodePlugin:
             try:
                 revoked = self._eerld.revoke(name, "eerl-csi: volume unpublished")
             except Unavailable as e:
-                log.warning(
-                    "revoke_deferred",
-                    volume_id=volume_id,
-                    grant=name,
-                    error=str(e),
-                    effect="reconcile revokes it",
-                )
-                return
+                if record is None or record.state is not VolumeState.PENDING:
+                    log.warning(
+                        "revoke_deferred",
+                        volume_id=volume_id,
+                        grant=name,
+                        error=str(e),
+                        effect="reconcile revokes it",
+                    )
+                    return
+                revoked = False  # no grant (one made unseen has no record now: the reconcile revokes it)
+            self._remove_own_directory(name)
             self._records.remove(volume_id)
         log.info("unpublished", volume_id=volume_id, grant=name, revoked=revoked)
 
@@ -151,11 +180,17 @@ class NodePlugin:
         """Revoke grants of pods the kubelet stopped listing (two reconciles in a row); see the docstring."""
         with self._lock:
             try:
-                live = live_pods(self._list_pods())
+                pods = self._list_pods()
+                live = live_pods(pods)
                 grants = self._eerld.grants()
             except Unavailable as e:
                 log.warning("reconcile_skipped", error=str(e))
                 return ReconcileOutcome((), tuple(sorted(self._suspects)), skipped=str(e))
+            records = self._records.all()
+            revoked: list[str] = []
+            for record in records.values():
+                if record.state is VolumeState.RETIRING and self._retire(record, "its pod is gone"):
+                    revoked.append(record.grant)
             records = self._records.all()
             recorded = {r.grant for r in records.values()}
             orphans: dict[str, VolumeRecord | str] = {
@@ -165,12 +200,12 @@ class NodePlugin:
                 {g.name: g.name for g in grants if g.name.startswith(GRANT_PREFIX) and g.name not in recorded}
             )
             due = [name for name in sorted(orphans) if name in self._suspects]
-            revoked: list[str] = []
             for name in due:
                 orphan = orphans[name]
                 try:
                     if isinstance(orphan, VolumeRecord):
-                        self._retire(orphan, "reconcile: the kubelet no longer lists its pod")
+                        if not self._retire(orphan, "reconcile: the kubelet no longer lists its pod"):
+                            continue
                     else:
                         self._eerld.revoke(name, "eerl-csi reconcile: no volume of this node names it")
                 except Unavailable as e:
@@ -178,9 +213,48 @@ class NodePlugin:
                     continue
                 revoked.append(name)
             self._suspects = frozenset(orphans) - set(revoked)
-        if revoked:
-            log.info("reconciled", revoked=revoked)
-        return ReconcileOutcome(tuple(revoked), tuple(sorted(self._suspects)))
+            granted = [
+                record.grant
+                for record in self._records.all().values()
+                if record.state is VolumeState.PENDING
+                and (record.namespace, record.pod_name) in live
+                and self._grant_pending(record, pods, grants)
+            ]
+        if revoked or granted:
+            log.info("reconciled", revoked=revoked, granted=granted)
+        return ReconcileOutcome(tuple(revoked), tuple(sorted(self._suspects)), granted=tuple(granted))
+
+    def _grant_pending(
+        self, record: VolumeRecord, pods: Sequence[PodDevices], grants: Sequence[GrantedSocket]
+    ) -> bool:
+        """Ask for a pending volume's grant (lock held); False, logged, when it is not made this time."""
+        try:
+            made = next((g for g in grants if g.name == record.grant), None)
+            if made is None or made.job_id != record.pod_uid:
+                if made is not None:  # of an earlier publish of this volume: not this pod's
+                    self._eerld.revoke(record.grant, "eerl-csi: replaced by its volume's pending grant")
+                assert record.uid is not None  # a pending record always has one (records.py)
+                volume = PodVolume(
+                    record.volume_id,
+                    record.target_path,
+                    record.namespace,
+                    record.pod_name,
+                    record.pod_uid,
+                    record.uid,
+                    record.gid,
+                )
+                made = self._eerld.grant(
+                    plan_grant(volume, pod_gpus(pods, record.namespace, record.pod_name))
+                )
+            self._records.put(replace(record, state=VolumeState.GRANTED))
+        except EerlError as e:
+            log.warning(
+                "pending_grant_failed", grant=record.grant, error=str(e), effect="next reconcile retries"
+            )
+            return False
+        self._check_directory(made)
+        log.info("pending_granted", volume_id=record.volume_id, grant=record.grant, pod_uid=record.pod_uid)
+        return True
 
     def _list_pods(self) -> tuple[PodDevices, ...]:
         try:
@@ -188,10 +262,18 @@ class NodePlugin:
         except PodResourcesError as e:
             raise Unavailable(f"the kubelet's pod-resources API does not answer: {e}") from None
 
-    def _retire(self, record: VolumeRecord, reason: str) -> None:
-        """Unmount a stale volume, revoke its grant and forget it (lock held)."""
+    def _retire(self, record: VolumeRecord, reason: str) -> bool:
+        """Unmount a stale volume, revoke its grant and forget it (lock held); when eerld does not answer,
+        mark it ``retiring`` (the reconcile revokes it) and return False."""
         mounts.unmount(Path(record.target_path))
-        self._eerld.revoke(record.grant, f"eerl-csi: {reason}")
+        try:
+            self._eerld.revoke(record.grant, f"eerl-csi: {reason}")
+        except Unavailable as e:
+            if record.state is not VolumeState.RETIRING:
+                self._records.put(replace(record, state=VolumeState.RETIRING))
+            log.warning("retire_deferred", grant=record.grant, error=str(e), effect="reconcile revokes it")
+            return False
+        self._remove_own_directory(record.grant)
         self._records.remove(record.volume_id)
         log.info(
             "retired",
@@ -200,20 +282,67 @@ class NodePlugin:
             pod=f"{record.namespace}/{record.pod_name}",
             reason=reason,
         )
+        return True
 
-    def _undo(self, record: VolumeRecord) -> None:
-        """Take back a publish that failed after its grant (lock held); errors of the undo are logged."""
-        try:
-            self._eerld.revoke(record.grant, "eerl-csi: publish failed")
-        except Unavailable as e:
-            log.warning("undo_revoke_failed", grant=record.grant, error=str(e), effect="reconcile revokes it")
-            return
+    def _undo(self, record: VolumeRecord, *, granted: bool) -> None:
+        """Take back a publish that failed after its grant or its own directory (lock held); errors of the
+        undo are logged."""
+        if granted:
+            try:
+                self._eerld.revoke(record.grant, "eerl-csi: publish failed")
+            except Unavailable as e:
+                log.warning(
+                    "undo_revoke_failed", grant=record.grant, error=str(e), effect="reconcile revokes it"
+                )
+                return
+        self._remove_own_directory(record.grant)
         self._records.remove(record.volume_id)
+
+    def _own_directory(self, name: str) -> Path:
+        """The grant's directory, made as eerld makes it (root's, 0711) for a volume published while eerld
+        is away; ConfigError for anything there that eerl-csi would not make (eerld refuses it too)."""
+        directory = self._grant_dir / name
+        try:
+            files.ensure_narrow_dir(self._grant_dir, "--grant-dir", GRANT_DIR_MODE)
+            files.ensure_own_socket_dir(directory, "--grant-dir", GRANT_DIR_MODE, OWN_DIRECTORY_SOCKET)
+        except OSError as e:
+            raise ConfigError(f"--grant-dir: cannot make {directory}: {e.strerror}") from None
+        return directory
+
+    def _remove_own_directory(self, name: str) -> None:
+        """Remove the grant's directory if empty (eerld removes its own; this is one eerl-csi made)."""
+        with contextlib.suppress(OSError):
+            (self._grant_dir / name).rmdir()
+
+    def _check_directory(self, granted: GrantedSocket) -> None:
+        """Log a grant whose socket is not where a pending volume's directory is made (--grant-dir wrong)."""
+        if granted.socket_path.parent != self._grant_dir / granted.name:
+            log.error(
+                "grant_dir_mismatch",
+                grant=granted.name,
+                socket=str(granted.socket_path),
+                grant_dir=str(self._grant_dir),
+                effect="volumes published while eerld is away never see their socket: fix --grant-dir",
+            )
 
     def close(self) -> None:
         """Close the kubelet's and eerld's channels."""
         self._pods.close()
         self._eerld.close()
+
+
+def _record(volume: PodVolume, grant: str, state: VolumeState) -> VolumeRecord:
+    return VolumeRecord(
+        volume.volume_id,
+        grant,
+        volume.namespace,
+        volume.pod_name,
+        volume.pod_uid,
+        volume.target_path,
+        volume.uid,
+        volume.gid,
+        state,
+    )
 
 
 __all__ = ["NodePlugin", "ReconcileOutcome"]

@@ -1,14 +1,17 @@
 """What eerl-csi has published, on disk: so that a restarted eerl-csi knows each grant's pod.
 
-A record is written before its grant is asked for and removed after the grant is revoked, so every grant
-of eerl-csi's (named ``csi-…``) that outlives a crash has a record naming its pod, and the reconcile
-(:meth:`eerld.csi.node.NodePlugin.reconcile`) can revoke those of pods the kubelet no longer runs.
+A record is written (``pending``) before its grant is asked for and removed after the grant is revoked, so
+every grant of eerl-csi's (named ``csi-…``) that outlives a crash has a record naming its pod, and the
+reconcile (:meth:`eerld.csi.node.NodePlugin.reconcile`) can revoke those of pods the kubelet no longer runs.
+A volume published while eerld was away stays ``pending`` until the reconcile gets its grant (the record
+keeps the socket's uid and gid for that); one whose revoke eerld did not answer is ``retiring``.
 One JSON file in a root-only state directory, replaced atomically (:func:`eerld.files.atomic_write_json`);
 a file that is not what eerl-csi wrote is set aside (its grants then count as unrecorded, see the node).
 """
 
 from __future__ import annotations
 
+import enum
 import threading
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -24,6 +27,16 @@ log = structlog.get_logger("eerld.csi.records")
 RECORDS_FILE = "volumes.json"
 
 
+class VolumeState(enum.StrEnum):
+    """Where a volume's grant stands."""
+
+    PENDING = "pending"
+    """Not (known to be) made: being published, or published while eerld was away (the reconcile asks)."""
+    GRANTED = "granted"
+    RETIRING = "retiring"
+    """Its pod is gone, its volume unmounted; eerld did not answer the revoke (the reconcile repeats it)."""
+
+
 @dataclass(frozen=True, slots=True)
 class VolumeRecord:
     """One published (or being published) volume."""
@@ -34,6 +47,10 @@ class VolumeRecord:
     pod_name: str
     pod_uid: str
     target_path: str
+    uid: int | None = None
+    """The socket's owner and group (the volume's attributes); None only in records of eerl-csi 0.1.0."""
+    gid: int | None = None
+    state: VolumeState = VolumeState.GRANTED
 
 
 class VolumeRecords:
@@ -86,15 +103,22 @@ class VolumeRecords:
         atomic_write_json(self._path, {"version": 1, "volumes": [asdict(r) for r in records.values()]})
 
 
+_TEXT_FIELDS = ("volume_id", "grant", "namespace", "pod_name", "pod_uid", "target_path")
+_IDS = ("uid", "gid")
+
+
 def _record(item: object, path: Path) -> VolumeRecord:
-    names = VolumeRecord.__dataclass_fields__
+    """One stored record, every field type-checked; uid, gid and state may be absent (eerl-csi 0.1.0)."""
     if (
         not isinstance(item, dict)
-        or set(item) != set(names)
-        or not all(isinstance(v, str) for v in item.values())
+        or not set(_TEXT_FIELDS) <= set(item) <= {*_TEXT_FIELDS, *_IDS, "state"}
+        or not all(isinstance(item[k], str) for k in _TEXT_FIELDS)
+        or not all(item.get(k) is None or type(item[k]) is int for k in _IDS)
+        or item.get("state", VolumeState.GRANTED) not in set(VolumeState)
+        or (item.get("state") == VolumeState.PENDING and item.get("uid") is None)
     ):
         raise ConfigError(f"{path}: malformed volume record {str(item)[:200]}")
-    return VolumeRecord(**item)
+    return VolumeRecord(**{**item, "state": VolumeState(item.get("state", VolumeState.GRANTED))})
 
 
-__all__ = ["RECORDS_FILE", "VolumeRecord", "VolumeRecords"]
+__all__ = ["RECORDS_FILE", "VolumeRecord", "VolumeRecords", "VolumeState"]

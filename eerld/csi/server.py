@@ -9,16 +9,11 @@ as root). A stale socket file of a dead eerl-csi is replaced; a live one is an e
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
-import signal
-import socket
-import stat
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 
 import grpc
 import structlog
@@ -26,11 +21,13 @@ import structlog
 from eerld import files
 from eerld.api.csi import csi_pb2_grpc as pb_grpc
 from eerld.api.podresources import KubeletPodResources
+from eerld.config import DEFAULT_GRANT_DIR
 from eerld.csi.eerld_admin import EerldAdmin
 from eerld.csi.node import NodePlugin
 from eerld.csi.records import VolumeRecords
 from eerld.csi.servicers import IdentityServicer, NodeServicer
 from eerld.errors import ConfigError
+from eerld.signals import serve_until_signal
 
 log = structlog.get_logger("eerld.csi")
 
@@ -46,6 +43,8 @@ class CsiConfig:
     csi_socket: Path = Path("/var/lib/kubelet/plugins/csi.eerl.dev/csi.sock")
     node_id: str = ""
     admin_socket: Path = Path("/run/eerld/admin.sock")
+    grant_dir: Path = DEFAULT_GRANT_DIR
+    """eerld's --grant-dir: where a volume published while eerld is away gets its grant's directory."""
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     kubelet_dir: Path = Path("/var/lib/kubelet")
     state_dir: Path = Path("/var/lib/eerl-csi")
@@ -99,12 +98,13 @@ def create_server(config: CsiConfig) -> CsiServer:
     directory = config.csi_socket.parent
     files.ensure_private_dir(directory, "--csi-socket", SOCKET_DIR_MODE)
     os.chmod(directory, SOCKET_DIR_MODE)  # the kubelet's plugin directory may come 0755: narrow it
-    _remove_stale(config.csi_socket)
+    files.remove_stale_socket(config.csi_socket, "--csi-socket", "eerl-csi")
     plugin = NodePlugin(
         KubeletPodResources(config.pod_resources_socket),
         EerldAdmin(config.admin_socket),
         records,
         kubelet_dir=config.kubelet_dir,
+        grant_dir=config.grant_dir,
     )
     server = grpc.server(ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="csi"))
     pb_grpc.add_IdentityServicer_to_server(IdentityServicer(), server)
@@ -118,45 +118,9 @@ def create_server(config: CsiConfig) -> CsiServer:
     return CsiServer(config, plugin, server)
 
 
-def _remove_stale(path: Path) -> None:
-    """Remove a dead eerl-csi's socket; ConfigError for a live one or anything that is not a socket."""
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise ConfigError(f"--csi-socket: {path} exists and is not a socket; refusing to replace it")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(str(path))
-    except OSError as e:
-        if e.errno not in (errno.ECONNREFUSED, errno.ENOENT):
-            raise ConfigError(f"--csi-socket: cannot probe {path}: {e.strerror}") from None
-    else:
-        raise ConfigError(f"--csi-socket: another eerl-csi serves on {path}")
-    finally:
-        probe.close()
-    path.unlink()
-
-
 def serve(server: CsiServer) -> int:
     """Run until SIGTERM or SIGINT; return 0."""
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("signal", signal=signal.Signals(signum).name)
-        stop.set()
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        server.start()
-        while not stop.wait(1.0):
-            pass
-    finally:
-        server.stop()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    return 0
+    return serve_until_signal(server.start, server.stop)
 
 
 __all__ = ["CsiConfig", "CsiServer", "create_server", "serve"]

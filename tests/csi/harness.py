@@ -16,7 +16,6 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,9 +25,9 @@ import grpc
 
 from eerld.api.csi import csi_pb2 as csi
 from eerld.api.csi import csi_pb2_grpc as csi_grpc
-from eerld.api.podresources import LIST_METHOD
 from eerld.api.podresources import api_pb2 as kpb
 from eerld.csi.mounts import unmount
+from tests.kubelet import pod_resources_server
 
 POD_USER = 65532
 """The sidecar's uid and gid in deploy/kubernetes/rl-job-sidecar-pod.yaml."""
@@ -88,21 +87,11 @@ def fake_kubelet(directory: Path) -> Iterator[FakeKubelet]:
     under that root is unmounted at the end."""
     kubelet = FakeKubelet(directory / "kubelet.sock", directory / "k")
     kubelet.kubelet_dir.mkdir(mode=0o755)
-    server = grpc.server(ThreadPoolExecutor(max_workers=2))
-    handler = grpc.unary_unary_rpc_method_handler(
-        kubelet.list,
-        request_deserializer=kpb.ListPodResourcesRequest.FromString,
-        response_serializer=kpb.ListPodResourcesResponse.SerializeToString,
-    )
-    service, method = LIST_METHOD.lstrip("/").split("/")
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {method: handler}),))
-    server.add_insecure_port(f"unix:{kubelet.socket_path}")
-    server.start()
-    kubelet.server = server
     try:
-        yield kubelet
+        with pod_resources_server(kubelet.socket_path, kubelet.list) as server:
+            kubelet.server = server
+            yield kubelet
     finally:
-        server.stop(0)
         unmount_all_under(kubelet.kubelet_dir)
 
 
@@ -203,8 +192,9 @@ def _code(call: Any) -> grpc.StatusCode:
 def running_plugin(
     directory: Path, kubelet: FakeKubelet, admin_socket: Path, *, extra: Sequence[str] = ()
 ) -> Iterator[CsiPlugin]:
-    """``python -m eerld.csi.main``, its socket in ``directory/csi``, its state in ``directory/state-csi``;
-    SIGTERM at the end."""
+    """``python -m eerld.csi.main``, its socket in ``directory/csi``, its state in ``directory/state-csi``,
+    eerld's grant directory ``directory/grants`` (as :func:`eerld.testing.running_daemon` has it); SIGTERM at
+    the end."""
     socket_path = directory / "csi" / "csi.sock"
     state_dir = directory / "state-csi"
     command = [
@@ -214,6 +204,7 @@ def running_plugin(
         f"--csi-socket={socket_path}",
         "--node-id=node-a",
         f"--admin-socket={admin_socket}",
+        f"--grant-dir={directory / 'grants'}",
         f"--pod-resources-socket={kubelet.socket_path}",
         f"--kubelet-dir={kubelet.kubelet_dir}",
         f"--state-dir={state_dir}",

@@ -189,20 +189,6 @@ class TestErrorsChangeNothing:
         assert code is grpc.StatusCode.NOT_FOUND
         self.assert_untouched(node, plugin, target)
 
-    def test_eerld_unreachable_is_unavailable(
-        self, csi_dir: Path, plugin: CsiPlugin, kubelet: FakeKubelet, node: DaemonHandle
-    ) -> None:
-        pod = Pod("rl", "trainer-0", (uuids(node)[0],))
-        kubelet.pods = [pod]
-        target = kubelet.target_path(pod)
-        node.server.stop(grace_s=0.5)
-        code, message = publish_error(plugin, publish_request(pod, target))
-        assert code is grpc.StatusCode.UNAVAILABLE
-        assert message.startswith("eerld does not answer on its admin socket (Grant)")
-        assert "\n" not in message
-        assert not is_mount_point(target)
-        assert '"volumes": []' in (plugin.state_dir / "volumes.json").read_text()
-
     def test_a_kubelet_that_does_not_answer_is_unavailable(
         self, plugin: CsiPlugin, kubelet: FakeKubelet, node: DaemonHandle
     ) -> None:

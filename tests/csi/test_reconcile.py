@@ -7,7 +7,7 @@ directory is a restarted eerl-csi.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -15,41 +15,12 @@ import pytest
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
-from eerld.csi.eerld_admin import EerldAdmin
 from eerld.csi.grant import grant_name
 from eerld.csi.mounts import is_mount_point
 from eerld.csi.node import NodePlugin
-from eerld.csi.records import VolumeRecords
-from eerld.podresources import DeviceAllocation, PodDevices, PodResourcesError
 from eerld.testing import DaemonHandle
-from tests.csi.conftest import grant_names, uuids
-from tests.csi.harness import POD_USER, FakeKubelet, Pod, volume_context, volume_id
-
-
-class Listing:
-    """The kubelet's pod-resources, as a list the test changes (``None``: the kubelet does not answer)."""
-
-    def __init__(self) -> None:
-        self.pods: list[Pod] | None = []
-
-    def list_pods(self, timeout_s: float) -> Sequence[PodDevices]:
-        if self.pods is None:
-            raise PodResourcesError("kubelet.sock: List: UNAVAILABLE")
-        return [PodDevices(p.namespace, p.name, tuple(_allocations(p))) for p in self.pods]
-
-    def close(self) -> None:
-        pass
-
-
-def _allocations(pod: Pod) -> list[DeviceAllocation]:
-    return (
-        [DeviceAllocation(pod.namespace, pod.name, "trainer", "nvidia.com/gpu", pod.gpus)] if pod.gpus else []
-    )
-
-
-@pytest.fixture
-def listing() -> Listing:
-    return Listing()
+from tests.csi.conftest import Listing, grant_names, make_plugin, publish, uuids
+from tests.csi.harness import POD_USER, FakeKubelet, Pod, volume_id
 
 
 @pytest.fixture
@@ -57,18 +28,6 @@ def plugin(csi_dir: Path, kubelet: FakeKubelet, node: DaemonHandle, listing: Lis
     p = make_plugin(csi_dir, kubelet, node, listing)
     yield p
     p.close()
-
-
-def make_plugin(csi_dir: Path, kubelet: FakeKubelet, node: DaemonHandle, listing: Listing) -> NodePlugin:
-    records = VolumeRecords(csi_dir / "state-csi")
-    return NodePlugin(listing, EerldAdmin(node.admin_socket_path), records, kubelet_dir=kubelet.kubelet_dir)
-
-
-def publish(plugin: NodePlugin, kubelet: FakeKubelet, pod: Pod) -> Path:
-    target = kubelet.target_path(pod)
-    context = volume_context(pod, uid=str(POD_USER))
-    plugin.publish(volume_id(pod), str(target), context, mount_access=True)
-    return target
 
 
 class TestReconcile:

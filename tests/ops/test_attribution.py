@@ -8,7 +8,6 @@ import os
 import time
 import urllib.request
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ from eerl.v1 import eerl_pb2, eerl_pb2_grpc
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from eerld.api.podresources import LIST_METHOD, KubeletPodResources
+from eerld.api.podresources import KubeletPodResources
 from eerld.api.podresources import api_pb2 as pb
 from eerld.config import load_config
 from eerld.daemon import Daemon, StatusView, Unsubscribe
@@ -39,6 +38,7 @@ from eerld.podresources import (
 )
 from eerld.sessions import GpuSelector, SessionSpec
 from eerld.testing import DaemonHandle, FakeGpuBackend, ManualClock, running_daemon
+from tests.kubelet import pod_resources_server
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 GEN = PhaseKind.GENERATION
@@ -206,21 +206,9 @@ class FakeKubelet:
 @contextmanager
 def fake_kubelet(socket_path: Path) -> Iterator[FakeKubelet]:
     kubelet = FakeKubelet(socket_path)
-    server = grpc.server(ThreadPoolExecutor(max_workers=2))
-    handler = grpc.unary_unary_rpc_method_handler(
-        kubelet.list,
-        request_deserializer=pb.ListPodResourcesRequest.FromString,
-        response_serializer=pb.ListPodResourcesResponse.SerializeToString,
-    )
-    service, method = LIST_METHOD.lstrip("/").split("/")
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {method: handler}),))
-    server.add_insecure_port(f"unix:{socket_path}")
-    server.start()
-    kubelet.server = server
-    try:
+    with pod_resources_server(socket_path, kubelet.list) as server:
+        kubelet.server = server
         yield kubelet
-    finally:
-        server.stop(0)
 
 
 def pod(namespace: str, name: str, container: str, resource: str, *device_ids: str) -> pb.PodResources:

@@ -53,6 +53,19 @@ def ctl_json(handle: DaemonHandle, *argv: str) -> Any:
 
 
 class TestEerlctlAgainstEerld:
+    def test_grant_own_directory_puts_the_socket_in_a_directory_of_its_own(
+        self, daemon: DaemonHandle
+    ) -> None:
+        """``--own-directory``: ``<grant dir>/<name>/eerld.sock``, the directory 0711, for a bind mount."""
+        plain = ctl_json(daemon, "grant", "--gpus", "2", "--uid", "65534", "--name", "plain")
+        own = ctl_json(daemon, "grant", "--gpus", "3", "--uid", "65534", "--name", "own", "--own-directory")
+        grant_dir = Path(plain["socket_path"]).parent
+        socket = Path(own["socket_path"])
+        assert Path(plain["socket_path"]) == grant_dir / "plain.sock"
+        assert socket == grant_dir / "own" / "eerld.sock"
+        assert socket.is_socket()
+        assert socket.parent.stat().st_mode & 0o777 == 0o711
+
     def test_status_shows_the_session_and_a_pin(self, daemon: DaemonHandle) -> None:
         """After a pin on GPU 1, status --json shows GPU 0 held by the session and GPU 1 pinned."""
         assert ctl(daemon, "pin", "--gpus", "1", "--sm-mhz", "1005", "--reason", "test")[0] == 0

@@ -327,6 +327,8 @@ class TestCsiPlugin:
         assert grants is not None
         (run,) = (m for m in csi["volumeMounts"] if str(grants).startswith(m["mountPath"] + "/"))
         assert self.host_paths()[run["name"]] == run["mountPath"]  # eerld's grant directories, as the host's
+        assert args.grant_dir == grants  # where a volume published while eerld is away gets its directory
+        assert not run.get("readOnly", False)  # which eerl-csi then makes
         assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in csi["env"]
 
     def test_the_registrar_points_the_kubelet_at_eerl_csis_socket(self) -> None:

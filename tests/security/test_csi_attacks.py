@@ -1,6 +1,7 @@
 """eerl-csi attacked: what a pod author writes in ``volumeAttributes`` decides who in the pod may connect,
 never which GPUs it gets; a request without the kubelet's pod information is refused; the plugin's socket,
-which makes grants with eerld's admin authority, admits root only.
+which makes grants with eerld's admin authority, admits root only; a grant's own directory that someone
+else made (a symlink, other files, another owner or mode) is used neither by eerld nor by eerl-csi.
 
 The pod author's attacks reach the plugin through the kubelet, which forwards the volume's attributes (and
 adds the pod's identity over them), so they are made here as the kubelet makes its calls, as root on the
@@ -10,13 +11,17 @@ grant socket) are made by unprivileged processes (``run_as``). Every refusal lea
 
 from __future__ import annotations
 
+import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+from eerl.v1 import eerl_pb2 as pb
+from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
+from eerld.csi.grant import grant_name
 from eerld.csi.mounts import is_mount_point
 from eerld.testing import DaemonHandle, FakeGpuBackend, running_daemon
 from tests.conftest import short_socket_dir
@@ -31,6 +36,7 @@ from tests.csi.harness import (
     publish_request,
     running_plugin,
     volume_context,
+    volume_id,
 )
 from tests.security.conftest import NOBODY_UID, call, run_as
 
@@ -162,7 +168,73 @@ class TestThePluginsSocket:
             uid: [o.code for o in run_as(f"unix:{plugin.socket_path}", calls, uid=uid, gid=uid)]
             for uid in (NOBODY_UID, POD_USER)
         }
+        assert outcomes == {NOBODY_UID: ["UNAVAILABLE"] * 2, POD_USER: ["UNAVAILABLE"] * 2}
         assert (socket_stat.st_uid, stat.S_IMODE(socket_stat.st_mode)) == (0, 0o600)
         assert (dir_stat.st_uid, stat.S_IMODE(dir_stat.st_mode)) == (0, 0o700)
-        assert outcomes == {NOBODY_UID: ["UNAVAILABLE"] * 2, POD_USER: ["UNAVAILABLE"] * 2}
         assert nothing_granted(node, target)
+
+
+def plant(node: DaemonHandle, name: str, kind: str) -> Path:
+    """Something at grant ``name``'s own directory that neither eerld nor eerl-csi made; the directory
+    ``elsewhere`` (empty) that a symlink there points to, where no socket may appear."""
+    grant_dir = node.server.config.grant_dir
+    assert grant_dir is not None
+    elsewhere = grant_dir.parent / "elsewhere"
+    elsewhere.mkdir(mode=0o711)
+    grant_dir.mkdir(mode=0o711, exist_ok=True)
+    directory = grant_dir / name
+    if kind == "symlink":
+        directory.symlink_to(elsewhere, target_is_directory=True)
+        return elsewhere
+    directory.mkdir(mode=0o711)
+    if kind == "other files":
+        (directory / "planted").write_text("x")
+    elif kind == "another owner":
+        os.chown(directory, NOBODY_UID, NOBODY_UID)
+    elif kind == "a wider mode":
+        directory.chmod(0o777)
+    return elsewhere
+
+
+PLANTS = ("symlink", "other files", "another owner", "a wider mode")
+
+
+class TestTheGrantsOwnDirectory:
+    """A grant's directory that exists already is used only if it is what eerl-csi makes for a pending
+    volume (empty, root's, 0711 at most): anything else would let its maker steer the socket or the mount."""
+
+    @pytest.mark.parametrize("kind", PLANTS)
+    def test_eerld_refuses_a_grant_whose_directory_it_did_not_make(
+        self, world: tuple[DaemonHandle, FakeKubelet, CsiPlugin], kind: str
+    ) -> None:
+        node, _, _ = world
+        elsewhere = plant(node, "csi-planted", kind)
+        request = pb.GrantRequest(
+            name="csi-planted", gpus=[pb.GpuRef(index=0)], uid=POD_USER, own_directory=True
+        )
+        with (
+            grpc.insecure_channel(f"unix:{node.admin_socket_path}") as channel,
+            pytest.raises(grpc.RpcError) as refused,
+        ):
+            pb_grpc.AdminServiceStub(channel).Grant(request, timeout=10)
+        assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "grant_dir" in (refused.value.details() or "")
+        assert grant_names(node) == []
+        assert list(elsewhere.iterdir()) == []
+
+    @pytest.mark.parametrize("kind", PLANTS)
+    def test_eerl_csi_mounts_no_directory_it_did_not_make_while_eerld_is_away(
+        self, world: tuple[DaemonHandle, FakeKubelet, CsiPlugin], kind: str
+    ) -> None:
+        node, kubelet, plugin = world
+        pod = Pod("rl", "job", (uuids(node)[0],))
+        kubelet.pods = [pod]
+        target = kubelet.target_path(pod)
+        elsewhere = plant(node, grant_name(volume_id(pod)), kind)
+        node.server.stop(grace_s=0.5)
+        code, message = publish_error(plugin, publish_request(pod, target))
+        assert code is grpc.StatusCode.FAILED_PRECONDITION
+        assert "--grant-dir" in message
+        assert not is_mount_point(target)
+        assert list(elsewhere.iterdir()) == []
+        assert '"volumes": []' in (plugin.state_dir / "volumes.json").read_text()
