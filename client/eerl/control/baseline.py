@@ -54,15 +54,11 @@ def schedule_rebaseline(baseline: BaselineState, phases: int) -> None:
 def rebaseline_step(baseline: BaselineState, workload: Workload, config: EerlConfig) -> bool:
     """Count one re-baseline phase down; True when it was the last (a re-tune starts now).
 
-    At the end the predictor forgets the samples whose tokens lie far from this phase's (beyond the drift
+    At the end the predictor forgets the samples whose features lie far from this phase's (beyond the drift
     band, or 2.5 of the window's relative spread): after a step they would make it extrapolate.
     """
     baseline.rebaseline_left -= 1
     if baseline.rebaseline_left != 0:
         return False
-    spread = baseline.predictor.feature_spread()
-    band = config.drift_feature_band
-    if spread is not None:
-        band = max(band, 2.5 * float(spread[0]))
-    baseline.predictor.forget_far(workload, band)
+    baseline.predictor.forget_far(workload, config.drift_feature_band)
     return True

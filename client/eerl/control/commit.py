@@ -4,7 +4,9 @@ The searching kinds commit together, once their coarse trials are done, no re-ba
 allocated clock has enough trials since the search began (two for a local re-tune or an exhausted search,
 else ``commit_samples``). The model chose the clocks; the commit is judged on the *measurements*: when the
 median of the allocated clocks' trials misses the threshold at iteration level, the kind that falls short
-the most gets a floor ("search above it") instead.
+the most gets a floor ("search above it") instead — once its baseline is fresh: a miss judged against a
+predictor last checked long ago first gets one default phase, which re-checks the yardstick every trial's
+ratio is measured against.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ def try_commit(
     if failing is not None:
         clock = plan.sm_clock_mhz[failing.kind]
         assert clock is not None
+        if iteration - failing.baseline.last_default_iteration > config.baseline_check_age:
+            failing.baseline.check_pending = True
+            return f"trial at {clock} MHz measured below the threshold: re-checking the baseline first"
         raise_floor(failing.search, clock, iteration)
         return f"trial at {clock} MHz measured below the threshold: search above it"
     judge_refine_outcome(pace, plan, config)
@@ -74,8 +79,8 @@ def failing_kind(plan: Allocation, tracks: Sequence[KindTrack], planner: Planner
     """The searching kind whose measured trials put the allocation below the threshold, if any.
 
     Sync: the iteration's measured time (each kind's default time × the median time ratio of its trials at
-    the allocated clock) against the threshold; the kind that adds the most time fails. An async pool
-    alone: its own trials against its time cap.
+    the allocated clock, plus the work between the phases) against the threshold; the kind that adds the
+    most time fails. An async pool alone: its own trials against its time cap.
     """
     if planner.async_pool:
         track = tracks[0]
@@ -84,8 +89,7 @@ def failing_kind(plan: Allocation, tracks: Sequence[KindTrack], planner: Planner
             return None
         measured = track.curve.measured_at(clock, track.search.epoch_iteration)
         return track if measured is not None and measured[0] > planner.time_cap(track, tracks) else None
-    measured_time = 0.0
-    default_time = 0.0
+    measured_time = default_time = planner.between_s  # the work between runs at default either way
     worst: tuple[float, KindTrack] | None = None
     for track in tracks:
         clock = plan.sm_clock_mhz.get(track.kind)

@@ -39,3 +39,7 @@ class EerlConfig:
     on a stationary workload the estimates of neighbours and of the commit then stop trading places."""
     history: int = 512
     predictor_window: int = 24
+    baseline_check_age: int = 8
+    """A trial that misses the threshold sets a floor only if the kind's newest default phase is at most
+    this many iterations old; otherwise one default phase re-checks the predictor first (a stale yardstick,
+    e.g. under drift, makes every clock look too slow)."""

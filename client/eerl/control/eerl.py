@@ -163,6 +163,8 @@ class EerlController:
     def _choose(self, track: KindTrack) -> tuple[int | None, str]:
         if track.relearning:
             return None, "default governor: baseline for the predictor"
+        if track.baseline.check_pending:
+            return None, "default governor: re-checking the predictor before a floor"
         if track.state is ControllerState.COMMITTED:
             if control_due(track.monitor, self._config):
                 return None, "default governor: control phase to re-validate the predictor"
@@ -178,6 +180,7 @@ class EerlController:
     # ------------------------------------------------------------------ observing
 
     def _observe_default(self, track: KindTrack, obs: PhaseObservation, now_s: float) -> Decision | None:
+        track.baseline.check_pending = False
         error = learn_default(track.baseline, obs, relearning=track.relearning)
         # A phase on the default governor saves nothing by definition: its energy counts in the total
         # the savings are a fraction of, and the predictor's error on it is no saving (nor a loss).

@@ -50,6 +50,11 @@ class Planner:
         return self._slack.active
 
     @property
+    def between_s(self) -> float:
+        """The typical work between the phases of a sync iteration (0 for an async pool)."""
+        return self._between.per_iteration_s()
+
+    @property
     def target(self) -> float:
         """The throughput threshold the session asked for."""
         return self._target
@@ -93,14 +98,14 @@ class Planner:
         return current, best
 
     def _sync(self, options: list[KindOptions], tracks: Sequence[KindTrack]) -> Allocation:
-        return allocate_sync(options, self.threshold(tracks), self._between.per_iteration_s())
+        return allocate_sync(options, self.threshold(tracks), self.between_s)
 
     def time_cap(self, track: KindTrack, tracks: Sequence[KindTrack]) -> float:
         """The largest time ratio this kind could take if every other phase ran at default."""
         default_s = track.baseline.default_duration_s
         if self.async_pool:
             return self._slack.time_cap(default_s, self._target)
-        total = sum(t.baseline.default_duration_s for t in tracks) + self._between.per_iteration_s()
+        total = sum(t.baseline.default_duration_s for t in tracks) + self.between_s
         slack = total / self._target - total
         return 1.0 + slack / max(default_s, 1e-9)
 

@@ -114,15 +114,23 @@ class BaselinePredictor:
         return error
 
     def forget_far(self, workload: Workload, band: float) -> None:
-        """Drop samples whose tokens differ from this workload's by more than ``band`` (relative).
+        """Drop samples whose features differ from this workload's by more than ``band`` (relative) in any
+        feature — for the tokens, by more than 2.5 of their spread over the window, where that is wider.
 
         After a step change the old regime's samples would make the regression extrapolate; samples of a
-        gradual drift stay within the band and keep the fit's range.
+        gradual drift stay within the band and keep the fit's range. Every feature counts: a raised
+        response cap doubles generation's longest response while its token count barely moves (and that
+        feature's spread, which the step itself makes wide, must not widen its band).
         """
-        reference = workload_features(self._kind, workload)[0]
-        if reference <= 0:
-            return
-        keep = [abs(f[0] / reference - 1.0) <= band for f in self._features]
+        reference = workload_features(self._kind, workload)
+        spread = self.feature_spread()
+        bands = np.full(len(reference), band)
+        if spread is not None:
+            bands[0] = max(band, 2.5 * float(spread[0]))
+        known = reference > 0
+        keep = [
+            bool(np.all(np.abs(f[known] / reference[known] - 1.0) <= bands[known])) for f in self._features
+        ]
         if sum(keep) < 2:
             return
         rows = [

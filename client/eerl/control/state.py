@@ -41,6 +41,8 @@ class BaselineState:
     rebaseline_left: int = 0
     """Default phases still to run before a re-tune starts from a fresh baseline (0: none pending)."""
     last_default_iteration: int = 0
+    check_pending: bool = False
+    """A measured miss waits for one default phase: the yardstick is re-checked before the clock is blamed."""
 
 
 @dataclass(slots=True)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import pytest
+from eerl.control.baseline import learn_default
+from eerl.control.between import BetweenWork
 from eerl.control.commit import commit_track, failing_kind, measured_enough, ready_to_plan, try_commit
 from eerl.control.plan import Planner
 from eerl.control.slack import PeerSlack
 from eerl.control.state import KindTrack, RefinePace
 from eerl.phases import ControllerState, PhaseKind
 
-from tests.client.control.parts import CONFIG, GRID, add_trials, allocation, fitted_track
+from tests.client.control.parts import CONFIG, GRID, add_trials, allocation, default_phase, fitted_track
 
 PLANNER = Planner(0.95, CONFIG, GRID, PeerSlack(active=False))
 
@@ -114,8 +116,42 @@ class TestCommit:
         add_trials(track, 1440, time_ratio=1.0, energy_ratio=0.9, count=3, iteration=6)
         add_trials(track, 1305, time_ratio=1.2, energy_ratio=0.8, count=3, iteration=12)
         track.search.epoch_iteration = 12
+        track.baseline.last_default_iteration = 19  # a fresh baseline: the clock is to blame
         assert planner.plan([track], 20).sm_clock_mhz == {PhaseKind.TRAINING: 1305}
         reason = try_commit([track], planner, RefinePace(), 20, CONFIG)
         assert reason == "trial at 1305 MHz measured below the threshold: search above it"
         assert (track.search.floor_mhz, track.search.floor_iteration) == (1306, 20)
         assert track.state is ControllerState.EXPLORING
+
+    def test_a_miss_against_a_stale_baseline_rechecks_the_baseline_before_any_floor(self) -> None:
+        """Under drift a stale yardstick makes every clock look too slow: one default phase comes first."""
+        planner = Planner(0.95, CONFIG, GRID, PeerSlack(active=True))
+        track = _searching()
+        add_trials(track, 1305, time_ratio=1.0, energy_ratio=0.8, count=6, iteration=0)
+        add_trials(track, 1440, time_ratio=1.0, energy_ratio=0.9, count=3, iteration=6)
+        add_trials(track, 1305, time_ratio=1.2, energy_ratio=0.8, count=3, iteration=12)
+        track.search.epoch_iteration = 12
+        assert 20 - track.baseline.last_default_iteration > CONFIG.baseline_check_age
+        reason = try_commit([track], planner, RefinePace(), 20, CONFIG)
+        assert reason == "trial at 1305 MHz measured below the threshold: re-checking the baseline first"
+        assert track.baseline.check_pending
+        assert track.search.floor_mhz == 0
+        learn_default(track.baseline, default_phase(track.kind, 21), relearning=False)
+        track.baseline.check_pending = False
+        reason = try_commit([track], planner, RefinePace(), 21, CONFIG)
+        assert reason == "trial at 1305 MHz measured below the threshold: search above it"
+        assert track.search.floor_mhz == 1306
+
+    def test_the_work_between_the_phases_is_on_both_sides_of_the_measured_iteration(self) -> None:
+        """5% slower phases miss 0.95 alone; with as much work between them at the default they do not."""
+        between = BetweenWork(active=True)
+        planner = Planner(0.95, CONFIG, GRID, PeerSlack(active=False), between)
+        track = _searching()
+        add_trials(track, 1305, time_ratio=1.06, energy_ratio=0.8, count=3, iteration=12)
+        track.search.epoch_iteration = 12
+        plan = allocation(0.95, 0.8, training=1305)
+        assert failing_kind(plan, [track], planner) is track
+        for iteration in range(3):
+            between.observe(iteration, track.baseline.default_duration_s)
+        assert planner.between_s == pytest.approx(track.baseline.default_duration_s)
+        assert failing_kind(plan, [track], planner) is None

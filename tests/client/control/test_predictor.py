@@ -75,3 +75,21 @@ def test_its_out_of_sample_error_is_tracked() -> None:
     rng = np.random.default_rng(4)
     predictor = fitted(rng, 1200.0)
     assert 0.0 < predictor.error_fraction < 0.05
+
+
+def test_after_a_step_the_old_regimes_samples_go_even_when_only_the_longest_response_changed() -> None:
+    """A raised response cap doubles the longest response while the tokens barely move: the samples of the
+    old cap are forgotten too, so that the fit does not extrapolate between the regimes."""
+    predictor = BaselinePredictor(PhaseKind.GENERATION)
+    for i in range(6):
+        predictor.add(Workload(tokens=1_000_000 + i, sequences=2048, max_response_tokens=8192), 80.0, 2e4)
+    for i in range(3):
+        new_cap = Workload(tokens=1_000_000 + i, sequences=2048, max_response_tokens=16384)
+        predictor.add(new_cap, 120.0, 3e4, force=True)  # the re-baseline learns them all
+    current = Workload(tokens=1_000_000, sequences=2048, max_response_tokens=16384)
+    assert predictor.count == 9
+    predictor.forget_far(current, 0.12)
+    assert predictor.count == 3
+    prediction = predictor.predict(current)
+    assert prediction is not None
+    assert prediction.duration_s == pytest.approx(120.0)
