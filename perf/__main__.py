@@ -35,6 +35,12 @@ BENCHMARKS: dict[str, list[str]] = {
         "5",
     ],
     "client caller cost per phase event": ["-m", "perf.client_overhead", "--phases", "1000"],
+    "whole iterations on verl-h100: lock held vs released, gap counted vs hidden": [
+        "-m",
+        "perf.whole_iterations",
+        "--seeds",
+        "1-5",
+    ],
 }
 
 

@@ -352,16 +352,24 @@ class BetweenOutcome:
 
 
 def evaluate_between(
-    scenario: Scenario, sample: IterationSample, previous_sm_clock_mhz: int | None = None
+    scenario: Scenario,
+    sample: IterationSample,
+    previous_sm_clock_mhz: int | None = None,
+    *,
+    held_sm_clock_mhz: int | None = None,
 ) -> BetweenOutcome:
     """The iteration's work between the phases at the default governor; ``previous_sm_clock_mhz`` is the
-    lock of the phase before it, which holds for the reset's ``clock_switch_ms`` (None: no switch)."""
+    lock of the phase before it, which holds for the reset's ``clock_switch_ms`` (None: no switch).
+
+    ``held_sm_clock_mhz`` prices the counterfactual a daemon that kept the phase's lock would give (the
+    work at that lock), for the comparison in ``perf/whole_iterations.py``; the bench never uses it.
+    """
     profile = scenario.gpu
     gpus = scenario.workload.gpus
     work = sample.between
     if work is None or work.segments.count == 0:
         return BetweenOutcome(0.0, 0.0, np.zeros(gpus), np.zeros(gpus))
-    requested = clock_indices(profile, [None])
+    requested = clock_indices(profile, [held_sm_clock_mhz])
     totals = _phase_totals(profile, work, requested)
     if previous_sm_clock_mhz is not None:
         _apply_clock_switch(profile, work, clock_index(profile, previous_sm_clock_mhz), requested, totals)
