@@ -94,9 +94,17 @@ def default_boundaries(run: ScenarioRun) -> tuple[int, ...]:
 
 
 def _best_pair(
-    gen_d: FloatArray, gen_e: FloatArray, train_d: FloatArray, train_e: FloatArray, threshold: float
+    gen_d: FloatArray,
+    gen_e: FloatArray,
+    train_d: FloatArray,
+    train_e: FloatArray,
+    threshold: float,
+    *,
+    between_s: float = 0.0,
 ) -> tuple[int, int]:
-    wall = gen_d[:, None] + train_d[None, :]
+    """The least-energy pair whose wall time (the work between the phases, at default, included) meets the
+    threshold; that work's energy is the same for every pair, so it does not change the choice."""
+    wall = gen_d[:, None] + train_d[None, :] + between_s
     energy = gen_e[:, None] + train_e[None, :]
     ok = wall[-1, -1] / wall >= threshold - 1e-12
     g, t = np.unravel_index(int(np.argmin(np.where(ok, energy, np.inf))), energy.shape)
@@ -111,11 +119,12 @@ def headroom(run: ScenarioRun, threshold: float, boundaries: Sequence[int] | Non
     clocks = table.sm_clocks_mhz
     gd, ge = table.duration_s[_GEN], table.energy_j[_GEN]
     td, te = table.duration_s[_TRAIN], table.energy_j[_TRAIN]
-    default_wall = float(gd[:, -1].sum() + td[:, -1].sum())
-    default_energy = float(ge[:, -1].sum() + te[:, -1].sum())
+    bd, be = table.between_duration_s, table.between_energy_j  # at the default for every clock
+    default_wall = float(gd[:, -1].sum() + td[:, -1].sum() + bd.sum())
+    default_energy = float(ge[:, -1].sum() + te[:, -1].sum() + be.sum())
 
-    g, t = _best_pair(gd.sum(0), ge.sum(0), td.sum(0), te.sum(0), threshold)
-    oracle_savings = 1.0 - float(ge[:, g].sum() + te[:, t].sum()) / default_energy
+    g, t = _best_pair(gd.sum(0), ge.sum(0), td.sum(0), te.sum(0), threshold, between_s=float(bd.sum()))
+    oracle_savings = 1.0 - float(ge[:, g].sum() + te[:, t].sum() + be.sum()) / default_energy
 
     edges = [0, *sorted(b for b in (boundaries or default_boundaries(run)) if 0 < b < run.iterations)]
     edges.append(run.iterations)
@@ -124,11 +133,12 @@ def headroom(run: ScenarioRun, threshold: float, boundaries: Sequence[int] | Non
     for start, end in itertools.pairwise(edges):
         part = slice(start, end)
         sums = [a[part].sum(0) for a in (gd, ge, td, te)]
-        rg, rt = _best_pair(sums[0], sums[1], sums[2], sums[3], threshold)
-        energy = float(sums[1][rg] + sums[3][rt])
-        wall = float(sums[0][rg] + sums[2][rt])
-        base_energy = float(sums[1][-1] + sums[3][-1])
-        base_wall = float(sums[0][-1] + sums[2][-1])
+        between_s, between_j = float(bd[part].sum()), float(be[part].sum())
+        rg, rt = _best_pair(sums[0], sums[1], sums[2], sums[3], threshold, between_s=between_s)
+        energy = float(sums[1][rg] + sums[3][rt]) + between_j
+        wall = float(sums[0][rg] + sums[2][rt]) + between_s
+        base_energy = float(sums[1][-1] + sums[3][-1]) + between_j
+        base_wall = float(sums[0][-1] + sums[2][-1]) + between_s
         regimes.append(
             RegimeBest(
                 start,
@@ -143,7 +153,8 @@ def headroom(run: ScenarioRun, threshold: float, boundaries: Sequence[int] | Non
         energy_sum += energy
         wall_sum += wall
 
-    bound_energy = _foresight_bound(gd, ge, td, te, default_wall / threshold)
+    bound_energy = _foresight_bound(gd, ge, td, te, default_wall / threshold - float(bd.sum()))
+    bound_energy += float(be.sum())
     return Headroom(
         scenario=run.scenario.name,
         oracle_sm_clocks_mhz=(clocks[g], clocks[t]),
