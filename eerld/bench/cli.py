@@ -26,9 +26,10 @@ from eerl.phases import ExecutionMode, PhaseKind
 from eerld.bench.headroom import Headroom, headroom
 from eerld.bench.multinode import MultinodeReport, run_multinode, with_nodes
 from eerld.bench.report import ControllerReport, exploration_cost_j, final_states
-from eerld.bench.runner import KINDS, Progress, ScenarioRun
+from eerld.bench.runner import Progress, ScenarioRun
 from eerld.errors import EerlError
 from eerld.sim.scenario import Scenario, builtin_scenario_names, load_scenario
+from eerld.sim.sweep import KINDS
 
 MISSING_EXTRA_ERROR = "Error: eerl-bench needs its extra: pip install 'eerld[bench]'"
 _BENCH_EXTRA = frozenset({"tqdm", "matplotlib"})

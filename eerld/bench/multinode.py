@@ -31,7 +31,7 @@ from eerl.directives import DirectiveVerdict
 from eerl.job.controller import JobController, NodeReport
 from eerl.phases import ExecutionMode, PhaseKind, Workload
 
-from eerld.bench.runner import KINDS, RunTotals, best_pair
+from eerld.bench.runner import RunTotals, best_pair
 from eerld.errors import ConfigError
 from eerld.sim.evaluate import clock_grid, clock_index, evaluate_phase, sample_iteration
 from eerld.sim.nodes import (
@@ -46,7 +46,7 @@ from eerld.sim.nodes import (
     uniform_job_phase,
 )
 from eerld.sim.scenario import NodesSpec, Scenario
-from eerld.sim.sweep import pair_totals
+from eerld.sim.sweep import KINDS, pair_totals
 from eerld.sim.workload import FloatArray
 
 POLICIES = ("default", "oracle", "independent", "job")

@@ -17,7 +17,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from eerld.bench.multinode import MultinodeReport
-from eerld.bench.runner import KINDS, OnlineRun, RunTotals
+from eerld.bench.runner import OnlineRun, RunTotals
+from eerld.sim.sweep import KINDS
 
 _STATE_COLOURS = {
     ControllerState.BASELINE: "#dddddd",

@@ -40,7 +40,7 @@ from eerld.sim.evaluate import (
 )
 from eerld.sim.meter import EnergyCounters
 from eerld.sim.scenario import Scenario
-from eerld.sim.sweep import pair_totals
+from eerld.sim.sweep import KINDS, PriceTable, price_iterations, table_pair_totals
 from eerld.sim.workload import iteration_rng
 
 FloatArray = npt.NDArray[np.float64]
@@ -48,7 +48,6 @@ Progress = Callable[[int], None]
 """Called with the number of iterations just completed (for progress bars)."""
 ControllerFactory = Callable[[ControllerSettings], Controller]
 
-KINDS = (PhaseKind.GENERATION, PhaseKind.TRAINING)
 COUNTER_OFFSET_STREAM = 8
 """Stream of the energy counters' step offsets (one per GPU, drawn once per run from the seed)."""
 
@@ -116,22 +115,6 @@ def best_pair(
     return int(g), int(t)
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class PriceTable:
-    """Every sampled iteration priced at every grid clock, per phase kind (columns: grid clocks).
-
-    The default governor equals a lock at the top grid clock, so the last column is the default.
-    """
-
-    sm_clocks_mhz: tuple[int, ...]
-    duration_s: dict[PhaseKind, FloatArray]
-    energy_j: dict[PhaseKind, FloatArray]
-    valid_tokens: npt.NDArray[np.int64]
-    between_duration_s: FloatArray
-    """Per iteration: the work between the phases at the default governor (0 without any)."""
-    between_energy_j: FloatArray
-
-
 class ScenarioRun:
     """A scenario's sampled iterations, shared by every run on it."""
 
@@ -151,25 +134,8 @@ class ScenarioRun:
 
     def price_table(self, progress: Progress | None = None) -> PriceTable:
         """Price every iteration at every grid clock (once)."""
-        if self._table is not None:
-            return self._table
-        clocks = tuple(int(c) for c in clock_grid(self.scenario.gpu).sm_clocks_mhz)
-        duration = {k: np.zeros((self.iterations, len(clocks))) for k in KINDS}
-        energy = {k: np.zeros((self.iterations, len(clocks))) for k in KINDS}
-        valid = np.zeros(self.iterations, dtype=np.int64)
-        between_duration, between_energy = np.zeros(self.iterations), np.zeros(self.iterations)
-        for i in range(self.iterations):
-            sample = self.sample(i)
-            for kind in KINDS:
-                outcome = evaluate_phase(self.scenario, sample, kind, list(clocks))
-                duration[kind][i] = outcome.duration_s
-                energy[kind][i] = outcome.energy_j
-            between = evaluate_between(self.scenario, sample)
-            between_duration[i], between_energy[i] = between.duration_s, between.energy_j
-            valid[i] = sample.valid_tokens
-            if progress is not None:
-                progress(1)
-        self._table = PriceTable(clocks, duration, energy, valid, between_duration, between_energy)
+        if self._table is None:
+            self._table = price_iterations(self.scenario, self.iterations, self.sample, progress)
         return self._table
 
     def totals(self, pair: tuple[int, int]) -> RunTotals:
@@ -194,16 +160,7 @@ class ScenarioRun:
 
     def sweep(self) -> tuple[FloatArray, FloatArray]:
         """Total energy and wall time for every (generation, training) clock pair: [gen, train] arrays."""
-        table = self.price_table()
-        return pair_totals(
-            self.scenario,
-            table.duration_s[PhaseKind.GENERATION],
-            table.energy_j[PhaseKind.GENERATION],
-            table.duration_s[PhaseKind.TRAINING],
-            table.energy_j[PhaseKind.TRAINING],
-            between_duration_s=table.between_duration_s,
-            between_energy_j=table.between_energy_j,
-        )
+        return table_pair_totals(self.scenario, self.price_table())
 
     def oracle(self, threshold: float) -> tuple[tuple[int, int], RunTotals]:
         """The best fixed clock pair meeting the threshold on the whole run (grid indices, totals)."""

@@ -316,12 +316,8 @@ def evaluate_phase(
             kind, clocks, zeros, zeros.copy(), zeros.copy(), gpus, phase.workload, per_gpu, per_gpu.copy()
         )
 
-    totals = _phase_totals(profile, phase, requested)
-    if previous_sm_clock_mhz is not None:
-        _apply_clock_switch(profile, phase, clock_index(profile, previous_sm_clock_mhz), requested, totals)
-    busy, gpu_energy, clock_time = totals
-    phase_duration = busy.max(axis=0)
-    idle_energy = profile.idle_power_w * (phase_duration[None, :] - busy).sum(axis=0)
+    busy, gpu_energy, clock_time = _priced(profile, phase, requested, previous_sm_clock_mhz)
+    phase_duration, energy = _with_idle_waits(profile, busy, gpu_energy)
     total_busy = busy.sum(axis=0)
     mean_clock = np.divide(
         clock_time.sum(axis=0), total_busy, out=np.zeros_like(total_busy), where=total_busy > 0
@@ -330,7 +326,7 @@ def evaluate_phase(
         kind=kind,
         sm_clocks_mhz=clocks,
         duration_s=phase_duration,
-        energy_j=gpu_energy.sum(axis=0) + idle_energy,
+        energy_j=energy,
         mean_clock_mhz=mean_clock,
         gpus=gpus,
         workload=phase.workload,
@@ -370,17 +366,34 @@ def evaluate_between(
     if work is None or work.segments.count == 0:
         return BetweenOutcome(0.0, 0.0, np.zeros(gpus), np.zeros(gpus))
     requested = clock_indices(profile, [held_sm_clock_mhz])
-    totals = _phase_totals(profile, work, requested)
-    if previous_sm_clock_mhz is not None:
-        _apply_clock_switch(profile, work, clock_index(profile, previous_sm_clock_mhz), requested, totals)
-    busy, energy, _ = totals
-    duration = float(busy[:, 0].max())
-    idle = profile.idle_power_w * float((duration - busy[:, 0]).sum())
-    return BetweenOutcome(duration, float(energy[:, 0].sum()) + idle, busy[:, 0], energy[:, 0])
+    busy, gpu_energy, _ = _priced(profile, work, requested, previous_sm_clock_mhz)
+    duration, energy = _with_idle_waits(profile, busy, gpu_energy)
+    return BetweenOutcome(float(duration[0]), float(energy[0]), busy[:, 0], gpu_energy[:, 0])
 
 
 _Totals = tuple[FloatArray, FloatArray, FloatArray]
 """Per GPU and requested clock: busy seconds, energy (J) and clock × busy seconds (MHz·s)."""
+
+
+def _priced(
+    profile: GpuProfile, work: Priced, requested: IntArray, previous_sm_clock_mhz: int | None
+) -> _Totals:
+    """Per-GPU totals of some work at the requested clocks, its first segment blended with the previous
+    clock's price for the switch window (:func:`_apply_clock_switch`; None: no switch)."""
+    totals = _phase_totals(profile, work, requested)
+    if previous_sm_clock_mhz is not None:
+        _apply_clock_switch(profile, work, clock_index(profile, previous_sm_clock_mhz), requested, totals)
+    return totals
+
+
+def _with_idle_waits(
+    profile: GpuProfile, busy: FloatArray, gpu_energy: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """Per requested clock: the work's duration (its slowest GPU's) and the energy of all its GPUs, each
+    waiting at idle power once its own share is done."""
+    duration = busy.max(axis=0)
+    idle = profile.idle_power_w * (duration[None, :] - busy).sum(axis=0)
+    return duration, gpu_energy.sum(axis=0) + idle
 
 
 def _phase_totals(profile: GpuProfile, phase: Priced, requested: IntArray) -> _Totals:

@@ -15,12 +15,14 @@ seconds: below 0.05%); :func:`eerld.sim.evaluate.run_fixed` includes them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 from eerl.phases import ExecutionMode, PhaseKind
 
 from eerld.sim.evaluate import (
+    IterationSample,
     ProgressCallback,
     RunFigures,
     clock_grid,
@@ -31,6 +33,9 @@ from eerld.sim.evaluate import (
 )
 from eerld.sim.scenario import Scenario
 from eerld.sim.workload import FloatArray, IntArray
+
+KINDS = (PhaseKind.GENERATION, PhaseKind.TRAINING)
+"""The phase kinds of an iteration, in the order a sync iteration runs them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,50 +178,100 @@ def pair_totals(
     return energy, wall
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class PriceTable:
+    """Every sampled iteration priced at every grid clock, per phase kind (columns: grid clocks).
+
+    The default governor equals a lock at the top grid clock, so the last column is the default.
+    """
+
+    sm_clocks_mhz: tuple[int, ...]
+    duration_s: dict[PhaseKind, FloatArray]
+    energy_j: dict[PhaseKind, FloatArray]
+    valid_tokens: IntArray
+    between_duration_s: FloatArray
+    """Per iteration: the work between the phases at the default governor (0 without any)."""
+    between_energy_j: FloatArray
+
+
+def price_iterations(
+    scenario: Scenario,
+    iterations: int,
+    sample: Callable[[int], IterationSample],
+    progress: Callable[[int], None] | None = None,
+) -> PriceTable:
+    """Price iterations ``0 … iterations - 1`` (``sample(i)`` gives each) at every grid clock; ``progress``
+    is called with the number of iterations just done."""
+    clocks = tuple(int(c) for c in clock_grid(scenario.gpu).sm_clocks_mhz)
+    requested: list[int | None] = list(clocks)
+    duration = {k: np.zeros((iterations, len(clocks))) for k in KINDS}
+    energy = {k: np.zeros((iterations, len(clocks))) for k in KINDS}
+    valid = np.zeros(iterations, dtype=np.int64)
+    between_duration, between_energy = np.zeros(iterations), np.zeros(iterations)
+    for i in range(iterations):
+        drawn = sample(i)
+        for kind in KINDS:
+            outcome = evaluate_phase(scenario, drawn, kind, requested)
+            duration[kind][i] = outcome.duration_s
+            energy[kind][i] = outcome.energy_j
+        between = evaluate_between(scenario, drawn)
+        between_duration[i], between_energy[i] = between.duration_s, between.energy_j
+        valid[i] = drawn.valid_tokens
+        if progress is not None:
+            progress(1)
+    return PriceTable(clocks, duration, energy, valid, between_duration, between_energy)
+
+
+def table_pair_totals(scenario: Scenario, table: PriceTable) -> tuple[FloatArray, FloatArray]:
+    """:func:`pair_totals` of a price table."""
+    return pair_totals(
+        scenario,
+        table.duration_s[PhaseKind.GENERATION],
+        table.energy_j[PhaseKind.GENERATION],
+        table.duration_s[PhaseKind.TRAINING],
+        table.energy_j[PhaseKind.TRAINING],
+        between_duration_s=table.between_duration_s,
+        between_energy_j=table.between_energy_j,
+    )
+
+
 def sweep(
     scenario: Scenario, iterations: int | None = None, progress: ProgressCallback | None = None
 ) -> SweepResult:
     """Price every (generation clock, training clock) pair over the first ``iterations`` iterations."""
     count = scenario.workload.iterations if iterations is None else iterations
-    clocks = tuple(int(c) for c in clock_grid(scenario.gpu).sm_clocks_mhz)
-    requested: list[int | None] = list(clocks)
-    size = len(clocks)
-    tables = {name: np.zeros((count, size)) for name in ("gd", "ge", "td", "te")}
-    between_duration, between_energy = np.zeros(count), np.zeros(count)
-    valid = np.zeros(count, dtype=np.int64)
-    for i in range(count):
-        sample = sample_iteration(scenario, i)
-        gen = evaluate_phase(scenario, sample, PhaseKind.GENERATION, requested)
-        train = evaluate_phase(scenario, sample, PhaseKind.TRAINING, requested)
-        tables["gd"][i], tables["ge"][i] = gen.duration_s, gen.energy_j
-        tables["td"][i], tables["te"][i] = train.duration_s, train.energy_j
-        between = evaluate_between(scenario, sample)
-        between_duration[i], between_energy[i] = between.duration_s, between.energy_j
-        valid[i] = sample.valid_tokens
+    done = 0
+
+    def step(iterations_done: int) -> None:
+        nonlocal done
+        done += iterations_done
         if progress is not None:
-            progress(i + 1, count)
-    energy, wall = pair_totals(
-        scenario,
-        tables["gd"],
-        tables["ge"],
-        tables["td"],
-        tables["te"],
-        between_duration_s=between_duration,
-        between_energy_j=between_energy,
-    )
+            progress(done, count)
+
+    table = price_iterations(scenario, count, lambda i: sample_iteration(scenario, i), step)
+    energy, wall = table_pair_totals(scenario, table)
+    gen, train = PhaseKind.GENERATION, PhaseKind.TRAINING
     return SweepResult(
         scenario=scenario.name,
         iterations=count,
-        sm_clocks_mhz=clocks,
-        valid_tokens=int(valid.sum()),
+        sm_clocks_mhz=table.sm_clocks_mhz,
+        valid_tokens=int(table.valid_tokens.sum()),
         energy_j=energy,
         wall_s=wall,
-        generation_duration_s=tables["gd"],
-        generation_energy_j=tables["ge"],
-        training_duration_s=tables["td"],
-        training_energy_j=tables["te"],
-        iteration_valid_tokens=valid,
+        generation_duration_s=table.duration_s[gen],
+        generation_energy_j=table.energy_j[gen],
+        training_duration_s=table.duration_s[train],
+        training_energy_j=table.energy_j[train],
+        iteration_valid_tokens=table.valid_tokens,
     )
 
 
-__all__ = ["SweepPoint", "SweepResult", "pair_totals", "sweep"]
+__all__ = [
+    "PriceTable",
+    "SweepPoint",
+    "SweepResult",
+    "pair_totals",
+    "price_iterations",
+    "sweep",
+    "table_pair_totals",
+]

@@ -11,10 +11,11 @@ from eerl.control.base import Controller, ControllerSettings, Decision, PhaseObs
 from eerl.control.eerl import create_eerl_controller
 from eerl.phases import ControllerState, PhaseKind, Workload
 
-from eerld.bench.runner import KINDS, OnlineRun, ScenarioRun
+from eerld.bench.runner import OnlineRun, ScenarioRun
 from eerld.sim.evaluate import clock_grid, evaluate_phase, sample_iteration
 from eerld.sim.meter import EnergyCounters
 from eerld.sim.scenario import Scenario, load_scenario
+from eerld.sim.sweep import KINDS
 
 ITERATIONS = 14
 
