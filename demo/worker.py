@@ -39,7 +39,7 @@ from eerl.phases import ExecutionMode, PhaseKind, Workload
 
 from eerld.energy import phase_energy, read_counters
 from eerld.errors import ConfigError, EerlError
-from eerld.gpu.sim import SimBackend, SimDevice, open_sim_device
+from eerld.gpu.sim import SimBackend, SimDevice, WorkTicket, open_sim_device
 from eerld.sim.evaluate import IterationSample, sample_iteration
 from eerld.sim.scenario import Scenario, load_scenario
 from eerld.sim.workload import Segments
@@ -130,16 +130,6 @@ def _slowest_first(segments: Segments, sm_clock_mhz: float) -> list[int]:
     return sorted(slots, key=lambda slot: -work[slot])
 
 
-def _client_workload(workload: Workload) -> eerl.Workload:
-    return eerl.Workload(
-        tokens=workload.tokens,
-        valid_tokens=workload.valid_tokens,
-        sequences=workload.sequences,
-        max_response_tokens=workload.max_response_tokens,
-        prompt_tokens=workload.prompt_tokens,
-    )
-
-
 class SimWorker:
     """Runs a sync scenario's phases on a shared :class:`SimDevice` and reports them through a session."""
 
@@ -183,14 +173,7 @@ class SimWorker:
         """
         segments = sample.phase(kind).segments
         workload = reported_workload(sample, kind)
-        hints = _client_workload(phase_hints(sample, kind))
-        work = [
-            (
-                self.gpu_indices[slot],
-                slice(int(segments.gpu_bounds[slot]), int(segments.gpu_bounds[slot + 1])),
-            )
-            for slot in _slowest_first(segments, self.scenario.gpu.sm_clock_max_mhz)
-        ]
+        hints = phase_hints(sample, kind)
         with self.session.phase(
             kind.value, iteration=sample.iteration, hints=hints, wait_for_clock_s=self.wait_for_clock_s
         ) as phase:
@@ -198,30 +181,14 @@ class SimWorker:
             # The phase starts when the first work is queued: reading the counters takes wall time, which
             # the speed-up turns into simulated idle seconds that are no part of the phase.
             begin = replace(counters, time_s=self.device.now_s())
-            tickets = [
-                self.device.submit_segments(
-                    gpu,
-                    segments.compute_mhz_s[rows],
-                    segments.memory_s[rows],
-                    segments.mem_activity_scale[rows],
-                    segments.duration_noise[rows],
-                    segments.power_noise[rows],
-                )
-                for gpu, rows in work
-            ]
+            tickets = self._submit(segments)
             lock = self.device.observe(self.gpu_indices[0]).sm_lock_mhz
             if on_begin is not None:
                 on_begin(sample.iteration, kind)
             results = [self.device.wait(ticket) for ticket in tickets]
             end_s = max((r.end_s for r in results), default=begin.time_s)
             end = read_counters(self._meter, self.gpu_indices, end_s)
-            phase.report(
-                tokens=workload.tokens,
-                valid_tokens=workload.valid_tokens,
-                sequences=workload.sequences,
-                max_response_tokens=workload.max_response_tokens,
-                prompt_tokens=workload.prompt_tokens,
-            )
+            phase.report_workload(workload)
         energy = phase_energy(begin, end, self.gpu_indices)
         return PhaseRun(
             iteration=sample.iteration,
@@ -233,6 +200,32 @@ class SimWorker:
             workload=workload,
         )
 
+    def _submit(self, segments: Segments) -> list[WorkTicket]:
+        """Queue GPU work on the session's GPUs, the GPU that gates it first (see :func:`_slowest_first`)."""
+        bounds = segments.gpu_bounds
+        tickets = []
+        for slot in _slowest_first(segments, self.scenario.gpu.sm_clock_max_mhz):
+            rows = slice(int(bounds[slot]), int(bounds[slot + 1]))
+            tickets.append(
+                self.device.submit_segments(
+                    self.gpu_indices[slot],
+                    segments.compute_mhz_s[rows],
+                    segments.memory_s[rows],
+                    segments.mem_activity_scale[rows],
+                    segments.duration_noise[rows],
+                    segments.power_noise[rows],
+                )
+            )
+        return tickets
+
+    def run_between(self, sample: IterationSample) -> None:
+        """The work between generation and training (``[workload.between]``), outside any phase: it runs at
+        whatever clock holds, the default governor once eerld released the phase's lock."""
+        if sample.between is None:
+            return
+        for ticket in self._submit(sample.between.segments):
+            self.device.wait(ticket)
+
     def run(
         self,
         iterations: int,
@@ -241,11 +234,14 @@ class SimWorker:
         on_begin: Callable[[int, PhaseKind], None] | None = None,
         on_phase: Callable[[PhaseRun], None] | None = None,
     ) -> list[PhaseRun]:
-        """Iterations ``first_iteration`` … ``first_iteration + iterations - 1``, generation then training."""
+        """Iterations ``first_iteration`` … ``first_iteration + iterations - 1``: generation, the work between
+        (if any), training."""
         runs: list[PhaseRun] = []
         for iteration in range(first_iteration, first_iteration + iterations):
             sample = sample_iteration(self.scenario, iteration)
             for kind in KINDS:
+                if kind is PhaseKind.TRAINING:
+                    self.run_between(sample)
                 run = self.run_phase(sample, kind, on_begin)
                 runs.append(run)
                 if on_phase is not None:

@@ -66,6 +66,17 @@ class WorkloadTally:
             return
         self._report_numbers(tokens, valid_tokens, sequences, max_response_tokens, prompt_tokens)
 
+    def report_workload(self, workload: Workload) -> None:
+        """Adds a whole :class:`~eerl.Workload` (what a sidecar request or a framework batch counted), as
+        :meth:`report` does."""
+        self.report(
+            workload.tokens,
+            workload.valid_tokens,
+            workload.sequences,
+            workload.max_response_tokens,
+            workload.prompt_tokens,
+        )
+
     def _report_numbers(self, *values: object) -> None:
         """The slow path of :meth:`report`: values that are not plain ints, converted or dropped."""
         counts: list[int] = []

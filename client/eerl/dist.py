@@ -209,8 +209,7 @@ class DistJob(JobRunner):
 
         self._dist = dist
         if not dist.is_available() or not dist.is_initialized():
-            self.disabled_reason = "torch.distributed is not initialised"
-            self._warn_once("init", "torch.distributed is not initialised; job-level control is off")
+            self._off("init", "torch.distributed is not initialised")
             return
         self._rank = dist.get_rank()
         self._world = dist.get_world_size()
@@ -276,10 +275,7 @@ class DistJob(JobRunner):
     ) -> JobController | None:
         offered = [grid for grid in grids if grid is not None]
         if len(offered) < self.nodes or not all(offered):
-            self.disabled_reason = "not every node reported its GPUs' clock grid"
-            self._warn_once(
-                "grid", "not every node reported its GPUs' clock grid; job-level control is off for this job"
-            )
+            self._off("grid", "not every node reported its GPUs' clock grid")
             return None
         settings = ControllerSettings(
             supported_sm_clocks_mhz=common_clocks(offered),
@@ -289,8 +285,7 @@ class DistJob(JobRunner):
         try:
             return make_job_controller(settings, self.nodes, incarnation, policy)
         except Exception as e:
-            self.disabled_reason = f"cannot build the job-level controller ({e})"
-            self._warn_once("controller", "cannot build the job-level controller; it is off", exc_info=True)
+            self._off("controller", f"cannot build the job-level controller ({one_line(e)})", exc_info=True)
             return None
 
     def _collective(self, what: str, call: Callable[[], object]) -> bool:
@@ -301,6 +296,11 @@ class DistJob(JobRunner):
             self._disable(f"{what} on the side gloo group failed or timed out: {one_line(e)}")
             return False
         return True
+
+    def _off(self, key: str, why: str, *, exc_info: bool = False) -> None:
+        """Job-level control will not start here: the first reason kept, one warning per ``key``."""
+        self.disabled_reason = self.disabled_reason or why
+        self._warn_once(key, f"{why}; job-level control is off for this job", exc_info=exc_info)
 
     def _disable(self, why: str, *, exc_info: bool = False) -> None:
         self.disabled_reason = self.disabled_reason or why

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from eerl.testing import FakeDaemon, RecordedPhase
 from demo.live import locked_gpus
 from demo.worker import PhaseRun, SimWorker
 from eerld.gpu.sim import VirtualClock, create_sim_backend
-from eerld.sim.evaluate import sample_iteration
+from eerld.sim.evaluate import evaluate_between, sample_iteration
 from eerld.sim.scenario import load_scenario
 from tests.conftest import short_socket_dir
 
@@ -35,19 +34,24 @@ class WorkerRun:
     phases: list[RecordedPhase]
 
 
-@pytest.fixture(scope="module")
-def worker_run() -> Iterator[WorkerRun]:
-    """Two iterations of sync-h100 on 8 GPUs (virtual time), reported to a recording fake daemon."""
-    scenario = load_scenario("sync-h100")
+def run_worker(scenario_name: str, iterations: int) -> WorkerRun:
+    """``iterations`` of a scenario on 8 GPUs (virtual time), reported to a recording fake daemon."""
+    scenario = load_scenario(scenario_name)
     backend = create_sim_backend(scenario.gpu, scenario.workload.gpus, clock=VirtualClock())
     with short_socket_dir() as socket_dir, FakeDaemon(socket_dir / "eerld.sock") as fake:
         session = connect(gpus=list(range(8)), job_id="test", config=_fast(fake.config))
         with session:
             assert session.wait_until_connected(10.0)
             worker = SimWorker(scenario, backend.device, session, gpu_indices=range(8), wait_for_clock_s=0.0)
-            runs = worker.run(ITERATIONS)
+            runs = worker.run(iterations)
             assert session.flush(10.0)
-        yield WorkerRun(runs, list(fake.phases))
+        return WorkerRun(runs, list(fake.phases))
+
+
+@pytest.fixture(scope="module")
+def worker_run() -> WorkerRun:
+    """Two iterations of sync-h100."""
+    return run_worker("sync-h100", ITERATIONS)
 
 
 class TestSimWorker:
@@ -96,3 +100,18 @@ class TestLockCheck:
         assert locked_gpus(state) == [2]
         backend.reset_sm_clock(2)
         assert locked_gpus(state) == []
+
+
+class TestWorkBetweenThePhases:
+    def test_the_gpus_run_it_after_generation_outside_any_phase(self) -> None:
+        """verl-h100: between generation's end and training's begin the GPUs run the work between the phases
+        at the default governor (the fake daemon locks nothing), and no phase is open meanwhile."""
+        scenario = load_scenario("verl-h100")
+        run = run_worker("verl-h100", 1)
+        generation, training = run.runs
+        recorded = [(p.kind.value, p.begin) for p in run.phases]
+        between = evaluate_between(scenario, sample_iteration(scenario, 0))
+        assert between.duration_s > 10.0
+        assert training.start_s - generation.end_s == pytest.approx(between.duration_s, rel=0.01)
+        kinds = ("generation", "training")
+        assert recorded == [(kind, begin) for kind in kinds for begin in (True, False)]

@@ -9,13 +9,13 @@ and in its own environment a missing framework is an import error, never a skip.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pytest
-from eerl.phases import PhaseKind, Workload
+from eerl._tally import WorkloadTally
+from eerl.phases import PhaseKind
 
 FRAMEWORK = os.environ.get("EERL_FRAMEWORK", "")
 _MODULES = {"test_verl.py": "verl", "test_openrlhf.py": "openrlhf", "test_trl.py": "trl"}
@@ -90,28 +90,13 @@ def framework_version() -> str:
     return version
 
 
-@dataclass
-class Recorded:
-    kind: PhaseKind
-    iteration: int | None
-    workload: Workload = field(default_factory=Workload)
+class Recorded(WorkloadTally):
+    """One recorded phase: the client's own tally of what the hook reported (kind, iteration, workload)."""
 
-    def report(
-        self,
-        tokens: int = 0,
-        valid_tokens: int = 0,
-        sequences: int = 0,
-        max_response_tokens: int = 0,
-        prompt_tokens: int = 0,
-    ) -> None:
-        w = self.workload
-        self.workload = Workload(
-            w.tokens + tokens,
-            w.valid_tokens + valid_tokens,
-            w.sequences + sequences,
-            max(w.max_response_tokens, max_response_tokens),
-            w.prompt_tokens + prompt_tokens,
-        )
+    def __init__(self, kind: PhaseKind, iteration: int | None) -> None:
+        super().__init__()
+        self.kind = kind
+        self.iteration = iteration
 
     def __enter__(self) -> Recorded:
         return self

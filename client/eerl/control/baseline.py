@@ -23,6 +23,7 @@ def learn_default(baseline: BaselineState, obs: PhaseObservation, *, relearning:
     While ``relearning`` (first baseline, re-baseline) every phase is learned, outliers included.
     """
     baseline.last_default_iteration = obs.iteration
+    baseline.check_pending = False  # the yardstick was just re-checked
     error = baseline.predictor.add(obs.workload, obs.duration_s, obs.energy_j, force=relearning)
     track_default_scale(baseline, obs.workload)
     return error

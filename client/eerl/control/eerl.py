@@ -180,7 +180,6 @@ class EerlController:
     # ------------------------------------------------------------------ observing
 
     def _observe_default(self, track: KindTrack, obs: PhaseObservation, now_s: float) -> Decision | None:
-        track.baseline.check_pending = False
         error = learn_default(track.baseline, obs, relearning=track.relearning)
         # A phase on the default governor saves nothing by definition: its energy counts in the total
         # the savings are a fraction of, and the predictor's error on it is no saving (nor a loss).

@@ -63,14 +63,7 @@ class GuardedPhases:
         if phase is None:
             return
         try:
-            workload = count()
-            phase.report(
-                tokens=workload.tokens,
-                valid_tokens=workload.valid_tokens,
-                sequences=workload.sequences,
-                max_response_tokens=workload.max_response_tokens,
-                prompt_tokens=workload.prompt_tokens,
-            )
+            phase.report_workload(count())
         except Exception:
             self._warn_once("report", "could not count the tokens of a batch; the phase reports none")
 

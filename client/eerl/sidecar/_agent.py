@@ -37,6 +37,7 @@ from eerl.directives import Directive
 from eerl.errors import one_line
 from eerl.gpus import GpuId
 from eerl.phases import PhaseKind, Workload
+from eerl.sidecar._book import MAX_OPEN_PHASES
 from eerl.sidecar._world import JobWorld
 
 if TYPE_CHECKING:
@@ -261,20 +262,15 @@ class NodeAgent:
                 phase = job.phase(step.kind, step.iteration, hints=step.workload)
                 phase.__enter__()
                 self._phases[key] = phase
+                while len(self._phases) > MAX_OPEN_PHASES:  # as the HTTP side forgets them (never ended)
+                    del self._phases[next(iter(self._phases))]
                 step.node_begin = job.last_begin
                 step.directive = job.directive(step.kind, step.iteration)
                 return
             begun = self._phases.pop(key, None)
             if begun is None:  # its begin was dropped (before the group formed, or never posted)
                 return
-            workload = step.workload or Workload()
-            begun.report(
-                tokens=workload.tokens,
-                valid_tokens=workload.valid_tokens,
-                sequences=workload.sequences,
-                max_response_tokens=workload.max_response_tokens,
-                prompt_tokens=workload.prompt_tokens,
-            )
+            begun.report_workload(step.workload or Workload())
             begun.__exit__(None, None, None)
             step.report = job.last_report
             observation = job.last_observation

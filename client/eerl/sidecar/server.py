@@ -160,14 +160,7 @@ class Sidecar:
         session = self._session
         with self._lock:
             _, phase = self._open.pop(request.kind, request.iteration)
-            workload = request.workload
-            phase.report(
-                tokens=workload.tokens,
-                valid_tokens=workload.valid_tokens,
-                sequences=workload.sequences,
-                max_response_tokens=workload.max_response_tokens,
-                prompt_tokens=workload.prompt_tokens,
-            )
+            phase.report_workload(request.workload)
             phase.__exit__(None, None, None)
             if session.stats().connected:
                 session.flush(self._answer_timeout_s)  # FIFO: the end was handled once the flush is

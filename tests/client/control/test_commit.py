@@ -137,7 +137,7 @@ class TestCommit:
         assert track.baseline.check_pending
         assert track.search.floor_mhz == 0
         learn_default(track.baseline, default_phase(track.kind, 21), relearning=False)
-        track.baseline.check_pending = False
+        assert not track.baseline.check_pending
         reason = try_commit([track], planner, RefinePace(), 21, CONFIG)
         assert reason == "trial at 1305 MHz measured below the threshold: search above it"
         assert track.search.floor_mhz == 1306
