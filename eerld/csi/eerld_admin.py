@@ -6,7 +6,6 @@ does. Each call waits at most ``timeout_s``: a CSI call must answer, and the kub
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,14 +27,13 @@ must reach it (a pending volume's grant), so it is kept to a second."""
 
 
 class EerldAdmin:
-    """An :class:`~eerld.csi.grant.EerldGrants` over ``socket_path``; the channel is opened on first use."""
+    """An :class:`~eerld.csi.grant.EerldGrants` over ``socket_path`` (its channel connects on first use)."""
 
     def __init__(self, socket_path: Path, *, timeout_s: float = TIMEOUT_S) -> None:
         self.socket_path = socket_path
         self._timeout_s = timeout_s
-        self._lock = threading.Lock()
-        self._channel: grpc.Channel | None = None
-        self._stub: pb_grpc.AdminServiceStub | None = None
+        self._channel = grpc.insecure_channel(f"unix:{socket_path}", options=CHANNEL_OPTIONS)
+        self._admin = pb_grpc.AdminServiceStub(self._channel)
 
     def grant(self, plan: GrantPlan) -> GrantedSocket:
         """Grant(own_directory) for the plan; its socket as eerld reports it."""
@@ -50,7 +48,7 @@ class EerldAdmin:
         if plan.gid is not None:
             request.gid = plan.gid
         try:
-            reply = self._admin().Grant(request, timeout=self._timeout_s)
+            reply = self._admin.Grant(request, timeout=self._timeout_s)
         except grpc.RpcError as e:
             raise _error(e, "Grant") from None
         return _granted(reply.grant)
@@ -58,7 +56,7 @@ class EerldAdmin:
     def revoke(self, name: str, reason: str) -> bool:
         """Revoke by name; False when eerld has no grant of that name (already revoked)."""
         try:
-            self._admin().Revoke(pb.RevokeRequest(name=name, reason=reason), timeout=self._timeout_s)
+            self._admin.Revoke(pb.RevokeRequest(name=name, reason=reason), timeout=self._timeout_s)
         except grpc.RpcError as e:
             error = _error(e, "Revoke")
             if isinstance(error, NotFound):
@@ -69,24 +67,14 @@ class EerldAdmin:
     def grants(self) -> Sequence[GrantedSocket]:
         """Every grant of kind ``grant``."""
         try:
-            reply = self._admin().ListGrants(pb.ListGrantsRequest(), timeout=self._timeout_s)
+            reply = self._admin.ListGrants(pb.ListGrantsRequest(), timeout=self._timeout_s)
         except grpc.RpcError as e:
             raise _error(e, "ListGrants") from None
         return tuple(_granted(g) for g in reply.grants if g.kind == "grant")
 
-    def _admin(self) -> pb_grpc.AdminServiceStub:
-        with self._lock:
-            if self._stub is None:
-                self._channel = grpc.insecure_channel(f"unix:{self.socket_path}", options=CHANNEL_OPTIONS)
-                self._stub = pb_grpc.AdminServiceStub(self._channel)
-            return self._stub
-
     def close(self) -> None:
         """Close the channel; idempotent."""
-        with self._lock:
-            channel, self._channel, self._stub = self._channel, None, None
-        if channel is not None:
-            channel.close()
+        self._channel.close()
 
 
 def _granted(info: pb.GrantInfo) -> GrantedSocket:

@@ -6,17 +6,22 @@ socket eerld re-creates in it (the per-GPU sockets of CDI work the same way, doc
 Read-only, ``nosuid``, ``nodev``, ``noexec``: connecting to a socket needs none of them. The calls are
 ``mount(2)`` and ``umount2(2)`` through libc (the image needs no ``mount`` binary); in the DaemonSet the
 kubelet's directory is mounted ``Bidirectional``, so the mount reaches the host and the pod's container.
+No symlink at the target is followed: the target is opened ``O_PATH | O_NOFOLLOW | O_DIRECTORY`` and
+mounted on through ``/proc/self/fd/N``, so a symlink planted there (to ``/etc``) is refused, never mounted
+over; unmounting uses ``UMOUNT_NOFOLLOW``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
-from eerld.errors import Unavailable
+from eerld.errors import Conflict, Unavailable
 
 MS_RDONLY = 1
 MS_NOSUID = 2
@@ -37,31 +42,63 @@ def _mount(source: str | None, target: str, flags: int) -> None:
         raise OSError(code, os.strerror(code), target)
 
 
-def is_mount_point(path: Path) -> bool:
-    """Whether something is mounted at ``path`` (by this process's mount table)."""
-    wanted = os.fsencode(os.path.realpath(path))
+def mount_points() -> list[Path]:
+    """Every mount point of this process's mount table, as ``/proc/self/mountinfo`` lists them."""
+    points = []
     for line in MOUNTINFO.read_bytes().splitlines():
         fields = line.split(b" ")
-        if len(fields) > 4 and _unescape(fields[4]) == wanted:
-            return True
-    return False
+        if len(fields) > 4:
+            points.append(Path(os.fsdecode(_unescape(fields[4]))))
+    return points
+
+
+def is_mount_point(path: Path) -> bool:
+    """Whether something is mounted at ``path`` itself (the directories above resolved, not ``path``: a
+    symlink there is no mount point)."""
+    return Path(os.path.realpath(path.parent)) / path.name in mount_points()
 
 
 def bind_read_only(source: Path, target: Path) -> None:
     """Create ``target`` (a directory) if missing and bind-mount ``source`` there read-only.
 
-    Unavailable when the kernel refuses (no privilege, a missing source); nothing stays mounted then.
+    Conflict when ``target`` is not a real directory (a symlink is never followed); Unavailable when the
+    kernel refuses (no privilege, a missing source). Nothing stays mounted then.
     """
     try:
-        target.mkdir(mode=TARGET_DIR_MODE, exist_ok=True)
-        _mount(str(source), str(target), MS_BIND)
+        target.mkdir(mode=TARGET_DIR_MODE)
+    except FileExistsError:
+        pass  # the kubelet may have made it; what it is, the open below checks
     except OSError as e:
-        raise Unavailable(f"cannot bind-mount {source} at {target}: {e.strerror}") from None
+        raise Unavailable(f"cannot create the mount point {target}: {e.strerror}") from None
+    with _directory_nofollow(target) as at:
+        try:
+            _mount(str(source), at, MS_BIND)
+        except OSError as e:
+            raise Unavailable(f"cannot bind-mount {source} at {target}: {e.strerror}") from None
     try:
-        _mount(None, str(target), MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    except OSError as e:
+        with _directory_nofollow(target) as at:  # now the mount's root, which the remount must name
+            _mount(None, at, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    except (OSError, Conflict) as e:
         unmount(target)
-        raise Unavailable(f"cannot make the mount at {target} read-only: {e.strerror}") from None
+        reason = e.strerror if isinstance(e, OSError) else str(e)
+        raise Unavailable(f"cannot make the mount at {target} read-only: {reason}") from None
+
+
+@contextlib.contextmanager
+def _directory_nofollow(path: Path) -> Iterator[str]:
+    """``/proc/self/fd/N`` of the directory at ``path``, opened without following a symlink there; Conflict
+    when ``path`` is not a directory (a symlink, a file)."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        kind = "a symlink" if os.path.islink(path) else e.strerror
+        raise Conflict(
+            f"the mount point {path} is not a directory ({kind}); refusing to mount on it"
+        ) from None
+    try:
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
 
 
 def unmount(target: Path) -> bool:
@@ -92,4 +129,4 @@ def _unescape(field: bytes) -> bytes:
     return bytes(out)
 
 
-__all__ = ["bind_read_only", "is_mount_point", "unmount"]
+__all__ = ["bind_read_only", "is_mount_point", "mount_points", "unmount"]

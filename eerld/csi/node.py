@@ -122,10 +122,10 @@ class NodePlugin:
                 try:
                     source = self._own_directory(plan.name)
                 except BaseException:
-                    self._records.remove(volume_id)
+                    self._forget(record)
                     raise
             except BaseException:
-                self._records.remove(volume_id)
+                self._forget(record)
                 raise
             try:
                 mounts.bind_read_only(source, target)
@@ -220,9 +220,10 @@ class NodePlugin:
                 and (record.namespace, record.pod_name) in live
                 and self._grant_pending(record, pods, grants)
             ]
+            outcome = ReconcileOutcome(tuple(revoked), tuple(sorted(self._suspects)), granted=tuple(granted))
         if revoked or granted:
             log.info("reconciled", revoked=revoked, granted=granted)
-        return ReconcileOutcome(tuple(revoked), tuple(sorted(self._suspects)), granted=tuple(granted))
+        return outcome
 
     def _grant_pending(
         self, record: VolumeRecord, pods: Sequence[PodDevices], grants: Sequence[GrantedSocket]
@@ -296,7 +297,15 @@ class NodePlugin:
                 )
                 return
         self._remove_own_directory(record.grant)
-        self._records.remove(record.volume_id)
+        self._forget(record)
+
+    def _forget(self, record: VolumeRecord) -> None:
+        """Remove the record of a publish that failed (lock held); a record that cannot be removed (a full
+        disk) is logged and stays pending, which the next publish or the reconcile sees to."""
+        try:
+            self._records.remove(record.volume_id)
+        except Unavailable as e:
+            log.warning("undo_forget_failed", volume_id=record.volume_id, error=str(e))
 
     def _own_directory(self, name: str) -> Path:
         """The grant's directory, made as eerld makes it (root's, 0711) for a volume published while eerld

@@ -6,7 +6,9 @@ reconcile (:meth:`eerld.csi.node.NodePlugin.reconcile`) can revoke those of pods
 A volume published while eerld was away stays ``pending`` until the reconcile gets its grant (the record
 keeps the socket's uid and gid for that); one whose revoke eerld did not answer is ``retiring``.
 One JSON file in a root-only state directory, replaced atomically (:func:`eerld.files.atomic_write_json`);
-a file that is not what eerl-csi wrote is set aside (its grants then count as unrecorded, see the node).
+a write that fails (a full disk) is Unavailable and changes nothing. A file that is not what eerl-csi wrote
+is set aside, kept as ``volumes.json.corrupt-<time>`` (its grants then count as unrecorded, see the node);
+one that cannot be set aside stops eerl-csi from starting (OSError), so that it is never written over.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import structlog
 
-from eerld.errors import ConfigError
+from eerld.errors import ConfigError, Unavailable
 from eerld.files import atomic_write_json, ensure_private_dir, read_json_object, set_aside
 
 log = structlog.get_logger("eerld.csi.records")
@@ -54,7 +56,8 @@ class VolumeRecord:
 
 
 class VolumeRecords:
-    """The records under ``state_dir``; every change written before it is relied on."""
+    """The records under ``state_dir``; every change written before it is relied on (memory follows the
+    file: a change that cannot be written is not made)."""
 
     def __init__(self, state_dir: Path) -> None:
         ensure_private_dir(state_dir, "--state-dir")
@@ -100,7 +103,12 @@ class VolumeRecords:
                 self._records = records
 
     def _write(self, records: Mapping[str, VolumeRecord]) -> None:
-        atomic_write_json(self._path, {"version": 1, "volumes": [asdict(r) for r in records.values()]})
+        """Replace the file; Unavailable (the file and the records in memory unchanged) when it cannot be
+        written (a full disk): the kubelet retries the call that needed it."""
+        try:
+            atomic_write_json(self._path, {"version": 1, "volumes": [asdict(r) for r in records.values()]})
+        except OSError as e:
+            raise Unavailable(f"cannot record the volume in {self._path}: {e.strerror or e}") from None
 
 
 _TEXT_FIELDS = ("volume_id", "grant", "namespace", "pod_name", "pod_uid", "target_path")

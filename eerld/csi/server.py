@@ -80,9 +80,12 @@ class CsiServer:
                 log.exception("reconcile_failed")
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """Stop serving (published volumes and their grants stay: the pods still run)."""
+        """Stop serving (published volumes and their grants stay: the pods still run); the channels close
+        once a reconcile under way has ended."""
         self._stop.set()
         self.server.stop(grace_s).wait(grace_s + 1)
+        if self._reconciler is not None:
+            self._reconciler.join(grace_s + 1)
         with contextlib.suppress(FileNotFoundError):
             self.config.csi_socket.unlink()
         self.plugin.close()

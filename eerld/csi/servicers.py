@@ -1,6 +1,7 @@
 # ruff: noqa: N802 - method names are the RPC names of the CSI spec
 """The CSI Identity and Node services, thin: decode the request, call :class:`~eerld.csi.node.NodePlugin`,
-encode the answer; errors of :mod:`eerld.errors` become one gRPC status each, in :func:`_status`.
+encode the answer; errors of :mod:`eerld.errors` become one gRPC status each, in :func:`_status`, by the
+mapping eerld's own interceptor uses (:func:`eerld.api.interceptors.status_code_for`).
 
 Only what an inline ephemeral volume needs is served: NodePublishVolume and NodeUnpublishVolume, no stage
 (no ``STAGE_UNSTAGE_VOLUME`` capability), no controller service; the rest answer UNIMPLEMENTED.
@@ -18,40 +19,23 @@ from google.protobuf import wrappers_pb2
 from eerld import __version__
 from eerld.api.csi import csi_pb2 as pb
 from eerld.api.csi import csi_pb2_grpc as pb_grpc
+from eerld.api.interceptors import status_code_for
 from eerld.csi import DRIVER_NAME
 from eerld.csi.node import NodePlugin
-from eerld.errors import (
-    ConfigError,
-    Conflict,
-    EerlError,
-    Exhausted,
-    NotFound,
-    PermissionDenied,
-    Unavailable,
-    ValidationError,
-)
+from eerld.errors import EerlError, ValidationError
 
 log = structlog.get_logger("eerld.csi")
 
 T = TypeVar("T")
 
-_CODES: tuple[tuple[type[EerlError], grpc.StatusCode], ...] = (
-    (ValidationError, grpc.StatusCode.INVALID_ARGUMENT),
-    (NotFound, grpc.StatusCode.NOT_FOUND),
-    (Conflict, grpc.StatusCode.FAILED_PRECONDITION),
-    (ConfigError, grpc.StatusCode.FAILED_PRECONDITION),
-    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
-    (Exhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (Unavailable, grpc.StatusCode.UNAVAILABLE),
-)
-
 
 def _status(context: grpc.ServicerContext, method: str, call: Callable[[], T]) -> T:
-    """Run ``call``; an eerl error aborts with its code and its one-line message, anything else INTERNAL."""
+    """Run ``call``; an eerl error aborts with its code (eerld's own mapping, :func:`status_code_for`) and its
+    one-line message, anything else INTERNAL."""
     try:
         return call()
     except EerlError as e:
-        code = next((c for kind, c in _CODES if isinstance(e, kind)), grpc.StatusCode.INTERNAL)
+        code = status_code_for(e)
         message = " ".join(str(e).split())
         log.warning("csi_refused", method=method, code=code.name, error=message)
         context.abort(code, message)

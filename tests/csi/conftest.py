@@ -11,13 +11,14 @@ from eerld.csi.eerld_admin import EerldAdmin
 from eerld.csi.node import NodePlugin
 from eerld.csi.records import VolumeRecords
 from eerld.podresources import DeviceAllocation, PodDevices, PodResourcesError
-from eerld.testing import DaemonHandle, FakeGpuBackend, running_daemon
+from eerld.testing import DaemonHandle
 from tests.conftest import short_socket_dir
 from tests.csi.harness import (
     POD_USER,
     CsiPlugin,
     FakeKubelet,
     Pod,
+    csi_eerld,
     fake_kubelet,
     running_plugin,
     volume_context,
@@ -38,7 +39,7 @@ def csi_dir() -> Iterator[Path]:
 @pytest.fixture
 def node(csi_dir: Path) -> Iterator[DaemonHandle]:
     """eerld as the DaemonSet runs it: multi-tenant, grants under ``csi_dir/grants``; 4 fake GPUs."""
-    with running_daemon(csi_dir, backend=FakeGpuBackend(4), reaper=False, tenancy="multi") as handle:
+    with csi_eerld(csi_dir) as handle:
         yield handle
 
 

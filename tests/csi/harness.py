@@ -16,7 +16,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,11 +26,31 @@ import grpc
 from eerld.api.csi import csi_pb2 as csi
 from eerld.api.csi import csi_pb2_grpc as csi_grpc
 from eerld.api.podresources import api_pb2 as kpb
-from eerld.csi.mounts import unmount
+from eerld.csi.mounts import mount_points, unmount
+from eerld.testing import DaemonHandle, FakeGpuBackend, running_daemon
+from soak.daemon import stop_process
 from tests.kubelet import pod_resources_server
+from tests.security.conftest import call, run_as
 
 POD_USER = 65532
 """The sidecar's uid and gid in deploy/kubernetes/rl-job-sidecar-pod.yaml."""
+START_TIMEOUT_S = 30.0
+
+
+def csi_eerld(directory: Path) -> AbstractContextManager[DaemonHandle]:
+    """eerld as the DaemonSet runs it: multi-tenant, grants under ``directory/grants``, 4 fake GPUs; again
+    over the same directory, it is eerld restarted (same sockets, same grant directory)."""
+    return running_daemon(directory, backend=FakeGpuBackend(4), reaper=False, tenancy="multi")
+
+
+def open_call(*gpus: int, job_id: str) -> dict[str, Any]:
+    """OpenSession of ``gpus`` (none: the socket's own) for ``job_id``, for :func:`as_pod_user`."""
+    return call("PhaseService", "OpenSession", {"jobId": job_id, "gpus": [{"index": i} for i in gpus]})
+
+
+def as_pod_user(target: Path, calls: list[dict[str, Any]]) -> list[str]:
+    """The status codes of ``calls`` made by the pod's user through the socket at the volume's path."""
+    return [o.code for o in run_as(f"unix:{target / 'eerld.sock'}", calls, uid=POD_USER, gid=POD_USER)]
 
 
 @dataclass
@@ -96,15 +116,11 @@ def fake_kubelet(directory: Path) -> Iterator[FakeKubelet]:
 
 
 def unmount_all_under(root: Path) -> None:
-    """Unmount every mount point at or under ``root`` (a test's leftovers)."""
-    prefix = os.fsencode(os.path.realpath(root))
-    points = []
-    for line in Path("/proc/self/mountinfo").read_bytes().splitlines():
-        point = line.split(b" ")[4]
-        if point == prefix or point.startswith(prefix + b"/"):
-            points.append(point)
-    for point in sorted(points, key=len, reverse=True):
-        unmount(Path(os.fsdecode(point)))
+    """Unmount every mount point at or under ``root`` (a test's leftovers), the deepest first."""
+    real = Path(os.path.realpath(root))
+    points = [p for p in mount_points() if p == real or real in p.parents]
+    for point in sorted(points, key=lambda p: len(p.parts), reverse=True):
+        unmount(point)
 
 
 def volume_context(pod: Pod, **attributes: str) -> dict[str, str]:
@@ -148,10 +164,11 @@ def publish_request(
 class CsiPlugin:
     """A running eerl-csi process and stubs on its socket."""
 
-    process: subprocess.Popen[str]
+    process: subprocess.Popen[bytes]
     socket_path: Path
     state_dir: Path
     channel: grpc.Channel
+    log_path: Path
 
     @property
     def node(self) -> csi_grpc.NodeStub:
@@ -180,9 +197,9 @@ def publish_error(plugin: CsiPlugin, request: csi.NodePublishVolumeRequest) -> t
     return grpc.StatusCode.OK, ""
 
 
-def _code(call: Any) -> grpc.StatusCode:
+def _code(rpc: Any) -> grpc.StatusCode:
     try:
-        call()
+        rpc()
     except grpc.RpcError as e:
         return e.code()  # type: ignore[no-any-return]
     return grpc.StatusCode.OK
@@ -212,23 +229,22 @@ def running_plugin(
         "--log-format=json",
         *extra,
     ]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log_path = directory / "eerl-csi.log"
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + START_TIMEOUT_S
         while not socket_path.exists():
             if process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"eerl-csi did not start: {process.communicate(timeout=5)[1][-2000:]}")
+                raise AssertionError(
+                    f"eerl-csi did not start: {log_path.read_text(errors='replace')[-2000:]}"
+                )
             time.sleep(0.05)
         channel = grpc.insecure_channel(f"unix:{socket_path}")
-        grpc.channel_ready_future(channel).result(timeout=30)
+        grpc.channel_ready_future(channel).result(timeout=START_TIMEOUT_S)
         try:
-            yield CsiPlugin(process, socket_path, state_dir, channel)
+            yield CsiPlugin(process, socket_path, state_dir, channel, log_path)
         finally:
             channel.close()
     finally:
-        process.terminate()
-        try:
-            process.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.communicate()
+        stop_process(process, timeout_s=30)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import stat
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -22,19 +21,21 @@ import grpc
 from eerld.csi.grant import grant_name
 from eerld.csi.mounts import is_mount_point
 from eerld.csi.node import NodePlugin, ReconcileOutcome
-from eerld.testing import DaemonHandle, FakeGpuBackend, running_daemon
+from eerld.testing import DaemonHandle
 from tests.csi.conftest import Listing, grant_names, holders, make_plugin, publish, uuids
 from tests.csi.harness import (
     CsiPlugin,
     FakeKubelet,
     Pod,
+    as_pod_user,
+    csi_eerld,
+    open_call,
     publish_error,
     publish_request,
     running_plugin,
     volume_context,
     volume_id,
 )
-from tests.csi.test_plugin import as_pod_user, open_call
 from tests.sidecar.conftest import SidecarProcess, wait_until
 
 
@@ -42,11 +43,6 @@ def records(state_dir: Path) -> list[dict[str, Any]]:
     """eerl-csi's volume records, as on disk."""
     path = state_dir / "volumes.json"
     return list(json.loads(path.read_text())["volumes"]) if path.exists() else []
-
-
-def restart_eerld(csi_dir: Path) -> AbstractContextManager[DaemonHandle]:
-    """eerld again, as the DaemonSet restarts it (same sockets, same grant directory)."""
-    return running_daemon(csi_dir, backend=FakeGpuBackend(4), reaper=False, tenancy="multi")
 
 
 def _ran(outcome: ReconcileOutcome) -> ReconcileOutcome | None:
@@ -86,7 +82,7 @@ class TestPublishWhileEerldIsAway:
         with running_plugin(csi_dir, kubelet, node.admin_socket_path) as first:
             assert first.publish(publish_request(pod, target)) is grpc.StatusCode.OK
         with (
-            restart_eerld(csi_dir) as again,
+            csi_eerld(csi_dir) as again,
             running_plugin(csi_dir, kubelet, again.admin_socket_path) as csi,
         ):
             codes = as_pod_user(target, [open_call(job_id=pod.uid)])
@@ -147,7 +143,7 @@ class TestTheReconcileGrantsPendingVolumes:
             node.server.stop(grace_s=0.5)
             target = publish(plugin, kubelet, pod)
             away = plugin.reconcile()
-            with restart_eerld(csi_dir) as again:
+            with csi_eerld(csi_dir) as again:
                 back = wait_until("a reconcile that reaches eerld", lambda: _ran(plugin.reconcile()))
                 codes = as_pod_user(target, [open_call(job_id=pod.uid)])
                 held = holders(again)
@@ -168,7 +164,7 @@ class TestTheReconcileGrantsPendingVolumes:
             node.server.stop(grace_s=0.5)
             target = publish(plugin, kubelet, pod)
             listing.pods = []
-            with restart_eerld(csi_dir) as again:
+            with csi_eerld(csi_dir) as again:
                 outcomes = [wait_until("a reconcile", lambda: _ran(plugin.reconcile())) for _ in range(2)]
                 names = grant_names(again)
         finally:
@@ -204,7 +200,7 @@ class TestTheSidecar:
             )
             away = sidecar.status()
             begin = sidecar.post("/v1/phases/begin", {"kind": "generation", "iteration": 1})
-            with restart_eerld(csi_dir) as again:
+            with csi_eerld(csi_dir) as again:
                 wait_until("the sidecar's session", lambda: sidecar.status()["connected"])
                 held = holders(again)
         assert away["connected"] is False

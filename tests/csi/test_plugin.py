@@ -17,28 +17,21 @@ from eerld.api.csi import csi_pb2 as csi
 from eerld.csi import DRIVER_NAME
 from eerld.csi.grant import grant_name
 from eerld.csi.mounts import is_mount_point
-from eerld.testing import DaemonHandle, FakeGpuBackend, running_daemon
+from eerld.testing import DaemonHandle
 from tests.csi.conftest import grant_names, holders, uuids
 from tests.csi.harness import (
     POD_USER,
     CsiPlugin,
     FakeKubelet,
     Pod,
+    as_pod_user,
+    csi_eerld,
+    open_call,
     publish_error,
     publish_request,
     volume_context,
     volume_id,
 )
-from tests.security.conftest import call, run_as
-
-
-def open_call(*gpus: int, job_id: str) -> dict:
-    return call("PhaseService", "OpenSession", {"jobId": job_id, "gpus": [{"index": i} for i in gpus]})
-
-
-def as_pod_user(target: Path, calls: list[dict]) -> list[str]:
-    """The status codes of ``calls`` made by the pod's user through the socket at the volume's path."""
-    return [o.code for o in run_as(f"unix:{target / 'eerld.sock'}", calls, uid=POD_USER, gid=POD_USER)]
 
 
 class TestIdentityAndNodeInfo:
@@ -127,7 +120,7 @@ class TestPublish:
         target = kubelet.target_path(pod)
         plugin.publish(publish_request(pod, target))
         node.server.stop(grace_s=0.5)
-        with running_daemon(csi_dir, backend=FakeGpuBackend(4), reaper=False, tenancy="multi") as again:
+        with csi_eerld(csi_dir) as again:
             codes = as_pod_user(target, [open_call(job_id=pod.uid)])
             held = holders(again)
         assert codes == ["OK"]

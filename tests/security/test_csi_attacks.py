@@ -11,10 +11,14 @@ grant socket) are made by unprivileged processes (``run_as``). Every refusal lea
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -23,7 +27,8 @@ from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
 from eerld.csi.grant import grant_name
 from eerld.csi.mounts import is_mount_point
-from eerld.testing import DaemonHandle, FakeGpuBackend, running_daemon
+from eerld.csi.records import RECORDS_FILE
+from eerld.testing import DaemonHandle
 from tests.conftest import short_socket_dir
 from tests.csi.conftest import grant_names, holders, uuids
 from tests.csi.harness import (
@@ -31,7 +36,9 @@ from tests.csi.harness import (
     CsiPlugin,
     FakeKubelet,
     Pod,
+    csi_eerld,
     fake_kubelet,
+    open_call,
     publish_error,
     publish_request,
     running_plugin,
@@ -39,23 +46,26 @@ from tests.csi.harness import (
     volume_id,
 )
 from tests.security.conftest import NOBODY_UID, call, run_as
+from tests.security.test_failsafes import fill, tmpfs
 
 
 @pytest.fixture
-def world() -> Iterator[tuple[DaemonHandle, FakeKubelet, CsiPlugin]]:
-    """eerld (multi-tenant, 4 fake GPUs), a fake kubelet and eerl-csi, in one short directory."""
+def node_dir() -> Iterator[tuple[Path, DaemonHandle, FakeKubelet]]:
+    """eerld (multi-tenant, 4 fake GPUs) and a fake kubelet in one short directory; no eerl-csi yet."""
     with short_socket_dir(prefix="c") as directory:
         directory.chmod(0o755)
-        with (
-            running_daemon(directory, backend=FakeGpuBackend(4), reaper=False, tenancy="multi") as node,
-            fake_kubelet(directory) as kubelet,
-            running_plugin(directory, kubelet, node.admin_socket_path) as plugin,
-        ):
-            yield node, kubelet, plugin
+        with csi_eerld(directory) as node, fake_kubelet(directory) as kubelet:
+            yield directory, node, kubelet
 
 
-def open_call(*gpus: int, job_id: str) -> dict:
-    return call("PhaseService", "OpenSession", {"jobId": job_id, "gpus": [{"index": i} for i in gpus]})
+@pytest.fixture
+def world(
+    node_dir: tuple[Path, DaemonHandle, FakeKubelet],
+) -> Iterator[tuple[DaemonHandle, FakeKubelet, CsiPlugin]]:
+    """eerld, a fake kubelet and eerl-csi, in one short directory."""
+    directory, node, kubelet = node_dir
+    with running_plugin(directory, kubelet, node.admin_socket_path) as plugin:
+        yield node, kubelet, plugin
 
 
 def nothing_granted(node: DaemonHandle, target: Path) -> bool:
@@ -238,3 +248,145 @@ class TestTheGrantsOwnDirectory:
         assert not is_mount_point(target)
         assert list(elsewhere.iterdir()) == []
         assert '"volumes": []' in (plugin.state_dir / "volumes.json").read_text()
+
+
+class TestTheTargetPath:
+    def test_a_symlink_planted_at_the_target_is_never_mounted_through(
+        self, world: tuple[DaemonHandle, FakeKubelet, CsiPlugin]
+    ) -> None:
+        """A symlink where the kubelet's mount point should be (to ``/etc``, say) is refused, not followed:
+        nothing is mounted over what it points to, and the grant made for the volume is taken back."""
+        node, kubelet, plugin = world
+        pod = Pod("rl", "job", (uuids(node)[0],))
+        kubelet.pods = [pod]
+        target = kubelet.target_path(pod)
+        elsewhere = kubelet.kubelet_dir / "elsewhere"  # under the kubelet's root: unmounted at the end if hit
+        elsewhere.mkdir(mode=0o755)
+        target.symlink_to(elsewhere, target_is_directory=True)
+        code, message = publish_error(plugin, publish_request(pod, target))
+        assert code is grpc.StatusCode.FAILED_PRECONDITION
+        assert "is not a directory (a symlink); refusing to mount on it" in message
+        assert not is_mount_point(elsewhere)
+        assert nothing_granted(node, target)
+        assert target.is_symlink()
+        assert records(plugin.state_dir) == []
+
+
+def records(state_dir: Path) -> list[dict[str, Any]]:
+    """eerl-csi's volume records, as on disk."""
+    path = state_dir / RECORDS_FILE
+    return list(json.loads(path.read_text())["volumes"]) if path.exists() else []
+
+
+CORRUPT_RECORDS = ("not json", "a list of garbage", "a symlink", "a directory")
+
+
+def corrupt(state_dir: Path, kind: str) -> Path:
+    """Make ``state_dir`` (0700) with a records file eerl-csi did not write; a file a symlink there points
+    to, which must never be written through."""
+    state_dir.mkdir(mode=0o700)
+    outside = state_dir.parent / "outside.json"
+    outside.write_text('{"version": 1, "volumes": []}')
+    path = state_dir / RECORDS_FILE
+    if kind == "not json":
+        path.write_text("{not json")
+    elif kind == "a list of garbage":
+        path.write_text(json.dumps({"version": 1, "volumes": [{"volume_id": 7}]}))
+    elif kind == "a symlink":
+        path.symlink_to(outside)
+    else:
+        path.mkdir()
+    return outside
+
+
+class TestTheRecordsFile:
+    """The records under --state-dir (root only) are what a restarted eerl-csi trusts: one it did not write
+    is set aside whole (kept, never written over, never written through), one it cannot write is a clear
+    error that changes nothing."""
+
+    @pytest.mark.parametrize("kind", CORRUPT_RECORDS)
+    def test_a_records_file_eerl_csi_did_not_write_is_set_aside_and_kept(
+        self, node_dir: tuple[Path, DaemonHandle, FakeKubelet], kind: str
+    ) -> None:
+        directory, node, kubelet = node_dir
+        state_dir = directory / "state-csi"
+        outside = corrupt(state_dir, kind)
+        before = {p.name: p.lstat().st_ino for p in state_dir.iterdir()}
+        pod = Pod("rl", "job", (uuids(node)[0],))
+        kubelet.pods = [pod]
+        target = kubelet.target_path(pod)
+        with running_plugin(directory, kubelet, node.admin_socket_path) as plugin:
+            code = plugin.publish(publish_request(pod, target))
+            log = plugin.log_path.read_text(errors="replace")
+        set_aside = [p for p in state_dir.iterdir() if p.name.startswith(f"{RECORDS_FILE}.corrupt-")]
+        assert code is grpc.StatusCode.OK
+        assert [p.lstat().st_ino for p in set_aside] == [before[RECORDS_FILE]]
+        assert "volume_records_set_aside" in log
+        assert [r["volume_id"] for r in records(state_dir)] == [volume_id(pod)]
+        assert not (state_dir / RECORDS_FILE).is_symlink()
+        assert outside.read_text() == '{"version": 1, "volumes": []}'
+
+    def test_a_state_directory_others_may_write_stops_eerl_csi_with_one_error_line(
+        self, node_dir: tuple[Path, DaemonHandle, FakeKubelet]
+    ) -> None:
+        directory, node, kubelet = node_dir
+        state_dir = directory / "state-csi"
+        state_dir.mkdir()
+        state_dir.chmod(0o777)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "eerld.csi.main",
+                f"--csi-socket={directory / 'csi' / 'csi.sock'}",
+                "--node-id=node-a",
+                f"--admin-socket={node.admin_socket_path}",
+                f"--pod-resources-socket={kubelet.socket_path}",
+                f"--kubelet-dir={kubelet.kubelet_dir}",
+                f"--state-dir={state_dir}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 2
+        assert done.stderr.splitlines()[-1].startswith(
+            f"Error: --state-dir: {state_dir} is writable by group"
+        )
+        assert list(state_dir.iterdir()) == []
+
+    def test_a_full_disk_refuses_the_publish_clearly_loses_no_record_and_passes_once_space_returns(
+        self, node_dir: tuple[Path, DaemonHandle, FakeKubelet]
+    ) -> None:
+        directory, node, kubelet = node_dir
+        gpu = uuids(node)
+        first, second = Pod("rl", "first", (gpu[0],)), Pod("rl", "second", (gpu[1],))
+        kubelet.pods = [first, second]
+        targets = [kubelet.target_path(p) for p in (first, second)]
+        with (
+            tmpfs(directory / "state-csi") as state_dir,
+            running_plugin(directory, kubelet, node.admin_socket_path) as plugin,
+        ):
+            assert plugin.publish(publish_request(first, targets[0])) is grpc.StatusCode.OK
+            filler = fill(state_dir)
+            code, message = publish_error(plugin, publish_request(second, targets[1]))
+            on_full_disk = (
+                [r["volume_id"] for r in records(state_dir)],
+                sorted(p.name for p in state_dir.iterdir()),
+                grant_names(node),
+                is_mount_point(targets[1]),
+            )
+            filler.unlink()
+            again = plugin.publish(publish_request(second, targets[1]))
+            after = records(state_dir)
+        assert code is grpc.StatusCode.UNAVAILABLE
+        assert message == (f"cannot record the volume in {state_dir / RECORDS_FILE}: No space left on device")
+        assert on_full_disk == (
+            [volume_id(first)],
+            ["filler", RECORDS_FILE],
+            [grant_name(volume_id(first))],
+            False,
+        )
+        assert again is grpc.StatusCode.OK
+        assert sorted(r["volume_id"] for r in after) == sorted([volume_id(first), volume_id(second)])
