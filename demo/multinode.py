@@ -24,8 +24,6 @@ import json
 import logging
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +44,7 @@ from eerld.gpu.sim import SimDevice, open_sim_device
 from eerld.sim.evaluate import IterationSample, sample_iteration
 from eerld.sim.nodes import NodeDraws, draw_nodes, phase_factors
 from eerld.sim.scenario import Scenario, load_scenario
+from soak.daemon import DaemonProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = (PhaseKind.GENERATION, PhaseKind.TRAINING)
@@ -80,71 +79,36 @@ def demo_scenario(nodes: int, gpus: int, iterations: int) -> Scenario:
 # ---- the simulated nodes ------------------------------------------------------------------------------
 
 
-@dataclass
-class NodeDaemon:
-    """One node's eerld (``python -m demo.daemon``: eerld on the sim backend, no fsync) in its own folder."""
+def node_daemon(directory: Path, gpus: int, speedup: float) -> DaemonProcess:
+    """One node's eerld (``python -m demo.daemon``: eerld on the sim backend, no fsync) in its own folder,
+    with no controller of its own, stopping with the demo."""
+    return DaemonProcess(
+        directory,
+        gpus,
+        sim_speedup=speedup,
+        controller="off",
+        extra_args=["--sim-profile=h100-sxm"],
+        env={PARENT_ENV: str(os.getpid())},
+        module="demo.daemon",
+    )
 
-    directory: Path
-    gpus: int
-    speedup: float
-    proc: subprocess.Popen[bytes] | None = None
 
-    @property
-    def socket_path(self) -> Path:
-        return self.directory / "eerld.sock"
+def locked_gpus(daemon: DaemonProcess) -> int:
+    """GPUs whose SM clock is locked, as the simulated hardware holds it."""
+    try:
+        state = json.loads(daemon.state_file.read_text())
+    except (OSError, ValueError):
+        return 0
+    return sum(1 for gpu in state["gpus"] if gpu.get("sm_lock_mhz") is not None)
 
-    @property
-    def sim_state(self) -> Path:
-        return self.directory / "sim-state.json"
 
-    def start(self) -> None:
-        args = [
-            sys.executable,
-            "-m",
-            "demo.daemon",
-            "--backend=sim",
-            "--sim-profile=h100-sxm",
-            f"--sim-gpus={self.gpus}",
-            f"--sim-speedup={self.speedup:g}",
-            f"--sim-state={self.sim_state}",
-            f"--socket={self.socket_path}",
-            f"--admin-socket={self.directory / 'admin.sock'}",
-            f"--state-dir={self.directory / 'state'}",
-            "--tenancy=single",
-            "--metrics-address=off",
-            "--controller=off",
-            "--log-format=json",
-        ]
-        env = {**os.environ, PARENT_ENV: str(os.getpid()), "PYTHONPATH": str(ROOT)}
-        with (self.directory / "eerld.log").open("ab") as out:
-            self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-
-    def wait_serving(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not (self.socket_path.exists() and self.sim_state.exists()):
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"eerld exited: {(self.directory / 'eerld.log').read_text()[-1500:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"eerld in {self.directory} did not start in {timeout_s:g} s")
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-
-    def locked_gpus(self) -> int:
-        """GPUs whose SM clock is locked, as the simulated hardware holds it."""
-        try:
-            state = json.loads(self.sim_state.read_text())
-        except (OSError, ValueError):
-            return 0
-        return sum(1 for gpu in state["gpus"] if gpu.get("sm_lock_mhz") is not None)
+def locked_after_close(daemons: Sequence[DaemonProcess], patience_s: float = 5.0) -> int:
+    """GPUs still locked on any node once the job's sessions closed (0 is right): polled until none is, or
+    ``patience_s`` has passed (the daemons reset a closed session's GPUs as its close arrives)."""
+    deadline_s = time.monotonic() + patience_s
+    while (locked := sum(locked_gpus(daemon) for daemon in daemons)) and time.monotonic() < deadline_s:
+        time.sleep(0.02)
+    return locked
 
 
 class SimNodeWorkerImpl:
@@ -199,7 +163,7 @@ class SimCluster:
     iterations: int
     speedup: float
     root: Path
-    daemons: list[NodeDaemon] = field(default_factory=list)
+    daemons: list[DaemonProcess] = field(default_factory=list)
     cluster: Any = None
     node_ids: list[str] = field(default_factory=list)
     workers: list[Any] = field(default_factory=list)
@@ -211,13 +175,13 @@ class SimCluster:
         for index in range(self.nodes):
             directory = self.root / f"node{index}"
             directory.mkdir(parents=True)
-            daemon = NodeDaemon(directory, self.gpus, self.speedup)
-            daemon.start()
+            daemon = node_daemon(directory, self.gpus, self.speedup)
             self.daemons.append(daemon)
+            daemon.launch()
         for daemon in self.daemons:
-            daemon.wait_serving(60.0)
+            daemon.wait_ready(60.0)
 
-        def node_args(daemon: NodeDaemon) -> dict[str, Any]:
+        def node_args(daemon: DaemonProcess) -> dict[str, Any]:
             return {
                 "num_cpus": 1,
                 "num_gpus": self.gpus,
@@ -241,7 +205,7 @@ class SimCluster:
         self.workers = [
             SimNodeWorker.options(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-            ).remote(self.nodes, self.gpus, self.iterations, index, str(daemon.sim_state))
+            ).remote(self.nodes, self.gpus, self.iterations, index, str(daemon.state_file))
             for index, (node_id, daemon) in enumerate(zip(self.node_ids, self.daemons, strict=True))
         ]
         self.started_s = time.monotonic() - began
@@ -257,7 +221,7 @@ class SimCluster:
             self.cluster.shutdown()
         for daemon in self.daemons:
             daemon.stop()
-        self.locked_after_stop = sum(daemon.locked_gpus() for daemon in self.daemons)
+        self.locked_after_stop = sum(locked_gpus(daemon) for daemon in self.daemons)
         return self.locked_after_stop
 
 
@@ -346,7 +310,7 @@ class RunResult:
 
 def run_job(cluster: SimCluster, policy: str, iterations: int, *, progress: bool = True) -> RunResult:
     """``iterations`` iterations of the job, every phase through :class:`RayJob`, under ``policy``."""
-    clock_device = open_sim_device(cluster.daemons[0].sim_state, durable_writes=False)
+    clock_device = open_sim_device(cluster.daemons[0].state_file, durable_writes=False)
     scenario = demo_scenario(cluster.nodes, cluster.gpus, iterations)
     began = time.monotonic()
     job = RayJob(
@@ -403,9 +367,7 @@ def run_job(cluster: SimCluster, policy: str, iterations: int, *, progress: bool
                 committed[snap.kind.value] = snap.sm_clock_mhz
     finally:
         job.close()
-    time.sleep(0.3)
-    locked = sum(daemon.locked_gpus() for daemon in cluster.daemons)
-    return RunResult(policy, rows, started_s, locked, committed)
+    return RunResult(policy, rows, started_s, locked_after_close(cluster.daemons), committed)
 
 
 def _clock(mhz: int | None) -> str:

@@ -47,6 +47,7 @@ from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
 from eerld.gpu.sim import open_sim_device
 from perf.stats import percentile
+from soak.daemon import stop_process
 
 REPO = Path(__file__).resolve().parents[1]
 """The checkout: the servers run from it (``python -m perf.echo_server``, ``python -m eerld.main``)."""
@@ -234,7 +235,7 @@ def start_echo(socket_path: Path) -> subprocess.Popen[bytes]:
     try:
         wait_ready(proc, socket_path)
     except BaseException:
-        stop(proc)
+        stop_process(proc)
         raise
     return proc
 
@@ -274,16 +275,6 @@ def start_eerld(
         proc = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=log, env=env)
     wait_ready(proc, tmp / "w.sock")
     return proc
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, wait; SIGKILL after 30 s."""
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def read_handler_times(path: Path) -> dict[str, float]:
@@ -340,9 +331,9 @@ def latency(
                         echo_sock, tmp / "w.sock", clients, blocks, block_rounds
                     )
                 finally:
-                    stop(daemon)
+                    stop_process(daemon)
             finally:
-                stop(echo)
+                stop_process(echo)
             server_side = read_handler_times(times_file) if times_file is not None else {}
         samples_per_run.append((measured, floor))
         server_side_runs.append(server_side)
@@ -437,7 +428,7 @@ def kill_to_reset(mode: str, kills: int, lease_ttl_s: float) -> list[float]:
                 victim.stdout.close()
                 time.sleep(0.3)
         finally:
-            stop(daemon)
+            stop_process(daemon)
     return times
 
 

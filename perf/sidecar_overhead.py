@@ -27,7 +27,6 @@ Status is polled every 5 ms until both GPUs are back on the default governor.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import http.client
 import json
@@ -47,8 +46,7 @@ from eerl import ClientConfig
 
 from eerld.ctl_client import AdminClient
 from perf.stats import percentile
-
-ROOT = Path(__file__).resolve().parent.parent
+from soak.daemon import DaemonProcess, stop_process
 
 
 def work(duration_s: float) -> None:
@@ -56,41 +54,6 @@ def work(duration_s: float) -> None:
     deadline_s = time.perf_counter() + duration_s
     while time.perf_counter() < deadline_s:
         time.sleep(0)
-
-
-@contextlib.contextmanager
-def sim_eerld(directory: Path) -> Iterator[Path]:
-    """eerld on the sim backend in its own process; yields its admin socket."""
-    args = [
-        sys.executable,
-        "-m",
-        "eerld.main",
-        "--backend=sim",
-        "--sim-gpus=2",
-        f"--sim-state={directory / 'sim-state'}",
-        f"--socket={directory / 'eerld.sock'}",
-        f"--admin-socket={directory / 'admin.sock'}",
-        f"--state-dir={directory / 'state'}",
-        "--tenancy=single",
-        "--controller=fixed",
-        "--fixed-clocks=generation=1200,training=1500",
-        "--log-format=json",
-    ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with (directory / "eerld.log").open("wb") as log:
-        proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        with AdminClient(directory / "admin.sock") as admin:
-            if not admin.wait_ready(60):
-                raise RuntimeError("eerld did not start")
-        yield directory / "admin.sock"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 class Sidecar:
@@ -145,12 +108,7 @@ class Sidecar:
             self.proc.stdout.close()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        stop_process(self.proc, timeout_s=15)
         self.kill()
 
 
@@ -274,8 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     gap_s = args.gap_ms / 1000
     with tempfile.TemporaryDirectory(prefix="eerl-sc-bench-", dir="/tmp") as tmp:
         directory = Path(tmp)
-        socket_path = directory / "eerld.sock"
-        with sim_eerld(directory) as admin_path:
+        # eerld on the sim backend in its own process: real time, the fixed controller (1200 / 1500 MHz).
+        with DaemonProcess(directory, gpus=2, sim_speedup=1.0) as daemon:
+            socket_path, admin_path = daemon.socket_path, daemon.admin_socket_path
             direct = dataclasses.replace(ClientConfig.uds(socket_path), close_timeout_s=5)
             row("direct client, caller", time_session(direct, args.events, gap_s, answered=False))
             row("direct client, answered", time_session(direct, args.events, gap_s, answered=True))

@@ -4,10 +4,14 @@
 thing and restarts it on the same state; after each blow the soak (:mod:`soak`) and the tests
 (tests/reliability, tests/security) check from outside: the sim GPUs' locks (read from the shared state
 file, as one would read the hardware), the ledger on disk, the daemon's own view over the admin socket.
+It is the one launcher of such a process in the repository: the sidecar, Ray and Prometheus tests, the
+sidecar benchmark (:mod:`perf.sidecar_overhead`) and the multi-node demo (:mod:`demo.multinode`, through
+``module="demo.daemon"``) start theirs with it.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -15,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Self
 
 import grpc
 from eerl.v1 import eerl_pb2 as pb
@@ -32,6 +37,17 @@ STREAM_RESET_BOUND_S = 2.0
 """The daemon's promise: a stream-bound client's GPUs are back on default within 2 s of its death."""
 
 
+def stop_process(proc: subprocess.Popen[Any], *, timeout_s: float = 30.0) -> int:
+    """SIGTERM, wait ``timeout_s``, then SIGKILL (by the process's own id); the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()
+
+
 def wait_for(condition: Callable[[], bool], what: str, patience_s: float = PATIENCE_S) -> float:
     """Poll ``condition`` until true; return the seconds it took; AssertionError after ``patience_s``."""
     t0 = time.monotonic()
@@ -44,14 +60,24 @@ def wait_for(condition: Callable[[], bool], what: str, patience_s: float = PATIE
 
 @dataclass
 class DaemonProcess:
-    """``python -m eerld.main`` on the sim backend in ``directory``; restartable on the same state."""
+    """``python -m eerld.main`` on the sim backend in ``directory``; restartable on the same state.
+
+    The defaults are the soak's; a caller changes what it needs: the simulated clock's ``sim_speedup``, the
+    ``controller`` (``fixed`` locks ``fixed_clocks``; ``off`` locks nothing), ``extra_args`` appended to the
+    command line (a later flag wins), ``env`` added to this process's environment, and ``module``, a module
+    that takes eerld's flags (``demo.daemon``).
+    """
 
     directory: Path
     gpus: int
     sim_state: bool = True
+    sim_speedup: float = 10.0
+    controller: str = "fixed"
     fixed_clocks: str = "generation=1200,training=1500"
     lease_ttl_s: float = 10.0
     extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    module: str = "eerld.main"
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
@@ -79,16 +105,16 @@ class DaemonProcess:
         args = [
             sys.executable,
             "-m",
-            "eerld.main",
+            self.module,
             "--backend=sim",
             f"--sim-gpus={self.gpus}",
-            "--sim-speedup=10",
+            f"--sim-speedup={self.sim_speedup:g}",
             f"--socket={self.socket_path}",
             f"--admin-socket={self.admin_socket_path}",
             f"--state-dir={self.state_dir}",
             "--tenancy=single",
-            "--controller=fixed",
-            f"--fixed-clocks={self.fixed_clocks}",
+            f"--controller={self.controller}",
+            *([f"--fixed-clocks={self.fixed_clocks}"] if self.controller == "fixed" else []),
             "--metrics-address=off",
             "--log-format=json",
             f"--lease-ttl={self.lease_ttl_s}",
@@ -100,15 +126,46 @@ class DaemonProcess:
 
     def start(self) -> None:
         """Start and wait until both sockets answer."""
+        self.launch()
+        self.wait_ready()
+
+    def __enter__(self) -> Self:
+        """:meth:`start` (the process stopped again if it does not come up); :meth:`stop` on exit."""
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def launch(self) -> None:
+        """Start the process and return at once (:meth:`wait_ready` waits for it): several start together."""
+        env = {**os.environ, **self.env} if self.env else None
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(self.args(), cwd=REPO, stdout=log, stderr=log)
+            self.proc = subprocess.Popen(self.args(), cwd=REPO, env=env, stdout=log, stderr=log)
         self.starts += 1
-        wait_for(self._serving, "eerld to serve")
+
+    def wait_ready(self, patience_s: float = PATIENCE_S) -> None:
+        """Wait until the daemon answers Status on its admin socket (it serves both sockets by then).
+
+        RuntimeError with the log's tail if the process exits first; AssertionError with it after
+        ``patience_s``.
+        """
+        try:
+            wait_for(self._serving, "eerld to serve", patience_s)
+        except AssertionError as e:
+            raise AssertionError(f"{e}:\n{self.log_tail()}") from None
+
+    def log_tail(self, chars: int = 2000) -> str:
+        """The end of the daemon's log (stdout and stderr), for a failure's message."""
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
 
     def _serving(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:
-            tail = self.log_path.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"eerld exited with {self.proc.returncode}:\n{tail}")
+            raise RuntimeError(f"eerld exited with {self.proc.returncode}:\n{self.log_tail()}")
         if not self.admin_socket_path.exists():
             return False
         try:
@@ -135,14 +192,7 @@ class DaemonProcess:
 
     def stop(self) -> int:
         """SIGTERM and wait; return the exit code."""
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc is not None else 0
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
+        return stop_process(self.proc) if self.proc is not None else 0
 
     @property
     def pid(self) -> int:
@@ -160,6 +210,17 @@ class DaemonProcess:
     def ledger_bytes(self) -> bytes:
         path = self.state_dir / LEDGER_FILE
         return path.read_bytes() if path.exists() else b""
+
+    def reset_clocks(self, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
+        """``eerld --reset-clocks`` on this daemon's flags, as systemd's ExecStopPost or an epilog runs it."""
+        return subprocess.run(
+            [*self.args(), "--reset-clocks"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
 
 
 def locked_gpus(device: SimDevice, gpus: int) -> dict[int, int]:

@@ -26,7 +26,7 @@ from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
 from perf import phase_latency
 from perf.stats import percentile
-from soak.daemon import GEN, TRAIN, DaemonProcess
+from soak.daemon import GEN, TRAIN, DaemonProcess, stop_process
 from soak.proc import cpu_s, rss_mib
 
 FLOOR_ROUND_TRIPS = 200
@@ -211,7 +211,7 @@ def echo_floor(clients: int, round_trips: int, tmp: Path) -> dict[str, float]:
     try:
         samples = _run_echo_clients(sock, clients, round_trips)
     finally:
-        phase_latency.stop(echo)
+        stop_process(echo)
     return {"floor_p50_ms": percentile(samples, 0.5) * 1e3, "floor_p99_ms": percentile(samples, 0.99) * 1e3}
 
 

@@ -7,9 +7,6 @@ import json
 import os
 import socket
 import stat
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import grpc
@@ -29,8 +26,9 @@ from eerld.gpu.sim import create_sim_backend
 from eerld.main import main
 from eerld.sim.profiles import builtin_profile
 from eerld.testing import FakeGpuBackend, running_daemon
+from soak.daemon import DaemonProcess, wait_for
 
-from .conftest import GEN, REPO_ROOT, begin, open_session
+from .conftest import GEN, begin, open_session
 
 
 class TestSockets:
@@ -92,6 +90,7 @@ class TestStop:
         session = open_session(phase, 0)
         begin(phase, session.session_id, GEN, 0)
         admin.Pin(pb.PinRequest(gpus=[pb.GpuRef(index=2)], sm_clock_mhz=900, reason="thermal"))
+        assert fake.locked() == {0: 1200, 2: 900}  # what the stop has to reset
         daemon.server.stop(grace_s=0)
         assert fake.locked() == {}
         pins = json.loads((sock_dir / "state" / "pins.json").read_text())["pins"]
@@ -159,27 +158,15 @@ class TestConfig:
 
 class TestResetClocks:
     def test_reset_clocks_resets_every_gpu_and_empties_the_ledger_then_exits_zero(self, sock_dir):
-        state = sock_dir / "sim.state"
-        args = [
-            sys.executable,
-            "-m",
-            "eerld.main",
-            "--backend=sim",
-            "--sim-gpus=2",
-            f"--sim-state={state}",
-            f"--state-dir={sock_dir / 'state'}",
-            "--log-format=json",
-        ]
-        backend = create_sim_backend(builtin_profile("h100-sxm"), 2, state_file=state)
+        daemon = DaemonProcess(sock_dir, gpus=2, sim_speedup=1.0)  # the speed-up of the state file below
+        backend = create_sim_backend(builtin_profile("h100-sxm"), 2, state_file=daemon.state_file)
         backend.lock_sm_clock(1, 1200)
         backend.close()
-        result = subprocess.run(
-            [*args, "--reset-clocks"], check=False, cwd=REPO_ROOT, capture_output=True, timeout=60
-        )
+        result = daemon.reset_clocks(timeout_s=60)
         assert result.returncode == 0, result.stderr
-        backend = create_sim_backend(builtin_profile("h100-sxm"), 2, state_file=state)
+        backend = create_sim_backend(builtin_profile("h100-sxm"), 2, state_file=daemon.state_file)
         assert backend.device.observe(1).sm_lock_mhz is None
-        assert json.loads((sock_dir / "state" / "ledger.json").read_text())["locked"] == []
+        assert json.loads((daemon.state_dir / "ledger.json").read_text())["locked"] == []
 
 
 def test_the_fake_backend_implements_the_gpu_backend_protocol():
@@ -258,7 +245,4 @@ class TestClockActuator:
             reply = begin(stub, sid, GEN, 0)
             assert reply.clocks[0].requested_sm_clock_mhz == 1200
             # The new clock holds once the simulated switch time (15 ms) has passed.
-            deadline = time.monotonic() + 30.0  # generous: the machine is shared and noisy
-            while backend.clocks(0).sm_clock_mhz != 1200 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert backend.clocks(0).sm_clock_mhz == 1200
+            wait_for(lambda: backend.clocks(0).sm_clock_mhz == 1200, "the new clock to hold")

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from perf import phase_latency
+from soak.daemon import stop_process
 
 
 @pytest.mark.parametrize("backend", ["sim", "noop", "spin"])
@@ -50,6 +51,6 @@ def test_a_client_process_that_dies_stops_the_run_instead_of_leaving_the_others_
             with pytest.raises(RuntimeError, match=r"^1 client process\(es\) failed, exit codes \[1\]$"):
                 phase_latency.run_interleaved(tmp_path / "echo.sock", tmp_path / "w.sock", 2, 2, 1)
         finally:
-            phase_latency.stop(daemon)
+            stop_process(daemon)
     finally:
-        phase_latency.stop(echo)
+        stop_process(echo)

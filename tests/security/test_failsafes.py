@@ -35,7 +35,7 @@ from eerld.errors import NoPermission
 from eerld.gpu.sim import SimBackend, create_sim_backend, open_sim_device
 from eerld.sim.profiles import builtin_profile
 from eerld.testing import FakeGpuBackend, ManualClock, running_daemon
-from soak.daemon import REPO, DaemonProcess
+from soak.daemon import DaemonProcess
 
 GEN = pb.PHASE_KIND_GENERATION
 GPUS = 3
@@ -87,13 +87,6 @@ def write_ledger(daemon: DaemonProcess, content: bytes) -> Path:
     return path
 
 
-def reset_clocks(daemon: DaemonProcess) -> subprocess.CompletedProcess[str]:
-    """``eerld --reset-clocks`` as systemd's ExecStopPost or a Slurm epilog runs it."""
-    return subprocess.run(
-        [*daemon.args(), "--reset-clocks"], cwd=REPO, capture_output=True, text=True, timeout=120, check=False
-    )
-
-
 def set_aside(daemon: DaemonProcess) -> list[Path]:
     return sorted(daemon.state_dir.glob(f"{LEDGER_FILE}.corrupt-*"))
 
@@ -121,7 +114,7 @@ class TestResetClocksWhateverTheLedgerSays:
         daemon = DaemonProcess(sock_dir, gpus=GPUS)
         leave_gpus_locked(daemon)
         write_ledger(daemon, content)
-        done = reset_clocks(daemon)
+        done = daemon.reset_clocks()
         assert done.returncode == 0, done.stderr
         assert clock_settings(daemon) == AT_DEFAULT
         [moved] = set_aside(daemon)
@@ -143,7 +136,7 @@ class TestResetClocksWhateverTheLedgerSays:
         backend = sim_backend(daemon)
         backend.inject_fault(1, "reset_application_clocks", NoPermission, once=False)
         backend.close()
-        done = reset_clocks(daemon)
+        done = daemon.reset_clocks()
         assert done.returncode == 1
         errors = [line for line in done.stderr.splitlines() if line.startswith("Error: ")]
         assert len(errors) == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import selectors
-import signal
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -13,17 +13,16 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from eerl.v1 import eerl_pb2
 
-from eerld.ctl_client import AdminClient
+from soak.daemon import DaemonProcess, stop_process
 from tests.conftest import short_socket_dir
 
-ROOT = Path(__file__).resolve().parents[2]
 JOB_SH = Path(__file__).with_name("job.sh")
 START_TIMEOUT_S = 30.0
 GENERATION_MHZ = 1200
@@ -40,67 +39,18 @@ def wait_until(what: str, check: Callable[[], Any], timeout_s: float = START_TIM
     pytest.fail(f"{what}: not within {timeout_s:g} s")
 
 
-def stop_process(proc: subprocess.Popen[Any], *, timeout_s: float = 15.0) -> None:
-    """SIGTERM, then SIGKILL; by the process's own id."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @dataclass
-class SimEerld:
-    """``eerld --backend sim`` in its own process: two GPUs, the fixed controller (1200 / 1500 MHz)."""
+class SimEerld(DaemonProcess):
+    """``eerld --backend sim`` in its own process (:class:`soak.daemon.DaemonProcess`): two GPUs in real time,
+    the fixed controller (1200 / 1500 MHz), no metrics endpoint (several daemons at once in
+    test_multinode.py)."""
 
-    directory: Path
-    process: subprocess.Popen[bytes] | None = None
-    log: Path = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.log = self.directory / "eerld.log"
-
-    @property
-    def socket_path(self) -> Path:
-        return self.directory / "eerld.sock"
-
-    @property
-    def admin_socket_path(self) -> Path:
-        return self.directory / "admin.sock"
-
-    def start(self) -> SimEerld:
-        args = [
-            sys.executable,
-            "-m",
-            "eerld.main",
-            "--backend=sim",
-            "--sim-gpus=2",
-            f"--sim-state={self.directory / 'sim-state'}",
-            f"--socket={self.socket_path}",
-            f"--admin-socket={self.admin_socket_path}",
-            f"--state-dir={self.directory / 'state'}",
-            "--tenancy=single",
-            "--metrics-address=off",  # several daemons at once (one per node in test_multinode.py)
-            "--controller=fixed",
-            f"--fixed-clocks=generation={GENERATION_MHZ},training={TRAINING_MHZ}",
-            "--log-format=json",
-        ]
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        with AdminClient(self.admin_socket_path) as admin:
-            if not admin.wait_ready(START_TIMEOUT_S):
-                pytest.fail(f"eerld did not start:\n{self.log.read_text()[-3000:]}")
-        return self
-
-    def status(self) -> eerl_pb2.StatusResponse:
-        with AdminClient(self.admin_socket_path) as admin:
-            return admin.status(timeout_s=5)
+    gpus: int = 2
+    sim_speedup: float = 1.0
+    fixed_clocks: str = f"generation={GENERATION_MHZ},training={TRAINING_MHZ}"
 
     def session_of(self, job_id: str) -> eerl_pb2.SessionInfo | None:
-        for session in self.status().sessions:
+        for session in self.status(timeout_s=5).sessions:
             if session.job_id == job_id:
                 return session
         return None
@@ -116,23 +66,15 @@ class SimEerld:
         """Each GPU's SM clock lock (None: the default governor)."""
         return [
             gpu.locked_sm_clock_mhz if gpu.HasField("locked_sm_clock_mhz") else None
-            for gpu in self.status().gpus
+            for gpu in self.status(timeout_s=5).gpus
         ]
-
-    def stop(self) -> None:
-        if self.process is not None:
-            stop_process(self.process)
 
 
 @pytest.fixture(scope="module")
 def eerld_sim() -> Iterator[SimEerld]:
     """One sim eerld for a test module (each test uses its own job id)."""
-    with short_socket_dir("eerl-sc-") as directory:
-        daemon = SimEerld(directory).start()
-        try:
-            yield daemon
-        finally:
-            daemon.stop()
+    with short_socket_dir("eerl-sc-") as directory, SimEerld(directory) as daemon:
+        yield daemon
 
 
 class SidecarProcess:
@@ -218,6 +160,30 @@ def start_sidecar() -> Iterator[Callable[..., SidecarProcess]]:
     for sidecar in started:
         sidecar.stop()
         sidecar.log.close()
+
+
+def sidecar_for(
+    start: Callable[..., SidecarProcess],
+    socket_path: Path,
+    job_id: str,
+    *extra: str,
+    gpus: str = "0,1",
+    listen: str = "127.0.0.1:0",
+    env: dict[str, str] | None = None,
+) -> SidecarProcess:
+    """A sidecar (started by ``start``, the :func:`start_sidecar` fixture) holding ``job_id``'s session on
+    ``gpus`` of the daemon at ``socket_path``, listening on ``listen``; ``extra`` flags after those."""
+    args = ["--job-id", job_id, "--gpus", gpus, "--listen", listen, "--socket", str(socket_path), *extra]
+    return start(*args, env=env)
+
+
+@pytest.fixture
+def curl() -> str:
+    """The curl job.sh calls; without one the test fails saying so (it never skips)."""
+    path = shutil.which("curl")
+    if path is None:
+        pytest.fail("tests/sidecar/job.sh needs curl on PATH (apt-get install curl)")
+    return path
 
 
 def start_job(url: str, *, env: dict[str, str] | None = None) -> subprocess.Popen[str]:

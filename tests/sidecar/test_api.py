@@ -17,7 +17,7 @@ from eerl.phases import PhaseKind, Workload
 from eerl.sidecar._address import SidecarAddress, parse_address
 from eerl.sidecar._api import ApiError, parse_begin, parse_end
 
-from tests.sidecar.conftest import SidecarProcess, SimEerld, wait_until
+from tests.sidecar.conftest import SidecarProcess, SimEerld, sidecar_for, wait_until
 
 BAD_REQUESTS: list[tuple[str, bytes, int, str]] = [
     # (endpoint, body, status, the field the error names)
@@ -69,18 +69,7 @@ def state(sidecar: SidecarProcess, eerld_sim: SimEerld, job_id: str) -> tuple[An
 
 @pytest.fixture
 def api_sidecar(eerld_sim: SimEerld, start_sidecar: Callable[..., SidecarProcess]) -> SidecarProcess:
-    sidecar = start_sidecar(
-        "--job-id",
-        "api-job",
-        "--gpus",
-        "0,1",
-        "--listen",
-        "127.0.0.1:0",
-        "--socket",
-        str(eerld_sim.socket_path),
-        "--max-connections",
-        "3",
-    )
+    sidecar = sidecar_for(start_sidecar, eerld_sim.socket_path, "api-job", "--max-connections", "3")
     wait_until("the sidecar's session", lambda: sidecar.status()["connected"])
     return sidecar
 

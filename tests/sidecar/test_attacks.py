@@ -18,7 +18,7 @@ from typing import Any
 from eerl.sidecar._address import parse_address
 from eerl.sidecar.client import SidecarHttp
 
-from tests.sidecar.conftest import SidecarProcess, SimEerld, wait_until
+from tests.sidecar.conftest import SidecarProcess, SimEerld, sidecar_for, wait_until
 
 ATTACKER = Path(__file__).with_name("_http_attacker.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -108,10 +108,7 @@ class TestLoopbackTcp:
     def test_junk_and_a_slow_connection_flood_from_another_user_neither_wedge_nor_change_the_sidecar(
         self, eerld_sim: SimEerld, start_sidecar: Callable[..., SidecarProcess]
     ) -> None:
-        sidecar = start_sidecar(
-            "--job-id", "attacked", "--gpus", "0,1", "--listen", "127.0.0.1:0",
-            "--socket", str(eerld_sim.socket_path), "--max-connections", "3",
-        )  # fmt: skip
+        sidecar = sidecar_for(start_sidecar, eerld_sim.socket_path, "attacked", "--max-connections", "3")
         wait_until("the sidecar's session", lambda: sidecar.status()["connected"])
         assert sidecar.post("/v1/phases/begin", {"kind": "generation", "iteration": 4})[0] == 200
         before = sidecar.status()

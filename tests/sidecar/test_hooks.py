@@ -17,7 +17,14 @@ from eerl.phases import ControllerState
 from eerl.testing import FakeDaemon
 
 from tests.client import test_integrations, test_trl_hook
-from tests.sidecar.conftest import GENERATION_MHZ, TRAINING_MHZ, SidecarProcess, SimEerld, wait_until
+from tests.sidecar.conftest import (
+    GENERATION_MHZ,
+    TRAINING_MHZ,
+    SidecarProcess,
+    SimEerld,
+    sidecar_for,
+    wait_until,
+)
 
 
 def fast(config: ClientConfig) -> ClientConfig:
@@ -35,9 +42,7 @@ def fake(sock_dir: Path) -> Iterator[FakeDaemon]:
 @pytest.fixture
 def sidecar(fake: FakeDaemon, start_sidecar: Callable[..., SidecarProcess]) -> SidecarProcess:
     """A sidecar whose daemon is ``fake``."""
-    process = start_sidecar(
-        "--job-id", "hooked", "--gpus", "0", "--listen", "127.0.0.1:0", "--socket", str(fake.socket_path)
-    )
+    process = sidecar_for(start_sidecar, fake.socket_path, "hooked", gpus="0")
     wait_until("the sidecar's session", lambda: process.status()["connected"])
     return process
 
@@ -133,17 +138,11 @@ class TestSidecarClient:
         self, fake: FakeDaemon, start_sidecar: Callable[..., SidecarProcess], sock_dir: Path
     ) -> None:
         path = sock_dir / "sidecar.sock"
-        args = (
-            "--job-id",
-            "again",
-            "--gpus",
-            "0",
-            "--listen",
-            f"unix:{path}",
-            "--socket",
-            str(fake.socket_path),
-        )
-        first = start_sidecar(*args)
+
+        def start() -> SidecarProcess:
+            return sidecar_for(start_sidecar, fake.socket_path, "again", gpus="0", listen=f"unix:{path}")
+
+        first = start()
         with eerl.connect(config=fast(ClientConfig.sidecar(first.url))) as session:
             assert session.wait_until_connected(10)
             with session.phase("generation", iteration=0):
@@ -153,7 +152,7 @@ class TestSidecarClient:
             with session.phase("generation", iteration=1):  # lost: nobody listens
                 pass
             assert session.flush(5)
-            start_sidecar(*args)
+            start()
             assert session.wait_until_connected(10)
             with session.phase("generation", iteration=2):
                 pass
@@ -178,7 +177,7 @@ class TestAnswers:
                 pass
             assert session.flush(5)
             ended = session.answer(generation, begin=False)
-            assert session.answer(training, begin=True) is not None
+            trained = session.answer(training, begin=True)
         assert begun is not None
         assert begun.begin
         assert begun.sm_clock_mhz == GENERATION_MHZ
@@ -193,7 +192,8 @@ class TestAnswers:
         assert ended.gpus == 2
         assert ended.energy_j >= 0
         assert ended.sm_clock_mhz == GENERATION_MHZ
-        assert TRAINING_MHZ != GENERATION_MHZ
+        assert trained is not None
+        assert trained.sm_clock_mhz == TRAINING_MHZ  # each phase its own clock, not the last one's
 
     def test_no_answer_without_a_daemon_or_for_a_disabled_session(self, sock_dir: Path) -> None:
         config = fast(ClientConfig.uds(sock_dir / "none.sock"))

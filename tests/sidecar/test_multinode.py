@@ -6,7 +6,6 @@ records say which directive each phase carried."""
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from tests.sidecar.conftest import (
     SidecarProcess,
     SimEerld,
     parse_job_output,
+    sidecar_for,
     start_job,
     wait_until,
 )
@@ -40,19 +40,13 @@ ITERATIONS = 3
 FORM_WITHIN_S = 90.0
 """Three sidecars importing torch at once on two shared cores: generous, it is a deadline, not a measure."""
 
-needs_curl = pytest.mark.skipif(shutil.which("curl") is None, reason="the node jobs are bash + curl")
-
 
 @pytest.fixture(scope="module")
 def nodes() -> Iterator[list[SimEerld]]:
     """One sim eerld per node, for the module (each test uses its own job id)."""
     with ExitStack() as stack:
-        daemons: list[SimEerld] = []
-        stack.callback(lambda: [daemon.stop() for daemon in daemons])
-        for _ in range(NODES):
-            directory = stack.enter_context(short_socket_dir("eerl-mn-"))
-            daemons.append(SimEerld(directory).start())
-        yield daemons
+        directories = [stack.enter_context(short_socket_dir("eerl-mn-")) for _ in range(NODES)]
+        yield [stack.enter_context(SimEerld(directory)) for directory in directories]
 
 
 def free_port() -> int:
@@ -81,23 +75,10 @@ def start_nodes(
             {"SLURM_NNODES": str(NODES), "SLURM_NODEID": "2", "EERL_RENDEZVOUS": f"tcp://127.0.0.1:{port}"},
         ),
     ]
-    sidecars = []
-    for daemon, (flags, env) in zip(nodes, launchers, strict=True):
-        sidecars.append(
-            start(
-                "--job-id",
-                job_id,
-                "--gpus",
-                "0,1",
-                "--listen",
-                "127.0.0.1:0",
-                "--socket",
-                str(daemon.socket_path),
-                *common,
-                *flags,
-                env=env,
-            )
-        )
+    sidecars = [
+        sidecar_for(start, daemon.socket_path, job_id, *common, *flags, env=env)
+        for daemon, (flags, env) in zip(nodes, launchers, strict=True)
+    ]
     for sidecar in sidecars:
         wait_until(
             "the side group formed",
@@ -140,7 +121,7 @@ def finish(job: subprocess.Popen[str]) -> list[Call]:
     return calls
 
 
-@needs_curl
+@pytest.mark.usefixtures("curl")  # the node jobs are bash + curl
 class TestMultiNodeJob:
     def test_every_node_runs_each_phase_at_the_directive_of_the_leader(
         self, nodes: list[SimEerld], start_sidecar: Callable[..., SidecarProcess]

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from tests.sidecar.conftest import JOB_SH, SidecarProcess, SimEerld, parse_job_output, wait_until
+from tests.sidecar.conftest import (
+    JOB_SH,
+    SidecarProcess,
+    SimEerld,
+    parse_job_output,
+    sidecar_for,
+    wait_until,
+)
 
 
 def sidecar_command(*args: str) -> list[str]:
@@ -38,9 +45,7 @@ class TestCommandLine:
         assert run("--job-id", "j", *args).returncode == 2
 
     def test_a_busy_port_is_an_error(self, start_sidecar: Callable[..., SidecarProcess]) -> None:
-        first = start_sidecar(
-            "--job-id", "j", "--gpus", "0", "--listen", "127.0.0.1:0", "--socket", "/nonexistent"
-        )
+        first = sidecar_for(start_sidecar, Path("/nonexistent"), "j", gpus="0")
         result = run("--job-id", "j", "--gpus", "0", "--listen", first.url, "--socket", "/nonexistent")
         assert result.returncode == 1
         assert "cannot listen" in result.stderr
@@ -50,10 +55,7 @@ class TestLifecycle:
     def test_sigterm_closes_the_session_and_resets_the_gpus(
         self, eerld_sim: SimEerld, start_sidecar: Callable[..., SidecarProcess]
     ) -> None:
-        sidecar = start_sidecar(
-            "--job-id", "term-job", "--gpus", "0,1", "--listen", "127.0.0.1:0",
-            "--socket", str(eerld_sim.socket_path),
-        )  # fmt: skip
+        sidecar = sidecar_for(start_sidecar, eerld_sim.socket_path, "term-job")
         wait_until("the sidecar's session", lambda: sidecar.status()["connected"])
         assert sidecar.post("/v1/phases/begin", {"kind": "training", "iteration": 0})[0] == 200
         assert eerld_sim.locks() == [1500, 1500]
@@ -62,7 +64,7 @@ class TestLifecycle:
         assert eerld_sim.locks() == [None, None]
         assert eerld_sim.session_of("term-job") is None
 
-    @pytest.mark.skipif(shutil.which("curl") is None, reason="the shell job needs curl")
+    @pytest.mark.usefixtures("curl")
     def test_wrapping_a_job_sets_eerl_sidecar_and_exits_with_its_status(self, eerld_sim: SimEerld) -> None:
         wrapped = run(
             "--job-id", "wrapped", "--gpus", "0,1", "--listen", "127.0.0.1:0",

@@ -4,7 +4,6 @@ eerld on the sim backend; the sidecar is SIGKILLed mid-phase; the daemon is abse
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -19,36 +18,20 @@ from tests.sidecar.conftest import (
     SimEerld,
     parse_job_output,
     run_job,
+    sidecar_for,
     start_job,
     wait_until,
 )
 
-pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="the shell job needs curl")
-
 RESET_WITHIN_S = 2.0
 
 
-def sidecar_for(
-    eerld_sim: SimEerld, start: Callable[..., SidecarProcess], job_id: str, *extra: str
-) -> SidecarProcess:
-    return start(
-        "--job-id",
-        job_id,
-        "--gpus",
-        "0,1",
-        "--listen",
-        "127.0.0.1:0",
-        "--socket",
-        str(eerld_sim.socket_path),
-        *extra,
-    )
-
-
+@pytest.mark.usefixtures("curl")
 class TestShellJob:
     def test_the_daemon_meters_every_phase_the_shell_job_reports(
         self, eerld_sim: SimEerld, start_sidecar: Callable[..., SidecarProcess]
     ) -> None:
-        sidecar = sidecar_for(eerld_sim, start_sidecar, "shell-job")
+        sidecar = sidecar_for(start_sidecar, eerld_sim.socket_path, "shell-job")
         wait_until("the sidecar's session", lambda: sidecar.status()["connected"])
         calls, finished, code = run_job(sidecar.url, env={"ITERATIONS": "4", "WORK_S": "0.2"})
         assert code == 0
@@ -81,16 +64,7 @@ class TestShellJob:
         self, eerld_sim: SimEerld, start_sidecar: Callable[..., SidecarProcess], sock_dir: Path
     ) -> None:
         path = sock_dir / "sidecar.sock"
-        sidecar = start_sidecar(
-            "--job-id",
-            "unix-job",
-            "--gpus",
-            "0,1",
-            "--listen",
-            f"unix:{path}",
-            "--socket",
-            str(eerld_sim.socket_path),
-        )
+        sidecar = sidecar_for(start_sidecar, eerld_sim.socket_path, "unix-job", listen=f"unix:{path}")
         assert sidecar.url == f"unix:{path}"
         assert oct(path.stat().st_mode & 0o777) == "0o600"
         wait_until("the sidecar's session", lambda: eerld_sim.session_of("unix-job") is not None)
@@ -104,7 +78,7 @@ class TestShellJob:
     def test_sigkill_mid_phase_resets_the_gpus_within_2_s_and_the_job_goes_on(
         self, eerld_sim: SimEerld, start_sidecar: Callable[..., SidecarProcess], tmp_path: Path
     ) -> None:
-        sidecar = sidecar_for(eerld_sim, start_sidecar, "kill-job")
+        sidecar = sidecar_for(start_sidecar, eerld_sim.socket_path, "kill-job")
         wait_until("the sidecar's session", lambda: sidecar.status()["connected"])
         hold = tmp_path / "go-on"
         job = start_job(sidecar.url, env={"ITERATIONS": "3", "HOLD_AT": "1", "HOLD_FILE": str(hold)})
@@ -130,19 +104,15 @@ class TestShellJob:
     def test_with_the_daemon_absent_every_call_answers_at_once_and_the_job_ends(
         self, start_sidecar: Callable[..., SidecarProcess], sock_dir: Path
     ) -> None:
-        sidecar = start_sidecar(
-            "--job-id",
+        sidecar = sidecar_for(
+            start_sidecar,
+            sock_dir / "no-eerld.sock",
             "lonely-job",
-            "--gpus",
-            "0",
-            "--listen",
-            "127.0.0.1:0",
-            "--socket",
-            str(sock_dir / "no-eerld.sock"),
             # Far beyond job.sh's curl --max-time 1: a call that waited for the daemon would come back
             # as curl's 000, so 20 answers of 200 say that none waited.
             "--answer-timeout-s",
             "30",
+            gpus="0",
         )
         calls, finished, code = run_job(sidecar.url, env={"ITERATIONS": "5", "WORK_S": "0"})
         assert code == 0
@@ -174,7 +144,7 @@ class TestPhaseCli:
     def test_phases_through_the_cli_are_metered(
         self, eerld_sim: SimEerld, start_sidecar: Callable[..., SidecarProcess]
     ) -> None:
-        sidecar = sidecar_for(eerld_sim, start_sidecar, "cli-job")
+        sidecar = sidecar_for(start_sidecar, eerld_sim.socket_path, "cli-job")
         wait_until("the sidecar's session", lambda: sidecar.status()["connected"])
         env = {"EERL_SIDECAR": sidecar.url}
         begun = self.cli("phase", "begin", "generation", "--iteration", "0", "--json", env=env)
@@ -195,7 +165,7 @@ class TestPhaseCli:
     def test_refused_events_exit_0_with_a_line_unless_strict(
         self, eerld_sim: SimEerld, start_sidecar: Callable[..., SidecarProcess]
     ) -> None:
-        sidecar = sidecar_for(eerld_sim, start_sidecar, "cli-refused")
+        sidecar = sidecar_for(start_sidecar, eerld_sim.socket_path, "cli-refused")
         env = {"EERL_SIDECAR": sidecar.url}
         loose = self.cli("phase", "end", "generation", "--tokens", "-5", env=env)
         assert loose.returncode == 0

@@ -60,13 +60,24 @@ def test_rank_0_decides_and_each_node_leader_applies(daemons: list[DaemonHandle]
         assert not daemon.daemon.sessions()
 
 
+def run_job_that_turns_control_off(
+    daemons: list[DaemonHandle], tmp_path: Path, **faults: int
+) -> list[dict[str, Any]]:
+    """:func:`run_job` with ``faults`` (``stall_rank``, ``shift_rank``), and what every such job shows: all
+    six phases ran on every rank, job-level control ended off everywhere, the GPUs are back at default."""
+    results = run_job(daemons, tmp_path, **faults)
+    assert all(len(r["phases"]) == 6 for r in results)
+    assert not any(r["enabled"] for r in results)
+    for daemon in daemons:
+        assert daemon.backend.locked() == {}
+    return results
+
+
 @pytest.mark.slow
 def test_a_stalled_rank_turns_job_control_off_and_the_job_goes_on(
     daemons: list[DaemonHandle], tmp_path: Path
 ) -> None:
-    results = run_job(daemons, tmp_path, stall_rank=3)
-    assert all(len(r["phases"]) == 6 for r in results)
-    assert not any(r["enabled"] for r in results)
+    results = run_job_that_turns_control_off(daemons, tmp_path, stall_rank=3)
     # On every rank the first side-group collective that timed out (in iteration 1, the stalled one) turned
     # control off for good: no later phase touched the side group, so no rank paid another timeout.
     for r in results:
@@ -74,24 +85,18 @@ def test_a_stalled_rank_turns_job_control_off_and_the_job_goes_on(
         assert enabled[:2] == [True, True], r["rank"]
         assert enabled[4:] == [False, False], r["rank"]
         assert enabled == sorted(enabled, reverse=True), r["rank"]
-    for daemon in daemons:
-        assert daemon.backend.locked() == {}
 
 
 @pytest.mark.slow
 def test_ranks_whose_phases_do_not_line_up_turn_job_control_off(
     daemons: list[DaemonHandle], tmp_path: Path
 ) -> None:
-    results = run_job(daemons, tmp_path, shift_rank=2)
-    assert all(len(r["phases"]) == 6 for r in results)
-    assert not any(r["enabled"] for r in results)
+    results = run_job_that_turns_control_off(daemons, tmp_path, shift_rank=2)
     # The shifted rank saw rank 0's directive for another phase than its own at its first begin, and said so;
     # the others, no longer paired, timed out on the side group.
     assert "do not line up" in results[2]["disabled_reason"]
     assert results[2]["phases"][0]["enabled"] is False
     assert all("side gloo group" in r["disabled_reason"] for r in (results[0], results[1], results[3]))
-    for daemon in daemons:
-        assert daemon.backend.locked() == {}
 
 
 def test_node_leaders_are_local_rank_0_else_the_first_rank_of_each_host() -> None:
