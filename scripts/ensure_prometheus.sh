@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the system tools that the operations tests run for real, when they are missing:
-#   prometheus + promtool (Debian package "prometheus"), systemd-analyze ("systemd"), shellcheck.
+#   prometheus + promtool (Debian package "prometheus"), systemd-analyze ("systemd"), shellcheck, curl (the
+#   sidecar's shell-job tests).
 # Idempotent and quick when everything is present; `make test` calls it before pytest.
 set -euo pipefail
 
@@ -9,6 +10,7 @@ command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
+command -v curl >/dev/null 2>&1 || missing+=(curl)
 
 if [[ ${#missing[@]} -eq 0 ]]; then
     exit 0
