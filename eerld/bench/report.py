@@ -7,6 +7,7 @@ from typing import Any
 
 from eerl.phases import ControllerState, PhaseKind
 
+from eerld.bench.peers import Peer
 from eerld.bench.runner import OnlineRun, RunTotals
 
 
@@ -25,26 +26,36 @@ class ControllerReport:
     exploration_cost_j: float
     final_states: dict[PhaseKind, tuple[ControllerState, int | None]]
     runtime_s: float
+    peers: tuple[Peer, ...] = ()
+    """What a user would set by hand instead, on the same draws (:mod:`eerld.bench.peers`)."""
+
+    def savings(self, totals: RunTotals) -> float:
+        """1 − a run's energy per valid token / the default's."""
+        return 1.0 - totals.energy_per_valid_token_j / self.default.energy_per_valid_token_j
+
+    def throughput_ratio(self, totals: RunTotals) -> float:
+        """A run's throughput over the default's."""
+        return totals.throughput_tokens_per_s / self.default.throughput_tokens_per_s
 
     @property
     def savings_online(self) -> float:
         """1 − online energy per valid token / default's."""
-        return 1.0 - self.online.energy_per_valid_token_j / self.default.energy_per_valid_token_j
+        return self.savings(self.online)
 
     @property
     def savings_oracle(self) -> float:
         """1 − oracle energy per valid token / default's."""
-        return 1.0 - self.oracle.energy_per_valid_token_j / self.default.energy_per_valid_token_j
+        return self.savings(self.oracle)
 
     @property
     def throughput_ratio_online(self) -> float:
         """Online throughput over the default's."""
-        return self.online.throughput_tokens_per_s / self.default.throughput_tokens_per_s
+        return self.throughput_ratio(self.online)
 
     @property
     def throughput_ratio_oracle(self) -> float:
         """Oracle throughput over the default's."""
-        return self.oracle.throughput_tokens_per_s / self.default.throughput_tokens_per_s
+        return self.throughput_ratio(self.oracle)
 
     @property
     def capture(self) -> float:
@@ -83,24 +94,36 @@ class ControllerReport:
             "throughput_ratio_online": self.throughput_ratio_online,
             "throughput_ratio_oracle": self.throughput_ratio_oracle,
             "capture": self.capture,
+            "peers": {
+                peer.name: {
+                    **run(peer.totals),
+                    "setting": peer.setting,
+                    "savings": self.savings(peer.totals),
+                    "throughput_ratio": self.throughput_ratio(peer.totals),
+                }
+                for peer in self.peers
+            },
             "runtime_s": self.runtime_s,
         }
 
     def table(self) -> str:
         """A table for people."""
-        header = f"{'run':<8} {'J/valid token':>14} {'tokens/s':>10} {'savings':>8} {'throughput':>10}"
+        header = f"{'run':<21} {'J/valid token':>14} {'tokens/s':>10} {'savings':>8} {'throughput':>10}"
         rows = [
             f"scenario {self.scenario}, {self.iterations} iterations, threshold {self.threshold:.2f}",
             header,
         ]
-        for name, totals, savings, ratio in (
-            ("default", self.default, 0.0, 1.0),
-            ("oracle", self.oracle, self.savings_oracle, self.throughput_ratio_oracle),
-            ("online", self.online, self.savings_online, self.throughput_ratio_online),
-        ):
+        runs = [
+            ("default", self.default),
+            *((f"{peer.name.removeprefix('one ')} {peer.setting}", peer.totals) for peer in self.peers),
+            ("oracle", self.oracle),
+            ("online", self.online),
+        ]
+        for name, totals in runs:
             rows.append(
-                f"{name:<8} {totals.energy_per_valid_token_j:>14.4f} {totals.throughput_tokens_per_s:>10.1f} "
-                f"{savings:>8.1%} {ratio:>10.3f}"
+                f"{name:<21} {totals.energy_per_valid_token_j:>14.4f} "
+                f"{totals.throughput_tokens_per_s:>10.1f} "
+                f"{self.savings(totals):>8.1%} {self.throughput_ratio(totals):>10.3f}"
             )
         clocks = ", ".join(f"{k.value} {v or 'default'}" for k, v in self.oracle_sm_clocks_mhz.items())
         rows.append(f"oracle clocks (MHz): {clocks}")

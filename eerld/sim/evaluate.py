@@ -22,8 +22,9 @@ slowest one waits at ``idle_power_w``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import TypeVar
 
 import numpy as np
 from eerl.phases import ExecutionMode, PhaseKind, Workload
@@ -369,6 +370,38 @@ def evaluate_between(
     busy, gpu_energy, _ = _priced(profile, work, requested, previous_sm_clock_mhz)
     duration, energy = _with_idle_waits(profile, busy, gpu_energy)
     return BetweenOutcome(float(duration[0]), float(energy[0]), busy[:, 0], gpu_energy[:, 0])
+
+
+def between_at_clocks(
+    scenario: Scenario, sample: IterationSample, sm_clocks_mhz: Sequence[int | None]
+) -> tuple[FloatArray, FloatArray]:
+    """The work between the phases with each clock held through it (a lock that outlives the phases, such as
+    an admin's ``nvidia-smi -lgc``): duration and energy per clock, no switch (zeros without any work)."""
+    work = sample.between
+    if work is None or work.segments.count == 0:
+        return np.zeros(len(sm_clocks_mhz)), np.zeros(len(sm_clocks_mhz))
+    busy, gpu_energy, _ = _priced(scenario.gpu, work, clock_indices(scenario.gpu, sm_clocks_mhz), None)
+    return _with_idle_waits(scenario.gpu, busy, gpu_energy)
+
+
+_Work = TypeVar("_Work", PhaseSample, BetweenSample)
+
+
+def under_power_limit(scenario: Scenario, sample: IterationSample, power_limit_w: float) -> IterationSample:
+    """The same draws with the GPUs' power limit at ``power_limit_w`` (``nvidia-smi -pl``): every segment's
+    power-limited clock found again; price it with a scenario whose profile has that limit."""
+    profile = scenario.gpu.with_overrides({"power_limit_w": power_limit_w})
+
+    def recapped(work: _Work) -> _Work:
+        return replace(work, capped_index=_capped(profile, work.segments))
+
+    between = sample.between
+    return replace(
+        sample,
+        generation=recapped(sample.generation),
+        training=recapped(sample.training),
+        between=None if between is None else recapped(between),
+    )
 
 
 _Totals = tuple[FloatArray, FloatArray, FloatArray]
