@@ -49,8 +49,10 @@ FINISHED_JOB = "job-42"
 RUNNING_JOB = "job-7"
 """Runs phases on GPU 2 for as long as the daemon does."""
 RUNNING_JOB_GPU = 2
-PHASE_S = 0.15
-"""How long each phase of the running job lasts."""
+PHASE_S = 0.3
+"""How long each phase of the running job lasts: each phase is two clock changes (its lock and its end's
+release), so phases much shorter than this would outrun eerld's rate limit (10 changes a second per GPU),
+and once its bucket is spent the locks are skipped (the GPU runs at default)."""
 RATE_INTERVAL = "10s"
 """$__rate_interval for the dashboard's queries: several 1 s scrapes (Grafana: 4 scrape intervals or more)."""
 
