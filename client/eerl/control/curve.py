@@ -55,17 +55,26 @@ class ClockCurve:
         bandwidth_mhz: float,
         half_life_iterations: float = 120.0,
         capacity: int = 240,
+        per_clock: int = 30,
     ) -> None:
         self._baseline = baseline
         self._bandwidth_mhz = bandwidth_mhz
         self._half_life = half_life_iterations
+        self._per_clock = per_clock
         self._trials: deque[Trial] = deque(maxlen=capacity)
 
     def __len__(self) -> int:
         return len(self._trials)
 
     def add(self, trial: Trial) -> None:
-        """Record a trial."""
+        """Record a trial; beyond ``per_clock`` trials at its clock, the oldest one there goes.
+
+        A committed kind adds a trial at one clock every phase: with one bound for all clocks they would
+        evict the search's trials at the other clocks, and with them the curve's shape around the commit.
+        """
+        same = [t for t in self._trials if t.sm_clock_mhz == trial.sm_clock_mhz]
+        if len(same) >= self._per_clock:
+            self._trials.remove(same[0])
         self._trials.append(trial)
 
     def discount(self, keep_after_iteration: int) -> None:

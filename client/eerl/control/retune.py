@@ -28,7 +28,7 @@ from eerl.control.state import KindTrack, MonitorState, RefinePace
 from eerl.phases import ControllerState, PhaseKind
 
 SHORT_TOLERANCE = 0.005
-"""A committed allocation this far below the threshold must move."""
+"""A committed allocation this far below the threshold must move (at most: see :func:`refine_move`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,9 +72,12 @@ def refine_move(
 ) -> RefineMove | None:
     """The refine's rule: move when the commit is short, or has surplus and a neighbour saves clearly more.
 
-    Energy alone moves a commit only when it leaves clear throughput unused (else it would flap).
+    Energy alone moves a commit only when it leaves clear throughput unused (else it would flap). Short
+    means below the threshold by more than the predictor's own uncertainty (the planning margin, at most
+    ``SHORT_TOLERANCE``): on a noiseless job any shortfall moves the commit.
     """
-    short = current.throughput_ratio < target - SHORT_TOLERANCE
+    tolerance = min(SHORT_TOLERANCE, max(planned_threshold - target, 0.0))
+    short = current.throughput_ratio < target - tolerance
     gain = current.energy_ratio - best.energy_ratio
     moving = tuple(k for k, clock in committed_mhz.items() if best.sm_clock_mhz.get(k) != clock)
     surplus = current.throughput_ratio > planned_threshold + config.refine_surplus

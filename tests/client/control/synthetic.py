@@ -103,12 +103,16 @@ class Trace:
 
 
 def drive_sync(
-    controller: Controller, job: SyntheticJob, iterations: int, kinds: tuple[PhaseKind, ...] = KINDS
+    controller: Controller,
+    job: SyntheticJob,
+    iterations: int,
+    kinds: tuple[PhaseKind, ...] = KINDS,
+    start: int = 0,
 ) -> Trace:
-    """Run a sync job: every iteration runs each kind in turn; returns the decisions."""
+    """Run a sync job from iteration ``start``: each iteration runs each kind in turn; the decisions."""
     trace = Trace()
     now_s = 0.0
-    for i in range(iterations):
+    for i in range(start, start + iterations):
         for kind in kinds:
             decision = controller.decide(kind, i, None, now_s)
             trace.clocks[kind].append(decision.sm_clock_mhz)

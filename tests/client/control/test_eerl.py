@@ -133,6 +133,41 @@ class TestInvariants:
 
 
 class TestBehaviour:
+    @pytest.mark.parametrize(
+        ("kind", "steps"),
+        # One step above a power-capped training clock changes nothing: no case there.
+        [(PhaseKind.GENERATION, -1), (PhaseKind.GENERATION, 1), (PhaseKind.TRAINING, -1)],
+    )
+    def test_a_commit_one_fine_step_from_the_best_reaches_it(
+        self, settings: ControllerSettings, kind: PhaseKind, steps: int
+    ) -> None:
+        """On a stationary noiseless job, a commit one fine step off where it converged gets back.
+
+        Within 40 iterations it holds an allocation as good as the converged one: at the threshold, and
+        no more than 0.1% more energy.
+        """
+        job = SyntheticJob()
+        controller = EerlController(settings)
+        converged = drive_sync(controller, job, 80)
+        best = {k: converged.clocks[k][-1] for k in KINDS}
+        _, best_energy = iteration_ratios(job, best)
+        track = controller._tracks[kind]  # put the commit one step off by hand
+        assert track.state is ControllerState.COMMITTED
+        committed = track.committed_mhz
+        assert committed is not None
+        fine = controller._grid.fine_mhz
+        here = min(range(len(fine)), key=lambda i: abs(fine[i] - committed))
+        track.committed_mhz = fine[here + steps]
+        off = dict(best) | {kind: fine[here + steps]}
+        throughput_off, energy_off = iteration_ratios(job, off)
+        assert throughput_off < settings.throughput_threshold or energy_off > best_energy + 0.001
+
+        later = drive_sync(controller, job, 40, start=80)
+        final = {k: later.clocks[k][-1] for k in KINDS}
+        throughput, energy = iteration_ratios(job, final)
+        assert throughput >= settings.throughput_threshold
+        assert energy <= best_energy + 0.001
+
     def test_starts_with_the_default_governor_to_learn_the_baseline(
         self, settings: ControllerSettings
     ) -> None:
