@@ -41,6 +41,7 @@ BENCHMARKS: dict[str, list[str]] = {
         "--seeds",
         "1-5",
     ],
+    "the controller's cost per phase and memory over 2000 iterations": ["-m", "perf.controller_cost"],
 }
 
 

@@ -18,38 +18,23 @@ import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
-from eerl.control.base import ControllerSettings, Decision, PhaseObservation, PhaseSnapshot
+from eerl.control.base import Decision, PhaseObservation
 from eerl.control.eerl import create_eerl_controller
-from eerl.phases import ControllerState, PhaseKind, Workload
 
 from eerld.bench.cli import parse_seeds
 from eerld.bench.runner import ControllerFactory, ScenarioRun
+from eerld.bench.wrapped import WrappedController
 from eerld.sim.evaluate import evaluate_between
 from eerld.sim.scenario import Scenario, load_scenario
 
 THRESHOLD = 0.95
 
 
-class GapHidden:
+class GapHidden(WrappedController):
     """The EE-RL controller, shown every phase with no gap before it (the budget sees phases only)."""
 
-    def __init__(self, settings: ControllerSettings) -> None:
-        self._inner = create_eerl_controller(settings)
-
-    def decide(self, kind: PhaseKind, iteration: int, hints: Workload | None, now_s: float) -> Decision:
-        return self._inner.decide(kind, iteration, hints, now_s)
-
     def observe(self, observation: PhaseObservation, now_s: float) -> Decision | None:
-        return self._inner.observe(dataclasses.replace(observation, gap_before_s=0.0), now_s)
-
-    def snapshot(self) -> Sequence[PhaseSnapshot]:
-        return self._inner.snapshot()
-
-    def state_of(self, kind: PhaseKind) -> ControllerState | None:
-        return self._inner.state_of(kind)
-
-    def decisions(self) -> Sequence[Decision]:
-        return self._inner.decisions()
+        return self.inner.observe(dataclasses.replace(observation, gap_before_s=0.0), now_s)
 
 
 def held_vs_released(run: ScenarioRun) -> tuple[float, float, float, float]:

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 
 import numpy as np
 import pytest
-from eerl.control.base import Controller, ControllerSettings, Decision, PhaseObservation, PhaseSnapshot
-from eerl.control.eerl import create_eerl_controller
-from eerl.phases import ControllerState, PhaseKind, Workload
+from eerl.control.base import Controller, ControllerSettings, Decision, PhaseObservation
+from eerl.phases import PhaseKind, Workload
 
 from eerld.bench.runner import OnlineRun, ScenarioRun
+from eerld.bench.wrapped import WrappedController
 from eerld.sim.evaluate import clock_grid, evaluate_phase, sample_iteration
 from eerld.sim.meter import EnergyCounters
 from eerld.sim.scenario import Scenario, load_scenario
@@ -20,11 +19,11 @@ from eerld.sim.sweep import KINDS
 ITERATIONS = 14
 
 
-class Spy:
+class Spy(WrappedController):
     """The EE-RL controller, recording every hint and observation it is given."""
 
     def __init__(self, settings: ControllerSettings) -> None:
-        self.inner = create_eerl_controller(settings)
+        super().__init__(settings)
         self.hints: list[tuple[PhaseKind, int, Workload | None]] = []
         self.observations: list[PhaseObservation] = []
 
@@ -35,15 +34,6 @@ class Spy:
     def observe(self, observation: PhaseObservation, now_s: float) -> Decision | None:
         self.observations.append(observation)
         return self.inner.observe(observation, now_s)
-
-    def snapshot(self) -> Sequence[PhaseSnapshot]:
-        return self.inner.snapshot()
-
-    def state_of(self, kind: PhaseKind) -> ControllerState | None:
-        return self.inner.state_of(kind)
-
-    def decisions(self) -> Sequence[Decision]:
-        return self.inner.decisions()
 
 
 def spied_run(name: str) -> tuple[ScenarioRun, OnlineRun, list[Spy]]:
