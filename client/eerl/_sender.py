@@ -885,6 +885,7 @@ class Sender(BackgroundSender[eerl_pb2.BeginPhaseResponse | eerl_pb2.EndPhaseRes
             sequences=workload.sequences,
             max_response_tokens=workload.max_response_tokens,
             prompt_tokens=workload.prompt_tokens,
+            max_worker_kv_tokens=workload.max_worker_kv_tokens,
         )
 
     def _on_rpc_error(self, link: _Link, error: grpc.RpcError, rpc: str) -> None:

@@ -1,25 +1,29 @@
 """A phase's workload as reported: the tally behind ``report(...)`` of :class:`eerl.session.Phase` and
 :class:`eerl.job.runner.JobPhase`.
 
-Reports add up (``max_response_tokens`` keeps the largest). Plain ints take the fast path (the caller's
-thread, once per micro-batch); anything else is converted with :func:`eerl._validate.to_count`, and a value
-that is not a whole number counts 0 and is remembered in ``_rejected`` / ``_rejected_what`` for the sender
-to report.
+Reports add up (``max_response_tokens`` and ``max_worker_kv_tokens`` keep the largest). Plain ints take the
+fast path (the caller's thread, once per micro-batch); anything else is converted with
+:func:`eerl._validate.to_count`, and a value that is not a whole number counts 0 and is remembered in
+``_rejected`` / ``_rejected_what`` for the sender to report.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from eerl._validate import to_count
 from eerl.phases import Workload
 
-_FIELDS = ("tokens", "valid_tokens", "sequences", "max_response_tokens", "prompt_tokens")
+_FIELDS = tuple(field.name for field in dataclasses.fields(Workload))
+"""The workload's fields in the order :meth:`WorkloadTally.report` takes them."""
 
 
 class WorkloadTally:
-    """The five workload counters and :meth:`report`; a base with slots, so a subclass pays nothing more."""
+    """The six workload counters and :meth:`report`; a base with slots, so a subclass pays nothing more."""
 
     __slots__ = (
         "_max_response_tokens",
+        "_max_worker_kv_tokens",
         "_prompt_tokens",
         "_rejected",
         "_rejected_what",
@@ -34,6 +38,7 @@ class WorkloadTally:
         self._sequences = 0
         self._max_response_tokens = 0
         self._prompt_tokens = 0
+        self._max_worker_kv_tokens = 0
         self._rejected = 0
         self._rejected_what = ""
 
@@ -44,8 +49,11 @@ class WorkloadTally:
         sequences: int = 0,
         max_response_tokens: int = 0,
         prompt_tokens: int = 0,
+        *,
+        max_worker_kv_tokens: int = 0,
     ) -> None:
-        """Adds to the phase's workload (``max_response_tokens`` keeps the largest value reported).
+        """Adds to the phase's workload (``max_response_tokens`` and ``max_worker_kv_tokens`` keep the
+        largest value reported).
 
         Never raises. A value that is not a whole number (a NumPy or PyTorch integer scalar and an
         integral float are) is dropped; the totals are checked against the daemon's limits when the phase
@@ -57,14 +65,18 @@ class WorkloadTally:
             and type(sequences) is int
             and type(max_response_tokens) is int
             and type(prompt_tokens) is int
+            and type(max_worker_kv_tokens) is int
         ):
             self._tokens += tokens
             self._valid_tokens += valid_tokens
             self._sequences += sequences
             self._max_response_tokens = max(self._max_response_tokens, max_response_tokens)
             self._prompt_tokens += prompt_tokens
+            self._max_worker_kv_tokens = max(self._max_worker_kv_tokens, max_worker_kv_tokens)
             return
-        self._report_numbers(tokens, valid_tokens, sequences, max_response_tokens, prompt_tokens)
+        self._report_numbers(
+            tokens, valid_tokens, sequences, max_response_tokens, prompt_tokens, max_worker_kv_tokens
+        )
 
     def report_workload(self, workload: Workload) -> None:
         """Adds a whole :class:`~eerl.Workload` (what a sidecar request or a framework batch counted), as
@@ -75,6 +87,7 @@ class WorkloadTally:
             workload.sequences,
             workload.max_response_tokens,
             workload.prompt_tokens,
+            max_worker_kv_tokens=workload.max_worker_kv_tokens,
         )
 
     def _report_numbers(self, *values: object) -> None:
@@ -88,7 +101,8 @@ class WorkloadTally:
                     self._rejected_what = f"{name} of type {type(value).__name__}"
                 count = 0
             counts.append(count)
-        self.report(*counts)
+        *plain, kv = counts
+        self.report(*plain, max_worker_kv_tokens=kv)
 
     @property
     def workload(self) -> Workload:
@@ -99,4 +113,5 @@ class WorkloadTally:
             sequences=self._sequences,
             max_response_tokens=self._max_response_tokens,
             prompt_tokens=self._prompt_tokens,
+            max_worker_kv_tokens=self._max_worker_kv_tokens,
         )

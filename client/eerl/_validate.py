@@ -24,6 +24,8 @@ from eerl.phases import Workload
 MAX_TOKENS = 10**12
 """The most tokens (``tokens``, ``valid_tokens``, ``max_response_tokens``, ``prompt_tokens``) one phase may
 report."""
+MAX_KV_TOKENS = 10**18
+"""The most ``max_worker_kv_tokens`` one phase may report (a sum of squared lengths)."""
 MAX_SEQUENCES = 10**9
 """The most sequences one phase may report."""
 MAX_ITERATION = 10**12
@@ -35,6 +37,7 @@ _LIMITS: tuple[tuple[str, int, str], ...] = (
     ("sequences", MAX_SEQUENCES, "10**9"),
     ("max_response_tokens", MAX_TOKENS, "10**12"),
     ("prompt_tokens", MAX_TOKENS, "10**12"),
+    ("max_worker_kv_tokens", MAX_KV_TOKENS, "10**18"),
 )
 
 

@@ -96,7 +96,10 @@ class Workload:
     ``tokens``: tokens the phase processed (generated tokens for generation; prompt + response tokens
     trained on for training). ``valid_tokens``: response tokens of the responses trained on (the figure
     of merit's denominator). ``sequences``: responses. ``max_response_tokens``: the longest response
-    (decode steps). ``prompt_tokens``: prompt tokens (prefill).
+    (decode steps). ``prompt_tokens``: prompt tokens (prefill). ``max_worker_kv_tokens``: for generation,
+    the KV-cache tokens the busiest generation worker's decode steps read — Σ over its responses of
+    length² / 2; the phase ends with that worker, which the totals cannot tell (reports combine by
+    maximum: each worker reports its own).
     """
 
     tokens: int = 0
@@ -104,3 +107,4 @@ class Workload:
     sequences: int = 0
     max_response_tokens: int = 0
     prompt_tokens: int = 0
+    max_worker_kv_tokens: int = 0

@@ -182,11 +182,17 @@ class Session:
         sequences: int = 0,
         max_response_tokens: int = 0,
         prompt_tokens: int = 0,
+        *,
+        max_worker_kv_tokens: int = 0,
     ) -> None:
         """Reports to the innermost phase open on this thread (for decorated functions); else ignored."""
         phase = self.current_phase()
         if phase is not None:
-            phase.report(tokens, valid_tokens, sequences, max_response_tokens, prompt_tokens)
+            phase.report_workload(
+                Workload(
+                    tokens, valid_tokens, sequences, max_response_tokens, prompt_tokens, max_worker_kv_tokens
+                )
+            )
 
     def current_phase(self) -> Phase | None:
         """The innermost phase open on this thread, if any."""

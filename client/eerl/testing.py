@@ -206,6 +206,7 @@ class _Servicer(eerl_pb2_grpc.PhaseServiceServicer):
                 sequences=workload.sequences,
                 max_response_tokens=workload.max_response_tokens,
                 prompt_tokens=workload.prompt_tokens,
+                max_worker_kv_tokens=workload.max_worker_kv_tokens,
             ),
         )
         with self._state.lock:

@@ -53,6 +53,7 @@ MAX_GPU_INDEX = 1023
 MAX_ITERATION = 10**12
 MAX_TOKENS = 10**12
 MAX_SEQUENCES = 10**9
+MAX_KV_TOKENS = 10**18
 MAX_LEASE_TTL_S = 3600.0
 MIN_LEASE_TTL_S = 1.0
 MAX_PIN_DURATION_S = 366 * 24 * 3600.0
@@ -129,9 +130,10 @@ def workload(msg: pb.Workload, field: str) -> Workload:
     sequences = _count(msg.sequences, field, "sequences", MAX_SEQUENCES)
     longest = _count(msg.max_response_tokens, field, "max_response_tokens", MAX_TOKENS)
     prompt = _count(msg.prompt_tokens, field, "prompt_tokens", MAX_TOKENS)
+    kv = _count(msg.max_worker_kv_tokens, field, "max_worker_kv_tokens", MAX_KV_TOKENS)
     if tokens and valid > tokens:
         raise ValidationError(f"{field}.valid_tokens", f"{valid} exceeds tokens ({tokens})")
-    return Workload(tokens, valid, sequences, longest, prompt)
+    return Workload(tokens, valid, sequences, longest, prompt, kv)
 
 
 def _finite(value: float, field: str, minimum: float, maximum: float) -> float:

@@ -115,13 +115,15 @@ def with_nodes(scenario: Scenario, nodes: int | None) -> Scenario:
 
 
 def job_workload(workload: Workload, nodes: int) -> Workload:
-    """The job's workload: every node's (the same iteration on each), summed; the longest response is one."""
+    """The job's workload: every node's (the same iteration on each), summed; the longest response and the
+    busiest worker's KV reads are one node's."""
     return Workload(
         tokens=workload.tokens * nodes,
         valid_tokens=workload.valid_tokens * nodes,
         sequences=workload.sequences * nodes,
         max_response_tokens=workload.max_response_tokens,
         prompt_tokens=workload.prompt_tokens * nodes,
+        max_worker_kv_tokens=workload.max_worker_kv_tokens,
     )
 
 

@@ -247,7 +247,12 @@ def sample_iteration(
         between = BetweenSample(work, _capped(profile, work))
     return IterationSample(
         iteration=iteration,
-        generation=_phase_sample(profile, PhaseKind.GENERATION, gen_segments, generation_workload(rollout)),
+        generation=_phase_sample(
+            profile,
+            PhaseKind.GENERATION,
+            gen_segments,
+            generation_workload(rollout, spec.pool_gpus(PhaseKind.GENERATION)),
+        ),
         training=_phase_sample(profile, PhaseKind.TRAINING, train_segments, training_workload(trained)),
         rollout=rollout,
         trained_rollout=trained,

@@ -270,16 +270,23 @@ def valid_tokens(rollout: Rollout | None) -> int:
     return 0 if rollout is None else int(rollout.response_tokens[rollout.valid].sum())
 
 
-def generation_workload(rollout: Rollout) -> Workload:
+def generation_workload(rollout: Rollout, gpus: int) -> Workload:
     """Generation's workload. ``valid_tokens`` is 0: validity is known only after the rewards, and the
-    iteration's valid tokens are credited once, to the training phase that trains on them."""
+    iteration's valid tokens are credited once, to the training phase that trains on them.
+    ``max_worker_kv_tokens`` is the busiest of the ``gpus`` workers' Σ length² / 2 (their responses split
+    as :func:`generation_segments` splits them), as a hook that knows each worker's responses reports it."""
     lengths = rollout.response_tokens
+    bounds = split_bounds(len(lengths), max(gpus, 1))
+    squares = lengths.astype(np.float64) ** 2 / 2.0
+    per_worker = np.add.reduceat(squares, bounds[:-1]) if len(lengths) else np.zeros(1)
+    per_worker[np.diff(bounds) == 0] = 0.0  # reduceat gives an empty block its neighbour's value
     return Workload(
         tokens=int(lengths.sum()),
         valid_tokens=0,
         sequences=len(lengths),
         max_response_tokens=int(lengths.max()) if len(lengths) else 0,
         prompt_tokens=rollout.prompt_tokens * len(lengths),
+        max_worker_kv_tokens=int(per_worker.max()),
     )
 
 

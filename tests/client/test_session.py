@@ -94,6 +94,18 @@ class TestPhases:
             assert session.flush(5)
         assert _ends(fake)[0].workload == Workload(30, 12, 3, 5, 0)
 
+    def test_the_busiest_workers_kv_reads_reach_the_daemon_and_the_largest_wins(
+        self, fake: FakeDaemon, config: ClientConfig
+    ) -> None:
+        """Workers report their own KV reads; the phase's figure is the busiest one's (over the wire)."""
+        with eerl.connect(gpus=[0], config=config) as session:
+            with session.phase("generation") as p:
+                p.report(tokens=100, sequences=2, max_worker_kv_tokens=5_000)
+                p.report(tokens=100, sequences=2, max_worker_kv_tokens=9_000)
+                p.report(tokens=100, sequences=2, max_worker_kv_tokens=7_000)
+            assert session.flush(5)
+        assert _ends(fake)[0].workload == Workload(300, 0, 6, 0, 0, 9_000)
+
     def test_hints_go_with_the_begin(self, fake: FakeDaemon, config: ClientConfig) -> None:
         with eerl.connect(gpus=[0], config=config) as session:
             with session.phase("generation", hints=Workload(sequences=64, prompt_tokens=4096)):

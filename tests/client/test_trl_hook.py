@@ -9,6 +9,7 @@ import eerl
 import eerl.integrations.trl
 import numpy as np
 from eerl import ClientConfig, PhaseKind
+from eerl.integrations._counting import kv_reads
 from eerl.testing import FakeDaemon
 
 COMPLETIONS = np.array([[1, 1, 1, 0], [1, 1, 0, 0]])
@@ -75,6 +76,7 @@ class TestTrlHook:
         assert _events(fake) == [(b, k, i) for i in (0, 1) for k in (g, t) for b in (True, False)]
         generation, training = [p.workload for p in fake.phases if not p.begin][:2]
         assert (generation.tokens, generation.sequences, generation.max_response_tokens) == (5, 2, 3)
+        assert generation.max_worker_kv_tokens == (3 * 3 + 2 * 2) // 2  # this process's completions
         assert (training.valid_tokens, training.tokens, training.prompt_tokens) == (5, 8, 3)
 
     def test_a_generation_inside_a_step_ends_the_training_phase_first(
@@ -91,3 +93,10 @@ class TestTrlHook:
         trainer.model.training = False
         _train(trainer, config, steps=2)
         assert fake.phases == []
+
+
+class TestKvReads:
+    def test_each_response_reads_its_length_squared_over_two(self) -> None:
+        mask = [[1, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0]]
+        assert kv_reads(np.array(mask)) == kv_reads(mask) == (9 + 4) // 2
+        assert kv_reads(None) == kv_reads(np.zeros((0, 4))) == 0

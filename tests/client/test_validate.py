@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from fractions import Fraction
 
@@ -10,6 +11,7 @@ import pytest
 from eerl import Workload
 from eerl._validate import (
     MAX_ITERATION,
+    MAX_KV_TOKENS,
     MAX_SEQUENCES,
     MAX_TOKENS,
     Problem,
@@ -21,8 +23,8 @@ from eerl.v1 import eerl_pb2
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-FIELDS = ("tokens", "valid_tokens", "sequences", "max_response_tokens", "prompt_tokens")
-LIMITS = {"sequences": MAX_SEQUENCES}
+FIELDS = tuple(field.name for field in dataclasses.fields(Workload))
+LIMITS = {"sequences": MAX_SEQUENCES, "max_worker_kv_tokens": MAX_KV_TOKENS}
 
 anything = st.one_of(
     st.integers(min_value=-(10**15), max_value=10**15),

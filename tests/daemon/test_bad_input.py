@@ -107,6 +107,15 @@ CASES = [
         INVALID,
         "workload.sequences",
     ),
+    (
+        "phase",
+        "EndPhase",
+        pb.EndPhaseRequest(
+            session_id=SID, kind=GEN, iteration=0, workload=work(max_worker_kv_tokens=NEGATIVE_5_AS_UINT64)
+        ),
+        INVALID,
+        "workload.max_worker_kv_tokens",
+    ),
     ("phase", "EndPhase", pb.EndPhaseRequest(session_id=SID, kind=0, workload=work()), INVALID, "kind"),
     ("phase", "Heartbeat", pb.HeartbeatRequest(), INVALID, "session_id"),
     ("phase", "Heartbeat", pb.HeartbeatRequest(session_id=UNKNOWN_SID), NOT_FOUND, "session_id"),

@@ -103,6 +103,8 @@ def test_end_to_end_the_hook_reports_trls_own_token_counts(trainer_name: str, re
     training = [p.workload for p in recorder.phases if p.kind is PhaseKind.TRAINING]
     assert [w.tokens for w in generation] == [round(log["completions/mean_length"] * BATCH) for log in logs]
     assert [w.valid_tokens for w in training] == [w.tokens for w in generation]
+    # The process's KV reads, Σ length² / 2 over its completions: at least (Σ length)² / (2 · count).
+    assert all(w.max_worker_kv_tokens >= w.tokens**2 // (2 * w.sequences) - 1 > 0 for w in generation)
     cumulative = [sum(w.tokens for w in training[: i + 1]) for i in range(STEPS)]
     assert cumulative == [int(log["num_tokens"]) for log in logs]
 

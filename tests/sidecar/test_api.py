@@ -149,6 +149,8 @@ class TestParsing:
             b'{"kind": "training", "iteration": 0, "tokens": 8, "valid_tokens": 5, "sequences": 2}'
         )
         assert end.workload == Workload(tokens=8, valid_tokens=5, sequences=2)
+        kv = parse_end(b'{"kind": "generation", "tokens": 8, "max_worker_kv_tokens": 4000000000000}')
+        assert kv.workload == Workload(tokens=8, max_worker_kv_tokens=4 * 10**12)  # beyond the token limit
         assert parse_end(b'{"kind": "training", "tokens": null}').workload == Workload()
 
     @pytest.mark.parametrize(("endpoint", "body", "status", "field"), BAD_REQUESTS[:-2])

@@ -82,6 +82,14 @@ class TestWorkloads:
         assert workload.prompt_tokens == 2048 * 512
         assert workload.valid_tokens == 0
 
+    def test_generation_reports_the_busiest_workers_kv_reads(self, sync_h100: Scenario) -> None:
+        """The largest, over the 8 GPUs' contiguous blocks of responses, of Σ length² / 2."""
+        sample = sample_iteration(sync_h100, 0)
+        lengths = sample.rollout.response_tokens.astype(np.int64)
+        per_gpu = [int((block**2).sum()) // 2 for block in np.array_split(lengths, 8)]
+        assert abs(sample.generation.workload.max_worker_kv_tokens - max(per_gpu)) <= 1
+        assert max(per_gpu) > 1.05 * min(per_gpu)  # the workers differ: the figure says which is busiest
+
     def test_training_reports_the_valid_responses(self, sync_h100: Scenario) -> None:
         sample = sample_iteration(sync_h100, 0)
         valid = sample.rollout.valid

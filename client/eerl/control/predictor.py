@@ -33,18 +33,30 @@ class Prediction:
 
 
 def workload_features(kind: PhaseKind, workload: Workload) -> npt.NDArray[np.float64]:
-    """The features that explain a phase's cost: tokens, longest response (decode steps), sequences."""
+    """The features that explain a phase's cost: tokens, longest response (decode steps), sequences; for
+    generation also the busiest worker's KV reads (the phase ends with that worker; 0 when not reported,
+    and a feature that is 0 in every sample drops out of the fit)."""
+    values: tuple[int, ...]
     if kind is PhaseKind.GENERATION:
-        values = (workload.tokens, workload.max_response_tokens, workload.sequences)
+        values = (
+            workload.tokens,
+            workload.max_response_tokens,
+            workload.sequences,
+            workload.max_worker_kv_tokens,
+        )
     else:
         values = (workload.tokens, workload.sequences, workload.valid_tokens)
     return np.asarray(values, dtype=np.float64)
 
 
+_SPREAD_WIDENED = {PhaseKind.GENERATION: (0, 3), PhaseKind.TRAINING: (0,)}
+"""The features whose band in :meth:`BaselinePredictor.forget_far` widens with their spread."""
+
+
 def _prior_slopes(kind: PhaseKind) -> npt.NDArray[np.float64]:
     """Elasticities assumed before data says otherwise: training cost grows with its tokens."""
     if kind is PhaseKind.GENERATION:
-        return np.array([0.5, 0.3, 0.0])
+        return np.array([0.5, 0.3, 0.0, 0.0])
     return np.array([1.0, 0.0, 0.0])
 
 
@@ -115,7 +127,8 @@ class BaselinePredictor:
 
     def forget_far(self, workload: Workload, band: float) -> None:
         """Drop samples whose features differ from this workload's by more than ``band`` (relative) in any
-        feature — for the tokens, by more than 2.5 of their spread over the window, where that is wider.
+        feature — for the tokens and the busiest worker's KV reads, by more than 2.5 of their spread over
+        the window, where that is wider (they vary from batch to batch anyway).
 
         After a step change the old regime's samples would make the regression extrapolate; samples of a
         gradual drift stay within the band and keep the fit's range. Every feature counts: a raised
@@ -126,7 +139,8 @@ class BaselinePredictor:
         spread = self.feature_spread()
         bands = np.full(len(reference), band)
         if spread is not None:
-            bands[0] = max(band, 2.5 * float(spread[0]))
+            for index in _SPREAD_WIDENED[self._kind]:
+                bands[index] = max(band, 2.5 * float(spread[index]))
         known = reference > 0
         keep = [
             bool(np.all(np.abs(f[known] / reference[known] - 1.0) <= bands[known])) for f in self._features

@@ -37,5 +37,16 @@ def longest_row(mask: Any) -> int:
     return max(total(row) for row in mask)
 
 
+def kv_reads(mask: Any) -> int:
+    """Σ over the rows of a 2-D mask of (row sum)² / 2: the KV-cache tokens its decode steps read (each
+    step of a response reads the response so far)."""
+    if mask is None or rows(mask) == 0:
+        return 0
+    if hasattr(mask, "sum") and not isinstance(mask, list | tuple):
+        lengths = mask.sum(-1)
+        return _scalar((lengths * lengths).sum()) // 2
+    return sum(total(row) ** 2 for row in mask) // 2
+
+
 def _scalar(value: Any) -> int:
     return int(value.item() if hasattr(value, "item") else value)

@@ -20,6 +20,8 @@ class PhaseLike(Protocol):
         sequences: int = 0,
         max_response_tokens: int = 0,
         prompt_tokens: int = 0,
+        *,
+        max_worker_kv_tokens: int = 0,
     ) -> None: ...
 
     def report_workload(self, workload: Workload) -> None: ...

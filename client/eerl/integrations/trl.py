@@ -15,7 +15,9 @@ The trainers that share GRPO's generation path, checked against TRL 1.16.0 and 1
 
 * **generation** wraps ``_generate_and_score_completions`` — TRL's rollout: sampling completions, then
   scoring them (rewards, reference log-probs). Its tokens are the completion tokens generated
-  (``completion_mask`` sum); ``prompt_tokens``, ``sequences`` and the longest completion go with them.
+  (``completion_mask`` sum); ``prompt_tokens``, ``sequences`` and the longest completion go with them, and
+  ``max_worker_kv_tokens``, this process's Σ completion length² / 2 (each process decodes its own
+  completions, so its session's generation predictor sees its own decode work).
 * **training** begins once a micro-batch's inputs are ready (after any generation inside
   ``_prepare_inputs``) and ends at the optimiser step (``on_step_end`` of a ``transformers`` trainer
   callback, the framework's extension point). Its ``valid_tokens`` are the completion tokens of the samples
@@ -35,7 +37,7 @@ from __future__ import annotations
 from typing import Any
 
 from eerl.integrations._common import GuardedPhases, framework_version, logger, warn_setup
-from eerl.integrations._counting import longest_row, rows, total
+from eerl.integrations._counting import kv_reads, longest_row, rows, total
 from eerl.integrations._source import PhaseLike, PhaseSource
 from eerl.phases import PhaseKind, Workload
 
@@ -132,6 +134,7 @@ def _generation_workload(output: Any) -> Workload:
         sequences=rows(completion_mask),
         max_response_tokens=longest_row(completion_mask),
         prompt_tokens=total(output.get("prompt_mask")),
+        max_worker_kv_tokens=kv_reads(completion_mask),
     )
 
 

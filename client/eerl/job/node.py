@@ -481,6 +481,7 @@ def _workload_pb(workload: Workload) -> eerl_pb2.Workload:
         sequences=checked.sequences,
         max_response_tokens=checked.max_response_tokens,
         prompt_tokens=checked.prompt_tokens,
+        max_worker_kv_tokens=checked.max_worker_kv_tokens,
     )
 
 

@@ -115,10 +115,16 @@ class JobRunner(ABC):
         sequences: int = 0,
         max_response_tokens: int = 0,
         prompt_tokens: int = 0,
+        *,
+        max_worker_kv_tokens: int = 0,
     ) -> None:
         """Reports to the innermost open phase; else ignored."""
         if self._stack:
-            self._stack[-1].report(tokens, valid_tokens, sequences, max_response_tokens, prompt_tokens)
+            self._stack[-1].report_workload(
+                Workload(
+                    tokens, valid_tokens, sequences, max_response_tokens, prompt_tokens, max_worker_kv_tokens
+                )
+            )
 
     def directive(self, kind: PhaseKind, iteration: int) -> Directive | None:
         """The directive sent for a recent phase (None: none was)."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eerl._sender import ClientStats, PhaseAnswer
-from eerl._validate import MAX_ITERATION, MAX_SEQUENCES, MAX_TOKENS
+from eerl._validate import MAX_ITERATION, MAX_KV_TOKENS, MAX_SEQUENCES, MAX_TOKENS
 from eerl.errors import ConfigError, one_line
 from eerl.phases import PhaseKind, Workload
 
@@ -28,6 +28,7 @@ WORKLOAD_FIELDS: tuple[tuple[str, int], ...] = (
     ("sequences", MAX_SEQUENCES),
     ("max_response_tokens", MAX_TOKENS),
     ("prompt_tokens", MAX_TOKENS),
+    ("max_worker_kv_tokens", MAX_KV_TOKENS),
 )
 """A workload's fields and the daemon's limit on each."""
 _BEGIN_FIELDS = frozenset({"kind", "iteration", "hints"})

@@ -410,6 +410,7 @@ class Workload(_message.Message):
     SEQUENCES_FIELD_NUMBER: _builtins.int
     MAX_RESPONSE_TOKENS_FIELD_NUMBER: _builtins.int
     PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    MAX_WORKER_KV_TOKENS_FIELD_NUMBER: _builtins.int
     tokens: _builtins.int
     """Tokens processed by the phase (generated tokens for generation; prompt + response
     tokens trained on for training).
@@ -422,6 +423,12 @@ class Workload(_message.Message):
     """Length of the longest response, in tokens (0 if unknown)."""
     prompt_tokens: _builtins.int
     """Prompt tokens of the phase (0 if unknown)."""
+    max_worker_kv_tokens: _builtins.int
+    """Generation: KV-cache tokens the busiest generation worker's decode steps read, the sum over
+    its responses of (response tokens)^2 / 2 (each step reads its response so far); 0 if unknown.
+    A phase ends with its busiest worker: this tells which, where the totals cannot. Reports
+    combine by maximum, so each worker reports its own.
+    """
     def __init__(
         self,
         *,
@@ -430,10 +437,11 @@ class Workload(_message.Message):
         sequences: _builtins.int = ...,
         max_response_tokens: _builtins.int = ...,
         prompt_tokens: _builtins.int = ...,
+        max_worker_kv_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_response_tokens", b"max_response_tokens", "prompt_tokens", b"prompt_tokens", "sequences", b"sequences", "tokens", b"tokens", "valid_tokens", b"valid_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_response_tokens", b"max_response_tokens", "max_worker_kv_tokens", b"max_worker_kv_tokens", "prompt_tokens", b"prompt_tokens", "sequences", b"sequences", "tokens", b"tokens", "valid_tokens", b"valid_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
