@@ -258,8 +258,7 @@ def dcgm_exporter(sim_daemon: SimDaemon) -> Iterator[int]:
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    # poll_interval 0.05 s: the shutdown at the end waits for one poll (0.5 s by default)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), name="dcgm-exporter", daemon=True)
+    thread = threading.Thread(target=server.serve_forever, name="dcgm-exporter", daemon=True)
     thread.start()
     try:
         yield int(server.server_address[1])

@@ -77,9 +77,6 @@ CONNECT_WAIT_S = 2.0
 """With ``-- command``: how long the job's start waits at most for the daemon session."""
 JOB_CONNECT_WAIT_S = 60.0
 """The same with ``--job-nodes``: the side group forms once every node's sidecar is up."""
-SHUTDOWN_POLL_S = 0.05
-"""How often the HTTP loop looks for a stop (socketserver's ``poll_interval``): after SIGTERM the sidecar
-exits within about this, instead of the default 0.5 s; an idle wake-up costs a few microseconds."""
 
 
 class PhaseService(Protocol):
@@ -498,9 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"eerl-sidecar: listening on {bound.url}", flush=True)
     if job is not None:
         job.agent.start()  # the side group forms in the background
-    thread = threading.Thread(
-        target=server.serve_forever, args=(SHUTDOWN_POLL_S,), name="eerl-sidecar-http", daemon=True
-    )
+    thread = threading.Thread(target=server.serve_forever, name="eerl-sidecar-http", daemon=True)
     thread.start()
     stop = threading.Event()
     child: subprocess.Popen[bytes] | None = None
