@@ -10,7 +10,7 @@ neither: what it means is the caller's to say).
 from __future__ import annotations
 
 from eerl.directives import DirectivePurpose, DirectiveVerdict
-from eerl.phases import ControllerState, ExecutionMode, GpuRole, PhaseKind
+from eerl.phases import WORKLOAD_FIELDS, ControllerState, ExecutionMode, GpuRole, PhaseKind, Workload
 from eerl.v1 import eerl_pb2
 
 KIND_TO_PB: dict[PhaseKind, eerl_pb2.PhaseKind.ValueType] = {
@@ -45,3 +45,18 @@ VERDICT_TO_PB: dict[DirectiveVerdict, eerl_pb2.DirectiveVerdict.ValueType] = {
 VERDICT_FROM_PB: dict[eerl_pb2.DirectiveVerdict.ValueType, DirectiveVerdict] = {
     v: k for k, v in VERDICT_TO_PB.items()
 }
+
+_UNSENT = set(WORKLOAD_FIELDS) - set(eerl_pb2.Workload.DESCRIPTOR.fields_by_name)
+if _UNSENT:  # a field the proto lacks fails here, at import, not at the first phase
+    raise ImportError(f"eerl.v1.Workload has no field {sorted(_UNSENT)}: run make proto")
+
+
+def workload_to_pb(workload: Workload) -> eerl_pb2.Workload:
+    """A workload on the wire, its counts as they are (check them first:
+    :func:`eerl._validate.check_workload`)."""
+    return eerl_pb2.Workload(**{name: getattr(workload, name) for name in WORKLOAD_FIELDS})
+
+
+def workload_from_pb(message: eerl_pb2.Workload) -> Workload:
+    """A workload off the wire, unchecked (eerld's codec checks each field against its limit)."""
+    return Workload(**{name: getattr(message, name) for name in WORKLOAD_FIELDS})

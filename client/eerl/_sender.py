@@ -43,7 +43,7 @@ from typing import Generic, Protocol, TypeVar
 import grpc
 
 from eerl._channel import make_channel, refused_by_kernel
-from eerl._pb_enums import KIND_TO_PB, STATE_FROM_PB
+from eerl._pb_enums import KIND_TO_PB, STATE_FROM_PB, workload_to_pb
 from eerl._validate import Finding, Problem, check_iteration, check_workload
 from eerl.config import ClientConfig
 from eerl.phases import ControllerState, PhaseKind, Workload
@@ -879,14 +879,7 @@ class Sender(BackgroundSender[eerl_pb2.BeginPhaseResponse | eerl_pb2.EndPhaseRes
         workload = self._checked_workload(event)
         if workload is None:
             return None
-        return eerl_pb2.Workload(
-            tokens=workload.tokens,
-            valid_tokens=workload.valid_tokens,
-            sequences=workload.sequences,
-            max_response_tokens=workload.max_response_tokens,
-            prompt_tokens=workload.prompt_tokens,
-            max_worker_kv_tokens=workload.max_worker_kv_tokens,
-        )
+        return workload_to_pb(workload)
 
     def _on_rpc_error(self, link: _Link, error: grpc.RpcError, rpc: str) -> None:
         code = error.code()

@@ -8,7 +8,9 @@ that is not a whole number is dropped (sent as 0, "unknown"), a negative one is 
 daemon's limit is dropped, and ``valid_tokens`` is clamped to ``tokens``. An iteration out of range drops
 the whole event. Pure functions: the sender counts and logs what they report.
 
-The limits are the daemon's (``eerld.api.codec``); the client cannot import eerld.
+The limits are the daemon's: :data:`WORKLOAD_LIMITS` is the one table, which eerld's codec
+(``eerld.api.codec``) and the sidecar's HTTP API check against too (the client cannot import eerld; eerld
+imports this).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ MAX_SEQUENCES = 10**9
 MAX_ITERATION = 10**12
 """The largest iteration the daemon accepts."""
 
-_LIMITS: tuple[tuple[str, int, str], ...] = (
+WORKLOAD_LIMITS: tuple[tuple[str, int, str], ...] = (
     ("tokens", MAX_TOKENS, "10**12"),
     ("valid_tokens", MAX_TOKENS, "10**12"),
     ("sequences", MAX_SEQUENCES, "10**9"),
@@ -39,6 +41,7 @@ _LIMITS: tuple[tuple[str, int, str], ...] = (
     ("prompt_tokens", MAX_TOKENS, "10**12"),
     ("max_worker_kv_tokens", MAX_KV_TOKENS, "10**18"),
 )
+"""Every :class:`~eerl.Workload` field, the most a phase may report of it, and that limit in words."""
 
 
 class Problem(enum.Enum):
@@ -108,7 +111,7 @@ def check_workload(workload: Workload) -> Checked:
     findings: list[Finding] = []
     clamped = dropped = 0
     converted = False
-    for name, limit, limit_text in _LIMITS:
+    for name, limit, limit_text in WORKLOAD_LIMITS:
         raw = getattr(workload, name)
         count = to_count(raw)
         converted = converted or type(raw) is not int

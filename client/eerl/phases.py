@@ -8,7 +8,7 @@ in :mod:`eerl._pb_enums`; this module imports no protobuf.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TypeVar
 
 from eerl.errors import ConfigError
@@ -108,3 +108,7 @@ class Workload:
     max_response_tokens: int = 0
     prompt_tokens: int = 0
     max_worker_kv_tokens: int = 0
+
+
+WORKLOAD_FIELDS: tuple[str, ...] = tuple(field.name for field in fields(Workload))
+"""The fields of :class:`Workload`, in order (each also an ``eerl.v1.Workload`` field of that name)."""

@@ -20,7 +20,7 @@ from types import TracebackType
 
 import grpc
 
-from eerl._pb_enums import KIND_FROM_PB
+from eerl._pb_enums import KIND_FROM_PB, workload_from_pb
 from eerl.config import ClientConfig
 from eerl.phases import PhaseKind, Workload
 from eerl.v1 import eerl_pb2, eerl_pb2_grpc
@@ -200,14 +200,7 @@ class _Servicer(eerl_pb2_grpc.PhaseServiceServicer):
             begin=begin,
             kind=KIND_FROM_PB[kind],
             iteration=iteration,
-            workload=Workload(
-                tokens=workload.tokens,
-                valid_tokens=workload.valid_tokens,
-                sequences=workload.sequences,
-                max_response_tokens=workload.max_response_tokens,
-                prompt_tokens=workload.prompt_tokens,
-                max_worker_kv_tokens=workload.max_worker_kv_tokens,
-            ),
+            workload=workload_from_pb(workload),
         )
         with self._state.lock:
             self._state.phases.append(recorded)

@@ -22,7 +22,9 @@ from eerl._pb_enums import (
     ROLE_TO_PB,
     STATE_TO_PB,
     VERDICT_TO_PB,
+    workload_from_pb,
 )
+from eerl._validate import MAX_ITERATION, WORKLOAD_LIMITS
 from eerl.directives import DirectiveVerdict
 from eerl.phases import ControllerState, ExecutionMode, GpuRole, PhaseKind, Workload
 from eerl.v1 import eerl_pb2 as pb
@@ -50,10 +52,6 @@ MAX_TEXT_CHARS = 256
 MAX_REASON_CHARS = 1024
 MAX_GPUS_PER_REQUEST = 64
 MAX_GPU_INDEX = 1023
-MAX_ITERATION = 10**12
-MAX_TOKENS = 10**12
-MAX_SEQUENCES = 10**9
-MAX_KV_TOKENS = 10**18
 MAX_LEASE_TTL_S = 3600.0
 MIN_LEASE_TTL_S = 1.0
 MAX_PIN_DURATION_S = 366 * 24 * 3600.0
@@ -124,16 +122,16 @@ def _count(value: int, field: str, name: str, maximum: int) -> int:
 
 
 def workload(msg: pb.Workload, field: str) -> Workload:
-    """A phase workload with every count bounded and valid tokens within tokens."""
-    tokens = _count(msg.tokens, field, "tokens", MAX_TOKENS)
-    valid = _count(msg.valid_tokens, field, "valid_tokens", MAX_TOKENS)
-    sequences = _count(msg.sequences, field, "sequences", MAX_SEQUENCES)
-    longest = _count(msg.max_response_tokens, field, "max_response_tokens", MAX_TOKENS)
-    prompt = _count(msg.prompt_tokens, field, "prompt_tokens", MAX_TOKENS)
-    kv = _count(msg.max_worker_kv_tokens, field, "max_worker_kv_tokens", MAX_KV_TOKENS)
-    if tokens and valid > tokens:
-        raise ValidationError(f"{field}.valid_tokens", f"{valid} exceeds tokens ({tokens})")
-    return Workload(tokens, valid, sequences, longest, prompt, kv)
+    """A phase workload with every count within its limit (the client's table, :data:`WORKLOAD_LIMITS`)
+    and valid tokens within tokens."""
+    checked = workload_from_pb(msg)
+    for name, limit, _ in WORKLOAD_LIMITS:
+        _count(getattr(checked, name), field, name, limit)
+    if checked.tokens and checked.valid_tokens > checked.tokens:
+        raise ValidationError(
+            f"{field}.valid_tokens", f"{checked.valid_tokens} exceeds tokens ({checked.tokens})"
+        )
+    return checked
 
 
 def _finite(value: float, field: str, minimum: float, maximum: float) -> float:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from fractions import Fraction
 
@@ -19,11 +18,12 @@ from eerl._validate import (
     check_workload,
     to_count,
 )
+from eerl.phases import WORKLOAD_FIELDS
 from eerl.v1 import eerl_pb2
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-FIELDS = tuple(field.name for field in dataclasses.fields(Workload))
+FIELDS = WORKLOAD_FIELDS
 LIMITS = {"sequences": MAX_SEQUENCES, "max_worker_kv_tokens": MAX_KV_TOKENS}
 
 anything = st.one_of(

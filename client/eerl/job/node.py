@@ -24,7 +24,14 @@ from dataclasses import dataclass, field
 import grpc
 
 from eerl._channel import make_channel
-from eerl._pb_enums import KIND_TO_PB, MODE_TO_PB, PURPOSE_TO_PB, ROLE_TO_PB, VERDICT_FROM_PB
+from eerl._pb_enums import (
+    KIND_TO_PB,
+    MODE_TO_PB,
+    PURPOSE_TO_PB,
+    ROLE_TO_PB,
+    VERDICT_FROM_PB,
+    workload_to_pb,
+)
 from eerl._sender import _describe, _gpu_ref
 from eerl._validate import check_iteration, check_workload
 from eerl._version import __version__
@@ -474,15 +481,7 @@ def _directive_pb(directive: Directive) -> eerl_pb2.Directive:
 
 
 def _workload_pb(workload: Workload) -> eerl_pb2.Workload:
-    checked = check_workload(workload).workload
-    return eerl_pb2.Workload(
-        tokens=checked.tokens,
-        valid_tokens=checked.valid_tokens,
-        sequences=checked.sequences,
-        max_response_tokens=checked.max_response_tokens,
-        prompt_tokens=checked.prompt_tokens,
-        max_worker_kv_tokens=checked.max_worker_kv_tokens,
-    )
+    return workload_to_pb(check_workload(workload).workload)
 
 
 def _default_gpus(config: ClientConfig) -> tuple[GpuId, ...]:

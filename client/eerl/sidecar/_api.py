@@ -15,21 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from eerl._sender import ClientStats, PhaseAnswer
-from eerl._validate import MAX_ITERATION, MAX_KV_TOKENS, MAX_SEQUENCES, MAX_TOKENS
+from eerl._validate import MAX_ITERATION, WORKLOAD_LIMITS
 from eerl.errors import ConfigError, one_line
 from eerl.phases import PhaseKind, Workload
 
 MAX_BODY_BYTES = 16 * 1024
 """The largest request body accepted (413 beyond)."""
 
-WORKLOAD_FIELDS: tuple[tuple[str, int], ...] = (
-    ("tokens", MAX_TOKENS),
-    ("valid_tokens", MAX_TOKENS),
-    ("sequences", MAX_SEQUENCES),
-    ("max_response_tokens", MAX_TOKENS),
-    ("prompt_tokens", MAX_TOKENS),
-    ("max_worker_kv_tokens", MAX_KV_TOKENS),
-)
+WORKLOAD_FIELDS: tuple[tuple[str, int], ...] = tuple((name, limit) for name, limit, _ in WORKLOAD_LIMITS)
 """A workload's fields and the daemon's limit on each."""
 _BEGIN_FIELDS = frozenset({"kind", "iteration", "hints"})
 _END_FIELDS = frozenset({"kind", "iteration"} | {name for name, _ in WORKLOAD_FIELDS})
