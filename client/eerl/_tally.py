@@ -9,13 +9,8 @@ fast path (the caller's thread, once per micro-batch); anything else is converte
 
 from __future__ import annotations
 
-import dataclasses
-
 from eerl._validate import to_count
-from eerl.phases import Workload
-
-_FIELDS = tuple(field.name for field in dataclasses.fields(Workload))
-"""The workload's fields in the order :meth:`WorkloadTally.report` takes them."""
+from eerl.phases import WORKLOAD_FIELDS, Workload
 
 
 class WorkloadTally:
@@ -93,7 +88,7 @@ class WorkloadTally:
     def _report_numbers(self, *values: object) -> None:
         """The slow path of :meth:`report`: values that are not plain ints, converted or dropped."""
         counts: list[int] = []
-        for name, value in zip(_FIELDS, values, strict=True):
+        for name, value in zip(WORKLOAD_FIELDS, values, strict=True):
             count = to_count(value)
             if count is None:
                 self._rejected += 1
@@ -115,3 +110,35 @@ class WorkloadTally:
             prompt_tokens=self._prompt_tokens,
             max_worker_kv_tokens=self._max_worker_kv_tokens,
         )
+
+
+class ReportsToInnermost:
+    """``report(...)`` of an owner of phases (a session, a job runner): to its innermost open phase, as
+    that phase's own :meth:`WorkloadTally.report` takes it; ignored when none is open."""
+
+    __slots__ = ()
+
+    def _innermost(self) -> WorkloadTally | None:
+        raise NotImplementedError
+
+    def report(
+        self,
+        tokens: int = 0,
+        valid_tokens: int = 0,
+        sequences: int = 0,
+        max_response_tokens: int = 0,
+        prompt_tokens: int = 0,
+        *,
+        max_worker_kv_tokens: int = 0,
+    ) -> None:
+        """Reports to the innermost open phase; else ignored."""
+        phase = self._innermost()
+        if phase is not None:
+            phase.report(
+                tokens,
+                valid_tokens,
+                sequences,
+                max_response_tokens,
+                prompt_tokens,
+                max_worker_kv_tokens=max_worker_kv_tokens,
+            )

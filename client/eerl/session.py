@@ -25,7 +25,7 @@ from typing import ParamSpec, TypeVar
 
 from eerl._pb_enums import MODE_TO_PB, ROLE_TO_PB
 from eerl._sender import ClientStats, Event, EventSink, OpenRequest, PhaseAnswer, Sender, _Counters
-from eerl._tally import WorkloadTally
+from eerl._tally import ReportsToInnermost, WorkloadTally
 from eerl._validate import MAX_ITERATION, to_count
 from eerl._version import __version__
 from eerl.config import ClientConfig
@@ -120,7 +120,7 @@ class Phase(WorkloadTally):
         return wrapper
 
 
-class Session:
+class Session(ReportsToInnermost):
     """A job's claim on its GPUs at the daemon, kept alive by the background sender.
 
     Use it as a context manager, or call :meth:`close`. A disabled session (``EERL_DISABLE=1``, no GPUs
@@ -175,24 +175,9 @@ class Session:
             raise ConfigError(f"hints: {type(hints).__name__} is not an eerl.Workload")
         return Phase(self, PhaseKind.parse(kind), iteration, hints, max(0.0, wait_for_clock_s))
 
-    def report(
-        self,
-        tokens: int = 0,
-        valid_tokens: int = 0,
-        sequences: int = 0,
-        max_response_tokens: int = 0,
-        prompt_tokens: int = 0,
-        *,
-        max_worker_kv_tokens: int = 0,
-    ) -> None:
-        """Reports to the innermost phase open on this thread (for decorated functions); else ignored."""
-        phase = self.current_phase()
-        if phase is not None:
-            phase.report_workload(
-                Workload(
-                    tokens, valid_tokens, sequences, max_response_tokens, prompt_tokens, max_worker_kv_tokens
-                )
-            )
+    def _innermost(self) -> Phase | None:
+        """The phase :meth:`report` reports to: the innermost open on this thread (decorated functions)."""
+        return self.current_phase()
 
     def current_phase(self) -> Phase | None:
         """The innermost phase open on this thread, if any."""

@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from types import TracebackType
 
-from eerl._tally import WorkloadTally
+from eerl._tally import ReportsToInnermost, WorkloadTally
 from eerl._validate import to_count
 from eerl.directives import Directive
 from eerl.errors import ConfigError
@@ -73,7 +73,7 @@ class JobPhase(WorkloadTally):
         self._job._exit(self)
 
 
-class JobRunner(ABC):
+class JobRunner(ReportsToInnermost, ABC):
     """The phase bookkeeping of a job object; see the module docstring."""
 
     def __init__(self, *, clock: Clock = time.monotonic) -> None:
@@ -108,23 +108,9 @@ class JobRunner(ABC):
             raise ConfigError(f"hints: {type(hints).__name__} is not an eerl.Workload")
         return JobPhase(self, PhaseKind.parse(kind), iteration, hints)
 
-    def report(
-        self,
-        tokens: int = 0,
-        valid_tokens: int = 0,
-        sequences: int = 0,
-        max_response_tokens: int = 0,
-        prompt_tokens: int = 0,
-        *,
-        max_worker_kv_tokens: int = 0,
-    ) -> None:
-        """Reports to the innermost open phase; else ignored."""
-        if self._stack:
-            self._stack[-1].report_workload(
-                Workload(
-                    tokens, valid_tokens, sequences, max_response_tokens, prompt_tokens, max_worker_kv_tokens
-                )
-            )
+    def _innermost(self) -> JobPhase | None:
+        """The phase :meth:`report` reports to: the innermost open one."""
+        return self._stack[-1] if self._stack else None
 
     def directive(self, kind: PhaseKind, iteration: int) -> Directive | None:
         """The directive sent for a recent phase (None: none was)."""
