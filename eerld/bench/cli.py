@@ -21,7 +21,7 @@ from typing import Never
 
 import numpy as np
 from eerl.control.eerl import create_eerl_controller
-from eerl.phases import ExecutionMode, PhaseKind
+from eerl.phases import ExecutionMode
 
 from eerld.bench.headroom import Headroom, headroom
 from eerld.bench.multinode import MultinodeReport, run_multinode, with_nodes
@@ -29,7 +29,6 @@ from eerld.bench.peers import best_fixed_clock, best_power_limit
 from eerld.bench.report import ControllerReport, exploration_cost_j, final_states
 from eerld.bench.runner import Progress, ScenarioRun
 from eerld.errors import EerlError
-from eerld.sim.evaluate import combine_phases
 from eerld.sim.scenario import Scenario, builtin_scenario_names, load_scenario
 from eerld.sim.sweep import KINDS
 
@@ -107,16 +106,7 @@ def run_controller(
     )
     if timeline_png is not None:
         table = run.price_table()
-        wall, energy = combine_phases(
-            scenario.workload,
-            scenario.gpu.idle_power_w,
-            generation_duration_s=table.duration_s[PhaseKind.GENERATION][:, top],
-            generation_energy_j=table.energy_j[PhaseKind.GENERATION][:, top],
-            training_duration_s=table.duration_s[PhaseKind.TRAINING][:, top],
-            training_energy_j=table.energy_j[PhaseKind.TRAINING][:, top],
-            between_duration_s=table.between_duration_s,
-            between_energy_j=table.between_energy_j,
-        )
+        wall, energy = table.combined(scenario, (top, top))
         valid = np.maximum(table.valid_tokens.astype(np.float64), 1.0)
         title = (
             f"{scenario.name}: online saves {report.savings_online:.1%} at throughput "

@@ -18,14 +18,13 @@ import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
-from eerl.phases import PhaseKind
 
 from eerld.bench.runner import RunTotals, ScenarioRun
 from eerld.sim.evaluate import (
     between_at_clocks,
-    combine_phases,
     evaluate_between,
     evaluate_phase,
+    iteration_totals,
     under_power_limit,
 )
 from eerld.sim.sweep import KINDS
@@ -54,16 +53,7 @@ def best_fixed_clock(run: ScenarioRun, threshold: float) -> Peer:
     between = [between_at_clocks(run.scenario, run.sample(i), list(clocks)) for i in range(run.iterations)]
     between_s = np.array([d for d, _ in between]) if between else np.zeros((0, len(clocks)))
     between_j = np.array([e for _, e in between]) if between else np.zeros((0, len(clocks)))
-    wall, energy = combine_phases(
-        run.scenario.workload,
-        run.scenario.gpu.idle_power_w,
-        generation_duration_s=table.duration_s[PhaseKind.GENERATION],
-        generation_energy_j=table.energy_j[PhaseKind.GENERATION],
-        training_duration_s=table.duration_s[PhaseKind.TRAINING],
-        training_energy_j=table.energy_j[PhaseKind.TRAINING],
-        between_duration_s=between_s,
-        between_energy_j=between_j,
-    )
+    wall, energy = table.combined(run.scenario, (slice(None), slice(None)), (between_s, between_j))
     index = _best(wall.sum(axis=0), energy.sum(axis=0), threshold)
     top = len(clocks) - 1
     setting = "default" if index == top else f"{clocks[index]} MHz"
@@ -102,20 +92,10 @@ def power_limited_totals(run: ScenarioRun, power_limit_w: float) -> RunTotals:
     wall_s = energy_j = 0.0
     for i in range(run.iterations):
         sample = under_power_limit(run.scenario, run.sample(i), power_limit_w)
-        phases = {kind: evaluate_phase(scenario, sample, kind, [None]) for kind in KINDS}
-        between = evaluate_between(scenario, sample)
-        wall, energy = combine_phases(
-            scenario.workload,
-            gpu.idle_power_w,
-            generation_duration_s=phases[PhaseKind.GENERATION].duration_s,
-            generation_energy_j=phases[PhaseKind.GENERATION].energy_j,
-            training_duration_s=phases[PhaseKind.TRAINING].duration_s,
-            training_energy_j=phases[PhaseKind.TRAINING].energy_j,
-            between_duration_s=between.duration_s,
-            between_energy_j=between.energy_j,
-        )
-        wall_s += float(wall[0])
-        energy_j += float(energy[0])
+        generation, training = (evaluate_phase(scenario, sample, kind, [None]) for kind in KINDS)
+        totals = iteration_totals(scenario, generation, training, evaluate_between(scenario, sample))
+        wall_s += float(totals.wall_s[0])
+        energy_j += float(totals.energy_j[0])
     return RunTotals(energy_j, wall_s, int(run.price_table().valid_tokens.sum()))
 
 

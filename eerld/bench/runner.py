@@ -141,16 +141,7 @@ class ScenarioRun:
     def totals(self, pair: tuple[int, int]) -> RunTotals:
         """Run totals at fixed grid-column indices (generation, training), from the price table."""
         table = self.price_table()
-        wall, energy = combine_phases(
-            self.scenario.workload,
-            self.scenario.gpu.idle_power_w,
-            generation_duration_s=table.duration_s[PhaseKind.GENERATION][:, pair[0]],
-            generation_energy_j=table.energy_j[PhaseKind.GENERATION][:, pair[0]],
-            training_duration_s=table.duration_s[PhaseKind.TRAINING][:, pair[1]],
-            training_energy_j=table.energy_j[PhaseKind.TRAINING][:, pair[1]],
-            between_duration_s=table.between_duration_s,
-            between_energy_j=table.between_energy_j,
-        )
+        wall, energy = table.combined(self.scenario, pair)
         return RunTotals(float(energy.sum()), float(wall.sum()), int(table.valid_tokens.sum()))
 
     def default_totals(self) -> RunTotals:

@@ -193,6 +193,31 @@ class PriceTable:
     """Per iteration: the work between the phases at the default governor (0 without any)."""
     between_energy_j: FloatArray
 
+    def combined(
+        self,
+        scenario: Scenario,
+        columns: tuple[int | slice, int | slice],
+        between: tuple[FloatArray, FloatArray] | None = None,
+    ) -> tuple[FloatArray, FloatArray]:
+        """Per iteration, wall time and energy with generation at column ``columns[0]`` and training at
+        ``columns[1]`` (a slice pairs columns element-wise: ``slice(None)`` twice is every clock for both
+        phases); the work between at the default governor, unless ``between`` (duration, energy) says
+        otherwise."""
+        between_s, between_j = (
+            (self.between_duration_s, self.between_energy_j) if between is None else between
+        )
+        generation, training = columns
+        return combine_phases(
+            scenario.workload,
+            scenario.gpu.idle_power_w,
+            generation_duration_s=self.duration_s[PhaseKind.GENERATION][:, generation],
+            generation_energy_j=self.energy_j[PhaseKind.GENERATION][:, generation],
+            training_duration_s=self.duration_s[PhaseKind.TRAINING][:, training],
+            training_energy_j=self.energy_j[PhaseKind.TRAINING][:, training],
+            between_duration_s=between_s,
+            between_energy_j=between_j,
+        )
+
 
 def price_iterations(
     scenario: Scenario,
