@@ -95,11 +95,7 @@ def node_daemon(directory: Path, gpus: int, speedup: float) -> DaemonProcess:
 
 def locked_gpus(daemon: DaemonProcess) -> int:
     """GPUs whose SM clock is locked, as the simulated hardware holds it."""
-    try:
-        state = json.loads(daemon.state_file.read_text())
-    except (OSError, ValueError):
-        return 0
-    return sum(1 for gpu in state["gpus"] if gpu.get("sm_lock_mhz") is not None)
+    return sum(lock is not None for lock in daemon.hardware_locks())
 
 
 def locked_after_close(daemons: Sequence[DaemonProcess], patience_s: float = 5.0) -> int:

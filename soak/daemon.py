@@ -4,9 +4,10 @@
 thing and restarts it on the same state; after each blow the soak (:mod:`soak`) and the tests
 (tests/reliability, tests/security) check from outside: the sim GPUs' locks (read from the shared state
 file, as one would read the hardware), the ledger on disk, the daemon's own view over the admin socket.
-It is the one launcher of such a process in the repository: the sidecar, Ray and Prometheus tests, the
-sidecar benchmark (:mod:`perf.sidecar_overhead`) and the multi-node demo (:mod:`demo.multinode`, through
-``module="demo.daemon"``) start theirs with it.
+The sidecar, Ray and Prometheus tests, the sidecar benchmark (:mod:`perf.sidecar_overhead`) and the
+multi-node demo (:mod:`demo.multinode`, through ``module="demo.daemon"``) start theirs with it; the latency
+benchmark keeps its own launcher (:func:`perf.phase_latency.start_eerld`), which also starts eerld's
+variants with part of the work taken out.
 """
 
 from __future__ import annotations
@@ -202,6 +203,12 @@ class DaemonProcess:
     def device(self) -> SimDevice:
         """The simulated GPUs as an outside observer (a worker, nvidia-smi) sees them."""
         return open_sim_device(self.state_file)
+
+    def hardware_locks(self) -> list[int | None]:
+        """Each GPU's SM clock lock as the simulated hardware holds it (None: the default governor), read
+        through the state file's store (a reader never sees a half-written file)."""
+        device = self.device()
+        return [device.observe(index).sm_lock_mhz for index in range(self.gpus)]
 
     def ledger_entries(self) -> dict[int, str]:
         """The ledger on disk (ConfigError if it is corrupt): locked GPU index -> owner kind."""

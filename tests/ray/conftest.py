@@ -3,16 +3,14 @@
 One cluster per test module (start-up is 12–17 s on a 2-core box). Each node's daemon is a subprocess
 (``python -m eerld.main --backend sim``, :class:`soak.daemon.DaemonProcess`) with its own sockets, ledger
 and sim state file; the node's raylet gets ``EERL_SOCKET`` in its ``env_vars``, so the node agent Ray starts
-there finds its own daemon. Tests read each node's GPUs as the hardware shows them: the sim state file's
-``sm_lock_mhz``.
+there finds its own daemon. Tests read each node's GPUs as the hardware shows them
+(:meth:`~soak.daemon.DaemonProcess.hardware_locks`: the sim state file's SM clock locks).
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,16 +50,6 @@ class SimNode(DaemonProcess):
         """SIGKILL: no clean-up at all (locks stay in the sim state, as on a real GPU); its socket goes."""
         super().kill()
         self.socket_path.unlink(missing_ok=True)
-
-    def locks(self) -> list[int | None]:
-        """Each GPU's SM clock lock as the simulated hardware holds it (None: default governor)."""
-        for _ in range(50):
-            try:
-                state = json.loads(self.state_file.read_text())
-                return [gpu["sm_lock_mhz"] for gpu in state["gpus"]]
-            except (OSError, ValueError):  # between an atomic rename and the read
-                time.sleep(0.01)
-        raise AssertionError(f"cannot read {self.state_file}")
 
 
 @dataclass

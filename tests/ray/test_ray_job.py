@@ -71,7 +71,7 @@ def test_a_job_s_phases_clock_every_node_alike(local_cluster: LocalCluster) -> N
                     assert len(job.last_begins) == NODES
                     assert {b.verdict for b in job.last_begins} == {DirectiveVerdict.ACCEPTED}
                     for node in local_cluster.nodes:
-                        assert node.locks() == [CLOCKS[kind]] * 2, node.node_id
+                        assert node.hardware_locks() == [CLOCKS[kind]] * 2, node.node_id
                     time.sleep(0.25)  # the sim energy counters step every 100 ms
                     phase.report(tokens=1000, valid_tokens=500)
                 reports = job.last_reports
@@ -86,7 +86,7 @@ def test_a_job_s_phases_clock_every_node_alike(local_cluster: LocalCluster) -> N
     finally:
         job.close()
     for node in local_cluster.nodes:
-        assert wait_until(lambda node=node: node.locks() == [None, None], 3.0)  # type: ignore[misc]
+        assert wait_until(lambda node=node: node.hardware_locks() == [None, None], 3.0)  # type: ignore[misc]
 
 
 def test_the_nodes_are_those_of_the_job_s_placement_groups(local_cluster: LocalCluster) -> None:
@@ -101,7 +101,7 @@ def test_the_nodes_are_those_of_the_job_s_placement_groups(local_cluster: LocalC
             assert {b.verdict for b in job.last_begins} == {DirectiveVerdict.ACCEPTED}
             for node in local_cluster.nodes:
                 expected = [CLOCKS[GEN]] * 2 if node.node_id in placed else [None, None]
-                assert node.locks() == expected
+                assert node.hardware_locks() == expected
     finally:
         job.close()
         remove_placement_group(group)
@@ -126,7 +126,7 @@ def test_the_controller_killed_every_daemon_falls_back(local_cluster: LocalClust
             # No committed training clock was ever accepted: the default governor.
             assert {b.verdict for b in job.last_begins} == {DirectiveVerdict.MISSING}
             for node in local_cluster.nodes:
-                assert node.locks() == [None, None]
+                assert node.hardware_locks() == [None, None]
     finally:
         job.close()
 
@@ -143,7 +143,7 @@ def test_a_stale_second_controller_is_fenced_off(local_cluster: LocalCluster) ->
             # Refused at every node (its sessions are not opened): no node applies its directive.
             assert not any(b.reached for b in older.last_begins)
             for node in local_cluster.nodes:
-                assert node.locks() == [None, None]
+                assert node.hardware_locks() == [None, None]
     finally:
         newer.close()
         if older is not None:
@@ -189,17 +189,17 @@ def test_a_daemon_killed_and_restarted_resets_and_the_agent_reopens(local_cluste
     rank = job.node_ids.index(victim.node_id)
     try:
         with job.phase(GEN, 0):
-            assert victim.locks() == [CLOCKS[GEN]] * 2
+            assert victim.hardware_locks() == [CLOCKS[GEN]] * 2
         first_epoch = {r.node_rank: r.session_epoch for r in job.last_reports}[rank]
         with job.phase(TRAIN, 0):
             victim.kill()
-            assert victim.locks() == [CLOCKS[TRAIN]] * 2  # SIGKILL leaves the lock on the "hardware"
+            assert victim.hardware_locks() == [CLOCKS[TRAIN]] * 2  # SIGKILL leaves the lock on the "hardware"
         # The phase's end found no daemon on that node: it did not report, and the job went on.
         assert rank not in {
             r.node_rank for r in job.last_reports if r.verdict is not DirectiveVerdict.MISSING
         }
         victim.start()  # boots, and resets the GPUs its ledger says were locked
-        assert victim.locks() == [None, None]
+        assert victim.hardware_locks() == [None, None]
         reopened = None
         for iteration in range(1, 6):
             with job.phase(GEN, iteration):
@@ -220,10 +220,10 @@ def test_a_node_removed_mid_phase_goes_to_default_and_the_job_goes_on(local_clus
     victim = local_cluster.nodes[-1]
     try:
         with job.phase(GEN, 0):
-            assert victim.locks() == [CLOCKS[GEN]] * 2
+            assert victim.hardware_locks() == [CLOCKS[GEN]] * 2
             local_cluster.remove(victim)
             # Its daemon saw the agent's session end and returned the GPUs to default within 2 s.
-            assert wait_until(lambda: victim.locks() == [None, None], 2.0)
+            assert wait_until(lambda: victim.hardware_locks() == [None, None], 2.0)
         for iteration in range(1, 3):
             for kind in (GEN, TRAIN):
                 with job.phase(kind, iteration):
