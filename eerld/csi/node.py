@@ -115,16 +115,13 @@ class NodePlugin:
             self._records.put(record)
             granted: GrantedSocket | None = None
             try:
-                granted = self._eerld.grant(plan)
-                source = granted.socket_path.parent
-            except Unavailable as e:  # fail open: the pod starts now, the reconcile gets the grant
-                log.warning("grant_pending", volume_id=volume_id, grant=plan.name, error=str(e))
                 try:
+                    granted = self._eerld.grant(plan)
+                    source = granted.socket_path.parent
+                except Unavailable as e:  # fail open: the pod starts now, the reconcile gets the grant
+                    log.warning("grant_pending", volume_id=volume_id, grant=plan.name, error=str(e))
                     source = self._own_directory(plan.name)
-                except BaseException:
-                    self._forget(record)
-                    raise
-            except BaseException:
+            except BaseException:  # no grant and no directory: nothing to mount, the record goes
                 self._forget(record)
                 raise
             try:
