@@ -17,13 +17,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from eerl.control.config import EerlConfig
-from eerl.control.predictor import BaselinePredictor, workload_features
+from eerl.control.predictor import BaselinePredictor, feature_indices, workload_features
 from eerl.control.state import MonitorState
 from eerl.phases import PhaseKind, Workload
 
 WATCHED_FEATURES: dict[PhaseKind, tuple[int, ...]] = {
-    PhaseKind.GENERATION: (0, 1),  # tokens, longest response
-    PhaseKind.TRAINING: (0,),  # tokens
+    PhaseKind.GENERATION: feature_indices(PhaseKind.GENERATION, "tokens", "max_response_tokens"),
+    PhaseKind.TRAINING: feature_indices(PhaseKind.TRAINING, "tokens"),
 }
 """Per kind, the workload features (indices into :func:`workload_features`) whose shifts are drift."""
 

@@ -32,25 +32,32 @@ class Prediction:
     energy_j: float
 
 
+FEATURES: dict[PhaseKind, tuple[str, ...]] = {
+    PhaseKind.GENERATION: ("tokens", "max_response_tokens", "sequences", "max_worker_kv_tokens"),
+    PhaseKind.TRAINING: ("tokens", "sequences", "valid_tokens"),
+}
+"""Per kind, the :class:`~eerl.Workload` fields that explain a phase's cost, in the order of
+:func:`workload_features`: tokens, longest response (decode steps), sequences; for generation also the
+busiest worker's KV reads (the phase ends with that worker; 0 when not reported, and a feature that is 0 in
+every sample drops out of the fit); for training the valid tokens."""
+
+
+def feature_indices(kind: PhaseKind, *names: str) -> tuple[int, ...]:
+    """Where the named features sit in :func:`workload_features` of ``kind``."""
+    return tuple(FEATURES[kind].index(name) for name in names)
+
+
 def workload_features(kind: PhaseKind, workload: Workload) -> npt.NDArray[np.float64]:
-    """The features that explain a phase's cost: tokens, longest response (decode steps), sequences; for
-    generation also the busiest worker's KV reads (the phase ends with that worker; 0 when not reported,
-    and a feature that is 0 in every sample drops out of the fit)."""
-    values: tuple[int, ...]
-    if kind is PhaseKind.GENERATION:
-        values = (
-            workload.tokens,
-            workload.max_response_tokens,
-            workload.sequences,
-            workload.max_worker_kv_tokens,
-        )
-    else:
-        values = (workload.tokens, workload.sequences, workload.valid_tokens)
-    return np.asarray(values, dtype=np.float64)
+    """The :data:`FEATURES` of ``kind`` of a workload, as floats."""
+    return np.array([getattr(workload, name) for name in FEATURES[kind]], dtype=np.float64)
 
 
-_SPREAD_WIDENED = {PhaseKind.GENERATION: (0, 3), PhaseKind.TRAINING: (0,)}
-"""The features whose band in :meth:`BaselinePredictor.forget_far` widens with their spread."""
+_SPREAD_WIDENED = {
+    PhaseKind.GENERATION: feature_indices(PhaseKind.GENERATION, "tokens", "max_worker_kv_tokens"),
+    PhaseKind.TRAINING: feature_indices(PhaseKind.TRAINING, "tokens"),
+}
+"""The features whose band in :meth:`BaselinePredictor.forget_far` widens with their spread (they vary
+from batch to batch anyway); never the longest response, whose spread a raised cap itself makes wide."""
 
 
 def _prior_slopes(kind: PhaseKind) -> npt.NDArray[np.float64]:
