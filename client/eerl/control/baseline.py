@@ -48,8 +48,10 @@ def baseline_complete(baseline: BaselineState, config: EerlConfig) -> bool:
 
 
 def schedule_rebaseline(baseline: BaselineState, phases: int) -> None:
-    """Run ``phases`` more default phases before the next re-tune (the old regime's samples then go)."""
+    """Run ``phases`` more default phases before the next re-tune (the old regime's samples then go; its
+    locked phases go now)."""
     baseline.rebaseline_left = phases
+    baseline.predictor.forget_locked()
 
 
 def rebaseline_step(baseline: BaselineState, workload: Workload, config: EerlConfig) -> bool:

@@ -5,8 +5,11 @@ comparison has to be "on the same token workload": the predictor turns a workloa
 energy the default governor would have needed, and a trial's ratios are measured / predicted.
 
 The model is a small ridge regression on relative workload features (tokens, longest response, sequences),
-fitted on a sliding window of default-governor phases. With few samples it shrinks towards a prior slope
-(training scales with tokens; generation partly), so three or four samples already give a usable model.
+fitted on a sliding window of default-governor phases. Its level is theirs alone; its slopes (how cost
+follows the workload) also learn from the phases run at locked clocks, each clock's phases around their
+own level, because four default phases cannot pin four slopes and a wrong slope biases every prediction
+away from their mean workload. It shrinks towards a prior slope (training scales with tokens; generation
+partly), so three or four samples already give a usable model.
 Its out-of-sample error (each new default phase is predicted before it is added) is tracked and reported.
 """
 
@@ -19,6 +22,12 @@ import numpy as np
 import numpy.typing as npt
 
 from eerl.phases import PhaseKind, Workload
+
+LOCKED_BLOCK = 16
+"""Consecutive locked phases that share one level: under drift, a lock's ratio itself moves slowly."""
+
+LOCKED_WINDOW = 120
+"""Locked phases kept for the slopes (the newest: under drift, how cost follows work may change too)."""
 
 _RIDGE = 2e-3
 """Ridge strength on relative features (typical batch-to-batch variation is a few percent)."""
@@ -76,6 +85,10 @@ class BaselinePredictor:
         self._durations: deque[float] = deque(maxlen=window)
         self._energies: deque[float] = deque(maxlen=window)
         self._errors: deque[float] = deque(maxlen=window)
+        self._locked: deque[tuple[int, int, npt.NDArray[np.float64], float, float]] = deque(
+            maxlen=LOCKED_WINDOW
+        )
+        self._locked_added = 0
         self._model: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], float, float] | None = None
 
     @property
@@ -132,6 +145,32 @@ class BaselinePredictor:
         self._model = None
         return error
 
+    def add_locked(self, sm_clock_mhz: int, workload: Workload, duration_s: float, energy_j: float) -> None:
+        """Add a phase run at a locked clock: it says how cost grows with the workload (not its level).
+
+        A lock scales a phase's cost by about the same factor whatever its workload, so the phases at one
+        clock share a level of their own and their spread around it is the workload's doing. The few
+        default phases alone leave the model's slopes to noise (four samples, four features), and a wrong
+        slope biases every prediction away from their mean workload.
+        """
+        self._locked.append(
+            (
+                sm_clock_mhz,
+                self._locked_added // LOCKED_BLOCK,
+                workload_features(self._kind, workload),
+                duration_s,
+                energy_j,
+            )
+        )
+        self._locked_added += 1
+        self._model = None
+
+    def forget_locked(self) -> None:
+        """Drop the locked phases: in a new regime (a step, ratios the model cannot explain) how cost
+        follows work may have changed with it."""
+        self._locked.clear()
+        self._model = None
+
     def forget_far(self, workload: Workload, band: float) -> None:
         """Drop samples whose features differ from this workload's by more than ``band`` (relative) in any
         feature — for the tokens and the busiest worker's KV reads, by more than 2.5 of their spread over
@@ -162,6 +201,14 @@ class BaselinePredictor:
         self._features = deque((r[0] for r in rows), maxlen=self._features.maxlen)
         self._durations = deque((r[1] for r in rows), maxlen=self._durations.maxlen)
         self._energies = deque((r[2] for r in rows), maxlen=self._energies.maxlen)
+        self._locked = deque(
+            (
+                sample
+                for sample in self._locked
+                if bool(np.all(np.abs(sample[2][known] / reference[known] - 1.0) <= bands[known]))
+            ),
+            maxlen=self._locked.maxlen,
+        )
         self._model = None
 
     def predict(self, workload: Workload) -> Prediction | None:
@@ -195,18 +242,47 @@ class BaselinePredictor:
         return d_mean * factor_d, e_mean * factor_e
 
     def _fit(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], float, float]:
-        """Ridge fit of relative cost on relative features, shrunk towards the prior slopes."""
+        """Ridge fit of relative cost on relative features, shrunk towards the prior slopes.
+
+        The level is the default phases' own; the slopes pool the default phases with the locked phases,
+        each clock's phases around their own mean (a lock changes the level, not how cost follows work).
+        """
         features = np.stack(list(self._features))
         x_mean = features.mean(axis=0)
-        rel = np.where(x_mean > 0, features / np.where(x_mean > 0, x_mean, 1.0) - 1.0, 0.0)
+        groups = [(features, np.asarray(self._durations), np.asarray(self._energies))]
+        groups += self._locked_groups()
         prior = _prior_slopes(self._kind)
         slopes = np.zeros((2, features.shape[1]))
-        means = []
-        for row, values in enumerate((self._durations, self._energies)):
-            y = np.asarray(values, dtype=np.float64)
-            y_mean = float(y.mean())
-            means.append(y_mean)
-            target = y / y_mean - 1.0 - rel @ prior
-            gram = rel.T @ rel + _RIDGE * np.eye(rel.shape[1])
-            slopes[row] = prior + np.linalg.solve(gram, rel.T @ target)
-        return x_mean, slopes, means[0], means[1]
+        for row in range(2):
+            gram = _RIDGE * np.eye(features.shape[1])
+            moment = np.zeros(features.shape[1])
+            for group_features, *costs in groups:
+                # Relative to the group's own mean: the slopes are elasticities, whatever the group's level.
+                group_mean = group_features.mean(axis=0)
+                rel = np.where(
+                    group_mean > 0, group_features / np.where(group_mean > 0, group_mean, 1.0) - 1.0, 0.0
+                )
+                y = costs[row]
+                target = y / float(y.mean()) - 1.0 - rel @ prior
+                gram += rel.T @ rel
+                moment += rel.T @ target
+            slopes[row] = prior + np.linalg.solve(gram, moment)
+        return x_mean, slopes, float(np.mean(self._durations)), float(np.mean(self._energies))
+
+    def _locked_groups(
+        self,
+    ) -> list[tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]]]:
+        """The locked phases by clock and block of :data:`LOCKED_BLOCK` consecutive ones (features,
+        durations, energies), each group of two phases or more."""
+        by_clock: dict[tuple[int, int], list[tuple[npt.NDArray[np.float64], float, float]]] = {}
+        for clock, block, features, duration, energy in self._locked:
+            by_clock.setdefault((clock, block), []).append((features, duration, energy))
+        return [
+            (
+                np.stack([s[0] for s in samples]),
+                np.array([s[1] for s in samples]),
+                np.array([s[2] for s in samples]),
+            )
+            for samples in by_clock.values()
+            if len(samples) >= 2
+        ]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from eerl.control.baseline import schedule_rebaseline
 from eerl.control.predictor import BaselinePredictor
+from eerl.control.state import BaselineState
 from eerl.phases import PhaseKind, Workload
 
 SEQUENCES = 1024
@@ -132,3 +134,54 @@ def test_the_busiest_workers_kv_reads_explain_what_the_totals_cannot() -> None:
             residuals.append(prediction.duration_s / duration - 1.0)
         errors[report_kv] = float(np.std(residuals))
     assert errors[True] < 0.6 * errors[False]
+
+
+def test_locked_phases_teach_the_slopes_and_leave_the_level_to_the_default_phases() -> None:
+    """Four default phases leave four slopes to noise; the locked phases (at their own level) fix them.
+
+    The batches of the test above, with 1 % noise on every phase; a lock at 0.8 of the default's time on
+    60 of them. Predictions on fresh batches: with the locked phases the error is clearly smaller, and the
+    level stays the default's (a lock's level never leaks into the prediction).
+    """
+    errors: dict[bool, list[float]] = {False: [], True: []}
+    biases: list[float] = []
+    for seed in range(8):
+        rng = np.random.default_rng(seed)
+        defaults = [generation(rng, 1200.0) for _ in range(4)]
+        locked = [generation(rng, 1200.0) for _ in range(60)]
+        fresh = [generation(rng, 1200.0) for _ in range(100)]
+        noise = rng.normal(1.0, 0.01, size=64)
+        for use_locked in (False, True):
+            predictor = BaselinePredictor(PhaseKind.GENERATION, window=24)
+            for (workload, duration), n in zip(defaults, noise[:4], strict=True):
+                predictor.add(workload, duration * n, duration * n * 400.0, force=True)
+            if use_locked:
+                for (workload, duration), n in zip(locked, noise[4:], strict=True):
+                    predictor.add_locked(1200, workload, 0.8 * duration * n, 0.6 * duration * n * 400.0)
+            residuals = []
+            for workload, duration in fresh:
+                prediction = predictor.predict(workload)
+                assert prediction is not None
+                residuals.append(prediction.duration_s / duration - 1.0)
+            errors[use_locked].append(float(np.sqrt(np.mean(np.square(residuals)))))
+            if use_locked:
+                biases.append(float(np.mean(residuals)))
+    assert np.median(errors[True]) < 0.7 * np.median(errors[False])
+    assert max(abs(b) for b in biases) < 0.02  # the level: 4 noisy default phases, never the lock's 0.8
+
+
+def test_a_rebaseline_forgets_the_locked_phases() -> None:
+    """After a step, the old regime's locked phases would teach the old slopes: they go."""
+    rng = np.random.default_rng(3)
+    predictor = fitted(rng, 1200.0, samples=4)
+    for _ in range(40):
+        workload, duration = generation(rng, 1200.0)
+        predictor.add_locked(1200, workload, 0.8 * duration, 0.6 * duration * 400.0)
+    probe, _ = generation(rng, 1200.0)
+    with_locked = predictor.predict(probe)
+    schedule_rebaseline(BaselineState(predictor), phases=3)
+    alone = fitted(np.random.default_rng(3), 1200.0, samples=4).predict(probe)
+    assert with_locked is not None
+    assert alone is not None
+    assert predictor.predict(probe) == alone
+    assert with_locked != alone
