@@ -5,11 +5,17 @@ counts on OpenRLHF's own ``Experience``, and the real trainers' loops driven on 
 ``PPOTrainer.fit`` and the async ``TrainingActor.fit`` / ``GenerateSamplesActor.fit``, each the actor's
 real class with its remote parts (vLLM engines behind ``samples_generator``, the actor model group, the
 experience maker, the Ray queues and lock) replaced by local stand-ins and ``ray.get`` by the identity.
+
+``max_worker_kv_tokens``: the real ``SamplesGenerator.generate_samples`` → ``_generate_vllm`` →
+``_dispatch_prompts_to_vllm`` → ``_process_response_into_experience``, on a local Ray cluster whose vLLM
+engines are Ray actors that answer with canned responses (the dict OpenRLHF's executors return) and
+remember what they decoded: the busiest engine's Σ length² / 2 is known from the engines themselves.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -24,6 +30,7 @@ from openrlhf.trainer.ppo_trainer_async import GenerateSamplesActor, PPOTrainerA
 from openrlhf.trainer.ppo_utils.experience import Experience
 from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+from openrlhf.utils.agent import SingleTurnAgentExecutor
 
 from tests.frameworks.conftest import Recorder
 
@@ -220,3 +227,183 @@ class TestDriven:
             (PhaseKind.GENERATION, Workload()),
         ]
         assert queued[-1] == "done"
+
+
+class TestPerEngineContract:
+    def test_each_prompt_goes_to_one_engine_and_comes_back_through_process_response(self) -> None:
+        assert _params(SamplesGenerator._dispatch_prompts_to_vllm) == [
+            "self",
+            "prompts",
+            "labels",
+            "images",
+            "generate_kwargs",
+        ]
+        assert _params(SamplesGenerator._process_response_into_experience) == [
+            "self",
+            "response",
+            "generate_kwargs",
+        ]
+        dispatch = inspect.getsource(SamplesGenerator._dispatch_prompts_to_vllm)
+        assert "llm_engine = self.vllm_engines[engine_indices[idx]]" in dispatch
+        assert "ref = llm_engine.generate_responses.remote(" in dispatch
+        assert "prompt=prompt," in dispatch
+        assert "label=label," in dispatch
+        assert "num_samples=n_samples," in dispatch
+        assert "refs.append(ref)" in dispatch
+        generate = inspect.getsource(SamplesGenerator._generate_vllm)
+        assert "self._dispatch_prompts_to_vllm(" in generate
+        assert (
+            "self._process_response_into_experience(response, **generate_kwargs) for response in ray.get(ref)"
+            in generate
+        )
+        respond = inspect.getsource(SingleTurnAgentExecutor.execute)
+        assert '"prompt": prompt,' in respond
+        assert '"label": label,' in respond
+
+
+def local_engine_class() -> Any:
+    """A Ray actor class standing in for ``RolloutRayActor``: canned responses for each prompt, in the dict
+    OpenRLHF's ``SingleTurnAgentExecutor`` returns, and the list of response lengths it decoded. (Made in
+    a function so that Ray ships it by value: the workers need not import this module.)"""
+
+    class LocalEngine:
+        def __init__(self, lengths: dict[str, list[int]], scores: dict[str, float]) -> None:
+            self.lengths, self.scores, self.decoded = lengths, scores, []
+
+        def get_num_unfinished_requests(self) -> int:
+            return 0
+
+        def generate_responses(
+            self,
+            prompt: str,
+            label: str,
+            sampling_params: Any,
+            max_length: int,
+            hf_tokenizer: Any,
+            num_samples: int = 1,
+            images: Any = None,
+        ) -> list[dict[str, Any]]:
+            responses = []
+            for length in self.lengths[prompt][:num_samples]:
+                self.decoded.append(length)
+                responses.append(
+                    {
+                        "prompt": prompt,
+                        "label": label,
+                        "images": images,
+                        "mm_train_inputs": None,
+                        "observation_tokens": [7, 7, 7] + [8] * length,
+                        "action_ranges": [(3, 3 + length)],
+                        "rollout_log_probs": None,
+                        "truncated": False,
+                        "reward": None,
+                        "scores": self.scores.get(prompt, 0.5),
+                        "extra_logs": {},
+                    }
+                )
+            return responses
+
+        def decoded_lengths(self) -> list[int]:
+            return self.decoded
+
+    return ray.remote(num_cpus=0)(LocalEngine)
+
+
+# Each prompt's two samples' response lengths, as the engine that gets the prompt decodes them.
+LENGTHS = {
+    "p0": [5, 1],
+    "p1": [2, 2],
+    "p2": [3, 3],
+    "p3": [1, 1],
+    "p4": [4, 4],
+    "p5": [6, 2],
+    "p6": [1, 2],
+    "p7": [2, 1],
+}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    """A local Ray of two CPUs for the engine actors (they take none)."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _generator(
+    *, batch_size: int, generate_batch_size: int | None = None, filtered: dict[str, float] | None = None
+) -> tuple[SamplesGenerator, list[Any]]:
+    ns = SimpleNamespace
+    engines = [local_engine_class().remote(LENGTHS, filtered or {}) for _ in range(2)]
+    args = ns(
+        rollout=ns(
+            batch_size=batch_size, n_samples_per_prompt=2, vllm_generate_batch_size=generate_batch_size
+        ),
+        vllm=ns(enable_sleep=False),
+        algo=ns(
+            dynamic_filtering_enable=filtered is not None,
+            dynamic_filtering_range=(0.1, 0.9),
+            advantage=ns(is_correction_level="off", is_correction_enable=False),
+        ),
+    )
+    prompts = sorted(LENGTHS)
+    loader = [
+        (None, prompts[i : i + 2], [f"label {p}" for p in prompts[i : i + 2]], [None, None])
+        for i in (0, 2, 4, 6)
+    ]
+    generator = SamplesGenerator(
+        strategy=ns(args=args),
+        prompts_dataloader=loader,
+        eval_dataloader=None,
+        tokenizer=None,
+        vllm_engines=engines,
+    )
+    return generator, engines
+
+
+def _busiest(engines: list[Any]) -> tuple[int, list[list[int]]]:
+    decoded = ray.get([engine.decoded_lengths.remote() for engine in engines])
+    return max(sum(n * n for n in lengths) // 2 for lengths in decoded), decoded
+
+
+GENERATE = {"max_new_tokens": 16, "max_len": 64, "n_samples_per_prompt": 2}
+
+
+@pytest.mark.usefixtures("ray_cluster")
+class TestPerEngineOnRay:
+    def test_the_busiest_engine_is_the_one_that_decoded_the_most(self, recorder: Recorder) -> None:
+        generator, engines = _generator(batch_size=4)
+        hook = hook_module.instrument(SimpleNamespace(samples_generator=generator), recorder)
+        samples, _, consumed, _ = generator.generate_samples(**GENERATE)
+        hook.remove()
+        busiest, decoded = _busiest(engines)
+        assert (consumed, len(samples)) == (4, 8)
+        assert all(decoded), "both engines decoded some prompts"
+        (generation,) = [p.workload for p in recorder.phases]
+        assert generation.max_worker_kv_tokens == busiest
+        assert busiest < sum(n * n for lengths in decoded for n in lengths) // 2  # not the whole batch
+        assert generation.tokens == sum(sum(lengths) for lengths in decoded)
+
+    def test_responses_dynamic_filtering_drops_were_decoded_and_count(self, recorder: Recorder) -> None:
+        generator, engines = _generator(batch_size=2, filtered={"p1": 0.0})
+        hook = hook_module.instrument(SimpleNamespace(samples_generator=generator), recorder)
+        samples, _, consumed, _ = generator.generate_samples(**GENERATE)
+        hook.remove()
+        busiest, decoded = _busiest(engines)
+        assert consumed == 3  # p1's samples dropped: p2 drawn in its place
+        assert {sample.prompts[0] for sample in samples} == {"p0", "p2"}
+        (generation,) = [p.workload for p in recorder.phases]
+        assert generation.max_worker_kv_tokens == busiest
+        assert generation.tokens < sum(sum(lengths) for lengths in decoded)
+
+    def test_a_batch_served_from_the_sample_buffer_decoded_nothing(self, recorder: Recorder) -> None:
+        generator, engines = _generator(batch_size=2, generate_batch_size=4)
+        hook = hook_module.instrument(SimpleNamespace(samples_generator=generator), recorder)
+        first = generator.generate_samples(**GENERATE)
+        second = generator.generate_samples(**GENERATE)
+        hook.remove()
+        busiest, _ = _busiest(engines)
+        assert (first[2], second[2]) == (4, 0)  # prompts consumed: the second batch came from the buffer
+        assert [p.workload.max_worker_kv_tokens for p in recorder.phases] == [busiest, 0]

@@ -6,22 +6,34 @@ relies on), token counts on verl's own batch types (``DataProto``, ``TensorDict`
 ``KVBatchMeta``), and, on the v1 trainer, the real ``PPOTrainerSync.step`` → ``_step_once`` →
 ``on_sample_end`` → ``_update_actor`` driven with its remote parts (replay buffer/rollout, worker group,
 checkpoint engine, log-prob and advantage computations) replaced by local stand-ins.
+
+``max_worker_kv_tokens``: verl's own ``LLMServerManager`` counts the rollout replicas (from its default
+config and a worker group's size) that decide whether the agent loop has one engine, its
+``GlobalRequestLoadBalancer`` shows that the server of a request depends on what is in flight, and its
+``dispatch_lazy_compute_data_proto`` / ``collect_lazy_compute_data_proto`` show which rows of a batch each
+data-parallel rollout rank decodes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import os
 import re
+from types import SimpleNamespace
 from typing import Any
 
 import eerl.integrations.verl as hook_module
 import pytest
 import torch
+from eerl.integrations._counting import kv_reads
 from eerl.phases import PhaseKind, Workload
 from packaging.version import Version
 from tensordict import TensorDict
 from verl import DataProto
+from verl.single_controller.base.worker_group import WorkerGroup
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+from verl.workers.rollout.llm_server import LLMServerManager
 
 from tests.frameworks.conftest import Recorder
 
@@ -140,9 +152,13 @@ class TestV1Trainer:
         )
         assert hook_module.batch_workload(batch) == LEGACY
 
+    @pytest.mark.parametrize(
+        ("replicas", "kv"), [(None, 0), (1, (2 * 2 + 3 * 3) // 2), (2, 0)], ids=["none", "one", "two"]
+    )
     def test_the_real_sync_trainers_step_reports_a_generation_and_a_training_phase(
-        self, recorder: Recorder
+        self, recorder: Recorder, replicas: int | None, kv: int
     ) -> None:
+        """With one rollout replica its generation phase also reads the tags' Σ response length² / 2."""
         from omegaconf import OmegaConf
         from transfer_queue.metadata import KVBatchMeta
         from verl.trainer.ppo.v1 import PPOTrainerSync
@@ -201,6 +217,8 @@ class TestV1Trainer:
         trainer.actor_rollout_wg = LocalWorkers()
         trainer.checkpoint_manager = LocalCheckpointEngine()
         trainer.reward_loop_manager = type("R", (), {"reward_loop_worker_handles": ["remote"]})()
+        if replicas is not None:  # the hybrid replicas _setup makes: the trainer's GPUs at tensor parallel 2
+            trainer.llm_server_manager = server_manager(world_size=2 * replicas, tensor_parallel=2)
         # The log-prob and advantage computations read tensors from TransferQueue: identity stand-ins.
         trainer.prepare_step = dict  # type: ignore[method-assign]
         for name in ("_balance_batch", "_compute_old_log_prob", "_compute_advantage"):
@@ -213,7 +231,7 @@ class TestV1Trainer:
             trainer.step({}, {})
         assert events[:3] == ["sample train", "sleep_replicas", "update_actor"]
         v1 = Workload(tokens=10, valid_tokens=5, sequences=2, max_response_tokens=3, prompt_tokens=5)
-        gen = Workload(tokens=5, sequences=2, max_response_tokens=3, prompt_tokens=5)
+        gen = Workload(tokens=5, sequences=2, max_response_tokens=3, prompt_tokens=5, max_worker_kv_tokens=kv)
         assert [(p.kind, p.iteration, p.workload) for p in recorder.phases] == [
             (PhaseKind.GENERATION, 1, gen),
             (PhaseKind.TRAINING, 1, v1),
@@ -222,6 +240,166 @@ class TestV1Trainer:
         ]
         hook.remove()
         assert "on_sample_begin" not in vars(trainer)
+
+
+def rollout_config(tensor_parallel: int, data_parallel: int = 1, disaggregation: bool = False) -> Any:
+    """verl's own default trainer config (``_generated_ppo_trainer.yaml``), with these rollout sizes."""
+    import verl
+    from omegaconf import OmegaConf
+
+    path = os.path.join(os.path.dirname(verl.__file__), "trainer", "config", "_generated_ppo_trainer.yaml")
+    config = OmegaConf.load(path)
+    rollout = config.actor_rollout_ref.rollout
+    rollout.name = "vllm"
+    rollout.tensor_model_parallel_size = tensor_parallel
+    rollout.data_parallel_size = data_parallel
+    rollout.disaggregation.enabled = disaggregation
+    return config
+
+
+class LocalReplica:
+    """Stands in for a vLLM ``RolloutReplica`` (its server is a Ray actor on the GPUs): nothing launched."""
+
+    def __init__(self, replica_rank: int, config: Any, model_config: Any, gpus_per_node: int) -> None:
+        self.replica_rank = replica_rank
+        self._server_handle = object()
+        self._server_address = f"replica-{replica_rank}"
+
+    async def init_hybrid(self, worker_group: Any) -> None:
+        return None
+
+
+def server_manager(
+    world_size: int, tensor_parallel: int, data_parallel: int = 1, disaggregation: bool = False
+) -> LLMServerManager:
+    """verl's own ``LLMServerManager`` over a worker group of ``world_size`` GPUs: its
+    ``_initialize_llm_servers`` decides how many replicas there are, as in ``init_workers``."""
+    manager = object.__new__(LLMServerManager)
+    manager.rollout_replica_class = LocalReplica  # the hook verl leaves for recipes
+    manager.__init__(  # type: ignore[misc]
+        config=rollout_config(tensor_parallel, data_parallel, disaggregation),
+        worker_group=SimpleNamespace(world_size=world_size),
+    )
+    asyncio.run(manager._initialize_llm_servers())
+    return manager
+
+
+# Four responses of 4, 1, 2 and 2 tokens.
+RESPONSE_MASK = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 0, 0]])
+
+
+def rollout_output() -> DataProto:
+    attention = torch.cat([torch.ones((4, 2), dtype=torch.long), RESPONSE_MASK], dim=1)
+    return DataProto.from_dict(
+        tensors={"responses": torch.zeros((4, 4), dtype=torch.long), "attention_mask": attention}
+    )
+
+
+class TestMaxWorkerKvTokens:
+    @pytest.mark.parametrize(
+        ("world_size", "tensor_parallel", "data_parallel", "disaggregation", "engines"),
+        [
+            (2, 2, 1, False, 1),
+            (1, 1, 1, False, 1),
+            (4, 2, 1, False, None),
+            (2, 1, 2, False, None),
+            (4, 1, 1, True, None),
+        ],
+        ids=["one replica", "one gpu", "two replicas", "dp engines in one replica", "prefill/decode"],
+    )
+    def test_the_agent_loop_has_one_engine_only_when_verl_makes_one_replica_of_one_engine(
+        self,
+        world_size: int,
+        tensor_parallel: int,
+        data_parallel: int,
+        disaggregation: bool,
+        engines: int | None,
+    ) -> None:
+        manager = server_manager(world_size, tensor_parallel, data_parallel, disaggregation)
+        assert hook_module._server_engines(SimpleNamespace(llm_server_manager=manager)) == engines
+
+    def test_init_workers_keeps_the_server_manager_on_the_trainer(self, framework_version: str) -> None:
+        assert "self.llm_server_manager = LLMServerManager.create(" in inspect.getsource(
+            RayPPOTrainer.init_workers
+        )
+        assert "self.rollout_config = config.actor_rollout_ref.rollout" in inspect.getsource(
+            LLMServerManager.__init__
+        )
+        if is_v1(framework_version):
+            from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+            assert (
+                "self.llm_server_manager: LLMServerManager = LLMServerManager.create("
+                in inspect.getsource(PPOTrainer)
+            )
+
+    def test_a_requests_server_depends_on_what_is_in_flight_and_no_sample_names_it(
+        self, framework_version: str
+    ) -> None:
+        """Why several engines report 0: the balancer picks the least-loaded server as each request arrives
+        (verl 0.9: router.py; 0.8: llm_server.py, a Ray actor), and the agent loop's outputs drop the
+        server id (``LLMServerClient.generate`` only releases it)."""
+        if is_v1(framework_version):
+            from verl.workers.rollout.router import GlobalRequestLoadBalancer
+        else:
+            from verl.workers.rollout.llm_server import GlobalRequestLoadBalancer
+        from verl.experimental.agent_loop import agent_loop
+        from verl.workers.rollout.llm_server import LLMServerClient
+
+        balancer_cls = getattr(GlobalRequestLoadBalancer, "__ray_actor_class__", GlobalRequestLoadBalancer)
+        balancer = balancer_cls(servers={"s0": "h0", "s1": "h1"})
+        first, _ = balancer.acquire_server(request_id="a")
+        second, _ = balancer.acquire_server(request_id="b")  # "a" in flight: the other server
+        assert {first, second} == {"s0", "s1"}
+        balancer.release_server(server_id=second)
+        assert balancer.acquire_server(request_id="c")[0] == second  # "b" done: its server is the free one
+        assert "server_id" not in inspect.getsource(agent_loop.AgentLoopWorker)
+        assert "_release_server(" in inspect.getsource(LLMServerClient.generate)
+        if is_v1(framework_version):
+            from verl.trainer.ppo.v1 import agent_loop_tq
+
+            assert "server_id" not in inspect.getsource(agent_loop_tq)
+
+    def test_each_data_parallel_rank_decodes_the_contiguous_chunk_verls_dispatch_hands_it(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """``make_nd_compute_dataproto_dispatch_fn(mesh_name="rollout")``, as verl 0.6/0.7 register the worker
+        group's ``generate_sequences``, on four ranks at tensor parallel 2: two engines."""
+        import verl.utils.ray_utils
+        from verl.single_controller.base.decorator import (
+            collect_lazy_compute_data_proto,
+            dispatch_lazy_compute_data_proto,
+        )
+
+        monkeypatch.setattr(verl.utils.ray_utils, "parallel_put", lambda data, max_workers=None: list(data))
+        workers = object.__new__(WorkerGroup)
+        workers._workers = [object()] * 4
+        workers._dispatch_info = {"rollout": [0, 0, 1, 1]}
+        workers._collect_info = {"rollout": [True, False, True, False]}
+        output = rollout_output()
+        (per_rank,), _ = dispatch_lazy_compute_data_proto("rollout", workers, output)
+        decoded = [per_rank[0], per_rank[2]]  # one engine per data-parallel rank
+        assert torch.equal(
+            collect_lazy_compute_data_proto("rollout", workers, per_rank).batch["responses"],
+            output.batch["responses"],
+        )
+        expected = max(kv_reads(chunk.batch["attention_mask"][:, -4:]) for chunk in decoded)
+        assert expected == (16 + 1) // 2
+        assert hook_module._dp_engines(workers) == 2
+        assert hook_module.generation_workload(output, 2).max_worker_kv_tokens == expected
+        assert hook_module._dp_engines(object.__new__(WorkerGroup)) is None
+
+    def test_an_uneven_batch_splits_as_dataproto_chunk_splits_it(self) -> None:
+        """Five rows on two engines: 3 and 2, as ``DataProto.chunk`` splits a batch whose padding is enabled
+        (otherwise verl's dispatch asserts that the batch divides evenly)."""
+        mask = torch.cat([RESPONSE_MASK, torch.tensor([[1, 1, 1, 0]])])
+        output = DataProto.from_dict(tensors={"responses": torch.zeros((5, 4)), "response_mask": mask})
+        output.meta_info["_verl_auto_padding"] = True  # lets DataProto.chunk split unevenly
+        chunks = output.chunk(2)
+        assert [len(chunk) for chunk in chunks] == [3, 2]
+        expected = max(kv_reads(chunk.batch["response_mask"]) for chunk in chunks)
+        assert expected == (16 + 1 + 4) // 2
+        assert hook_module.generation_workload(output, 2).max_worker_kv_tokens == expected
 
 
 def test_v1_is_absent_before_0_9(framework_version: str) -> None:

@@ -6,6 +6,7 @@ rely only on what such objects share: ``.sum()``, ``.item()``, ``.shape`` and it
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 
@@ -50,3 +51,34 @@ def kv_reads(mask: Any) -> int:
 
 def _scalar(value: Any) -> int:
     return int(value.item() if hasattr(value, "item") else value)
+
+
+def row_lengths(mask: Any) -> list[int]:
+    """Each row's sum of a 2-D mask, in row order: the length of each sequence it marks."""
+    if mask is None or rows(mask) == 0:
+        return []
+    if hasattr(mask, "sum") and not isinstance(mask, list | tuple):
+        return [_scalar(length) for length in mask.sum(-1)]
+    return [total(row) for row in mask]
+
+
+def busiest_kv(groups: Iterable[Iterable[int]]) -> int:
+    """The largest Σ length² / 2 of any one group of response lengths: the KV-cache tokens the busiest
+    worker's decode steps read, each group being the responses one worker decoded (0 for no group)."""
+    return max((sum(length * length for length in group) // 2 for group in groups), default=0)
+
+
+def contiguous_chunks(lengths: Sequence[int], chunks: int) -> list[Sequence[int]]:
+    """``lengths`` split as ``torch.chunk`` (and verl's ``DataProto.chunk``) splits a batch into ``chunks``
+    workers: consecutive runs of ⌈n / chunks⌉, the last one shorter (fewer runs when n is small)."""
+    if chunks < 1:
+        raise ValueError(f"chunks must be positive, not {chunks}")
+    size = -(-len(lengths) // chunks)
+    return [lengths[start : start + size] for start in range(0, len(lengths), size)] if size else []
+
+
+def as_ints(values: Any) -> list[int]:
+    """The entries of a 1-D tensor, array or list, as ints (lengths kept as floats come back whole)."""
+    if values is None:
+        return []
+    return [_scalar(value) for value in values]

@@ -17,6 +17,19 @@ object (``docs/integrations.md`` has the subclass to write):
   training only); :func:`instrument_async`, called in ``PPOTrainerAsync.__init__``, attaches both through
   Ray's ``__ray_call__``, each with a session of its own (``mode="async"``, ``role`` its pool).
 
+A generation phase also reports ``max_worker_kv_tokens``, the busiest vLLM engine's Σ response length² / 2.
+``SamplesGenerator._dispatch_prompts_to_vllm`` sends each prompt (with its ``n_samples_per_prompt``
+samples) to one engine, the least loaded by a heap over the engines' unfinished requests, as
+``engine.generate_responses.remote(prompt=..., label=...)``, and returns one Ray object ref per prompt;
+``_generate_vllm`` turns each response into an ``Experience`` with ``_process_response_into_experience``
+(openrlhf/trainer/ppo_utils/samples_generator.py, 0.10.4 and 0.11.2). The hook wraps those two as well:
+it learns each prompt's engine from its ref (the Ray actor that runs the ref's task,
+``ref.task_id().actor_id()``) and adds each response's length (its ``action_mask`` sum, as the tokens) to
+the engine its prompt went to. It counts every response decoded in the phase, those that dynamic filtering
+drops and those kept in the sample buffer for later steps included, since the engines decoded them then.
+A response it cannot place — its prompt and label were sent to two engines in the same phase, or a ref
+names no actor — makes the phase report 0 (unknown), never a guess.
+
 The iteration is the ``global_steps`` passed to ``ppo_train`` (a generation takes the one after the last
 one trained; the generator actor counts its own batches). Evaluation (``generate_eval_samples``) is not
 reported. A trainer the hook finds nothing to wrap on gets a :class:`~eerl.integrations.HookWarning` naming
@@ -25,11 +38,11 @@ the OpenRLHF version and what it looked for. On several nodes, pass ``eerl.ray.R
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from eerl.integrations._common import GuardedPhases, framework_version, logger, warn_setup
-from eerl.integrations._counting import longest_row, rows, total
+from eerl.integrations._counting import as_ints, busiest_kv, row_lengths, total
 from eerl.integrations._source import PhaseSource
 from eerl.integrations._wrapping import Patches
 from eerl.phases import PhaseKind, Workload
@@ -54,8 +67,12 @@ class OpenRlhfHook:
         self._patches = Patches()
         self._trained = Workload()
         self._next_iteration: int | None = None
+        self._engines: _EngineTally | None = None
         generator = getattr(trainer, "samples_generator", None)
         self.generation_hooked = self._patches.wrap(generator, "generate_samples", self._generation)
+        if self.generation_hooked:
+            self._patches.wrap(generator, "_dispatch_prompts_to_vllm", self._dispatch)
+            self._patches.wrap(generator, "_process_response_into_experience", self._response)
         self.training_hooked = self._patches.wrap(trainer, "ppo_train", self._training)
         if self.training_hooked:
             self._patches.wrap(trainer, "train_step", self._train_step)
@@ -85,6 +102,7 @@ class OpenRlhfHook:
     def _generation(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def generate_samples(*args: Any, **kwargs: Any) -> Any:
             phase = self._phases.begin(PhaseKind.GENERATION, self._next_iteration)
+            engines = self._engines = _EngineTally()
             try:
                 output = original(*args, **kwargs)
                 samples = output[0] if isinstance(output, tuple) else output
@@ -97,13 +115,43 @@ class OpenRlhfHook:
                         sequences=workload.sequences,
                         max_response_tokens=workload.max_response_tokens,
                         prompt_tokens=workload.prompt_tokens,
+                        max_worker_kv_tokens=engines.busiest(),
                     ),
                 )
                 return output
             finally:
+                self._engines = None
                 self._phases.end(phase)
 
         return generate_samples
+
+    def _dispatch(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``_dispatch_prompts_to_vllm(prompts, labels, ...)``: one ref per prompt, on its engine."""
+
+        def dispatch_prompts_to_vllm(*args: Any, **kwargs: Any) -> Any:
+            refs = original(*args, **kwargs)
+            engines = self._engines
+            if engines is not None:
+                prompts = kwargs.get("prompts", args[0] if args else None)
+                labels = kwargs.get("labels", args[1] if len(args) > 1 else None)
+                engines.guarded(
+                    lambda: engines.dispatched(_keys(prompts, labels), [_engine(r) for r in refs])
+                )
+            return refs
+
+        return dispatch_prompts_to_vllm
+
+    def _response(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``_process_response_into_experience(response, ...)``: one prompt's sample, decoded."""
+
+        def process_response_into_experience(response: Any, *args: Any, **kwargs: Any) -> Any:
+            experience = original(response, *args, **kwargs)
+            engines = self._engines
+            if engines is not None:
+                engines.guarded(lambda: engines.decoded(_response_key(response), _sample_lengths(experience)))
+            return experience
+
+        return process_response_into_experience
 
     def _train_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def train_step(rollout_samples: Any, *args: Any, **kwargs: Any) -> Any:
@@ -127,29 +175,75 @@ class OpenRlhfHook:
         return ppo_train
 
 
+class _EngineTally:
+    """One generation phase's decode work per vLLM engine: the engines each prompt was sent to, and the
+    response lengths each engine decoded. Bookkeeping only; ``known`` turns False (and :meth:`busiest`
+    0) as soon as one response cannot be placed on exactly one engine."""
+
+    def __init__(self) -> None:
+        self._sent: dict[Hashable, set[Hashable]] = {}
+        self._decoded: dict[Hashable, list[int]] = {}
+        self.known = True
+
+    def dispatched(self, keys: Sequence[Hashable | None], engines: Sequence[Hashable | None]) -> None:
+        """Prompts ``keys`` went to ``engines``, one each (a None is a prompt or engine not known)."""
+        if len(keys) != len(engines):
+            self.known = False
+            return
+        for key, engine in zip(keys, engines, strict=True):
+            if key is None or engine is None:
+                self.known = False
+            else:
+                self._sent.setdefault(key, set()).add(engine)
+
+    def decoded(self, key: Hashable | None, lengths: Sequence[int]) -> None:
+        """The samples of prompt ``key`` came back, of ``lengths`` response tokens."""
+        engines = self._sent.get(key) if key is not None else None
+        if engines is None or len(engines) != 1:
+            self.known = False
+            return
+        (engine,) = engines
+        self._decoded.setdefault(engine, []).extend(lengths)
+
+    def busiest(self) -> int:
+        """The largest Σ length² / 2 any one engine decoded; 0 when not known (or nothing decoded)."""
+        return busiest_kv(self._decoded.values()) if self.known else 0
+
+    def guarded(self, record: Callable[[], None]) -> None:
+        """Runs ``record``; a failure (a batch shaped unlike OpenRLHF's) makes the tally unknown."""
+        try:
+            record()
+        except Exception:
+            logger.debug("eerl: OpenRLHF hook: could not place a response on its engine", exc_info=True)
+            self.known = False
+
+
+def _sample_lengths(sample: Any) -> list[int]:
+    """The response length of each sequence of an OpenRLHF ``Experience``: its ``action_mask`` row sums,
+    else its ``response_length`` (or ``info["response_length"]``); [] when it has neither."""
+    action_mask = getattr(sample, "action_mask", None)
+    if action_mask is not None:
+        return row_lengths(action_mask)
+    lengths = getattr(sample, "response_length", None)
+    info = getattr(sample, "info", None)
+    if lengths is None and isinstance(info, Mapping):
+        lengths = info.get("response_length")
+    return as_ints(lengths)
+
+
 def samples_workload(samples: Any) -> Workload:
     """The workload of OpenRLHF samples/experiences: response tokens (as valid), all tokens, sequences."""
     if not isinstance(samples, Sequence) or isinstance(samples, str | bytes):
         return Workload()
     response_tokens = all_tokens = sequences = longest = 0
     for sample in samples:
-        action_mask = getattr(sample, "action_mask", None)
-        lengths = getattr(sample, "response_length", None)
-        info = getattr(sample, "info", None)
-        if lengths is None and isinstance(info, Mapping):
-            lengths = info.get("response_length")
-        if action_mask is not None:
-            responses = total(action_mask)
-            count = rows(action_mask)
-            longest = max(longest, longest_row(action_mask))
-        elif lengths is not None:
-            responses = total(lengths)
-            count = rows(lengths)
-            longest = max(longest, _largest(lengths))
-        else:
+        lengths = _sample_lengths(sample)
+        if not lengths:
             continue
+        responses = sum(lengths)
+        longest = max(longest, *lengths)
         response_tokens += responses
-        sequences += count
+        sequences += len(lengths)
         attention_mask = getattr(sample, "attention_mask", None)
         total_length = getattr(sample, "total_length", None)
         if attention_mask is not None:
@@ -244,7 +338,37 @@ def _as_int(value: Any) -> int | None:
         return None
 
 
-def _largest(lengths: Any) -> int:
-    if hasattr(lengths, "max") and not isinstance(lengths, list | tuple):
-        return int(lengths.max().item() if hasattr(lengths.max(), "item") else lengths.max())
-    return max((int(x) for x in lengths), default=0)
+def _key(prompt: Any, label: Any) -> Hashable | None:
+    """What identifies a prompt on its way to an engine and back: (prompt, label), or the prompt alone
+    when the label cannot be hashed; None when neither can."""
+    for key in ((prompt, label), (prompt, None)):
+        try:
+            hash(key)
+        except TypeError:
+            continue
+        return key
+    return None
+
+
+def _keys(prompts: Any, labels: Any) -> list[Hashable | None]:
+    prompts = list(prompts) if prompts is not None else []
+    labels = list(labels) if labels is not None else [None] * len(prompts)
+    if len(labels) != len(prompts):
+        return [None] * len(prompts)
+    return [_key(prompt, label) for prompt, label in zip(prompts, labels, strict=True)]
+
+
+def _response_key(response: Any) -> Hashable | None:
+    """The key of the prompt a vLLM engine's response dict answers (its ``prompt`` and ``label``)."""
+    if not isinstance(response, Mapping) or "prompt" not in response:
+        return None
+    return _key(response["prompt"], response.get("label"))
+
+
+def _engine(ref: Any) -> Hashable | None:
+    """The Ray actor (a vLLM engine) whose task ``ref`` is the result of, or None when it names none."""
+    try:
+        actor = ref.task_id().actor_id()
+        return None if actor.is_nil() else bytes(actor.binary())
+    except Exception:
+        return None

@@ -18,6 +18,24 @@ Two trainers, both checked against the releases' own source (verl 0.9.1 and 0.8.
   ``attention_mask``); training wraps ``_update_actor(batch: DataProto)`` (or
   ``actor_rollout_wg.update_actor``). Call :func:`instrument` after ``trainer.init_workers()``.
 
+A generation phase also reports ``max_worker_kv_tokens`` (the busiest rollout engine's Σ response
+length² / 2) where the split of the batch across engines can be known on the driver, and 0 (unknown: the
+predictor leaves the feature out) where it cannot:
+
+* **the agent-loop rollout** (the v1 trainer, and the legacy trainer's ``async_rollout_manager``; verl
+  0.8, 0.9): ``AgentLoopManager.generate_sequences`` chunks the batch across agent-loop workers, but each
+  request then goes to whichever server replica ``GlobalRequestLoadBalancer.acquire_server`` picks (the
+  least in-flight requests, sticky per request id; verl/workers/rollout/router.py in 0.9,
+  llm_server.py in 0.8), and no sample carries the server that decoded it. So the hook reports the batch's
+  Σ length² / 2 only when there is one engine — ``trainer.llm_server_manager.get_replicas()`` has one
+  replica, ``rollout.data_parallel_size`` is 1 and prefill/decode disaggregation is off — and 0 otherwise.
+* **the worker group's rollout** (``actor_rollout_wg.generate_sequences``, verl 0.6 and 0.7): registered
+  with ``make_nd_compute_dataproto_dispatch_fn(mesh_name="rollout")``, it gives the rollout's data-parallel
+  rank ``r`` the ``r``-th of ``max(dp_rank_mapping) + 1`` contiguous chunks (``DataProto.chunk``) and
+  concatenates the outputs in rank order (verl/single_controller/base/decorator.py); the hook splits the
+  output the same way, with the mapping verl keeps on the worker group (``_dispatch_info["rollout"]``).
+  Before 0.6 (``Dispatch.DP_COMPUTE_PROTO``, no mapping) it reports 0.
+
 The iteration is ``trainer.global_steps``; validation rollouts are not reported. A trainer the hook finds
 nothing to wrap on gets a :class:`~eerl.integrations.HookWarning` naming the verl version and what it
 looked for. On several nodes, pass ``eerl.ray.RayJob(job_id=...)`` instead of the session
@@ -30,12 +48,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from eerl.integrations._common import GuardedPhases, framework_version, logger, warn_setup
-from eerl.integrations._counting import longest_row, rows, total
+from eerl.integrations._counting import busiest_kv, contiguous_chunks, longest_row, row_lengths, rows, total
 from eerl.integrations._source import PhaseLike, PhaseSource
 from eerl.integrations._wrapping import Patches
 from eerl.phases import PhaseKind, Workload
 
-__all__ = ["VerlHook", "batch_workload", "instrument"]
+__all__ = ["VerlHook", "batch_workload", "generation_workload", "instrument"]
 
 V1 = "v1"
 V1_SEPARATE = "v1 separate_async (training only)"
@@ -89,10 +107,14 @@ class VerlHook:
             workers = getattr(trainer, "actor_rollout_wg", None)
             manager = getattr(trainer, "async_rollout_manager", None)
             self.generation_hooked = self._patches.wrap(
-                manager, "generate_sequences", self._legacy_generation
+                manager,
+                "generate_sequences",
+                lambda f: self._legacy_generation(f, lambda: _server_engines(trainer)),
             )
             self.generation_hooked |= self._patches.wrap(
-                workers, "generate_sequences", self._legacy_generation
+                workers,
+                "generate_sequences",
+                lambda f: self._legacy_generation(f, lambda: _dp_engines(workers)),
             )
             self.training_hooked = self._patches.wrap(trainer, "_update_actor", self._training) or (
                 self._patches.wrap(workers, "update_actor", self._training)
@@ -151,7 +173,9 @@ class VerlHook:
             partition = kwargs.get("partition_id", args[1] if len(args) > 1 else "train")
             if self._generation is not None and partition != "val":
                 batch = result[0] if isinstance(result, tuple) else result
-                self._phases.report(self._generation, lambda: _generation_workload(batch_workload(batch)))
+                self._phases.report(
+                    self._generation, lambda: generation_workload(batch, _server_engines(self._trainer))
+                )
             return result
 
         return sample
@@ -171,7 +195,12 @@ class VerlHook:
 
     # -- the legacy trainer: generate_sequences ------------------------------------------------------
 
-    def _legacy_generation(self, original: Callable[..., Any]) -> Callable[..., Any]:
+    def _legacy_generation(
+        self, original: Callable[..., Any], engines: Callable[[], int | None]
+    ) -> Callable[..., Any]:
+        """``engines()`` (read after the call, when verl has filled in its dispatch mapping): how many
+        engines decoded contiguous chunks of the output, or None when that is not how it was split."""
+
         def generate_sequences(*args: Any, **kwargs: Any) -> Any:
             if self._active or self._validating:
                 return original(*args, **kwargs)
@@ -179,7 +208,7 @@ class VerlHook:
             phase = self._phases.begin(PhaseKind.GENERATION, self._iteration())
             try:
                 output = original(*args, **kwargs)
-                self._phases.report(phase, lambda: _generation_workload(batch_workload(output)))
+                self._phases.report(phase, lambda: generation_workload(output, engines()))
                 return output
             finally:
                 self._phases.end(phase)
@@ -230,12 +259,10 @@ def batch_workload(batch: Any) -> Workload:
     Takes a v1 ``KVBatchMeta`` (its per-sample ``tags``), a ``DataProto`` (its ``batch`` TensorDict) or a
     ``TensorDict`` itself; anything else counts as empty.
     """
-    tags = getattr(batch, "tags", None)
-    if isinstance(tags, list) and hasattr(batch, "keys"):
+    tags = _tags(batch)
+    if tags is not None:
         return _tags_workload(tags)
-    tensors = getattr(batch, "batch", None)
-    if tensors is None and callable(getattr(batch, "keys", None)):
-        tensors = batch
+    tensors = _tensors(batch)
     if tensors is None:
         return Workload()
     response_mask = _response_mask(tensors)
@@ -250,14 +277,84 @@ def batch_workload(batch: Any) -> Workload:
     )
 
 
-def _generation_workload(workload: Workload) -> Workload:
-    """A generation phase's tokens are the response tokens generated (no valid tokens: nothing trained)."""
+def generation_workload(batch: Any, engines: int | None) -> Workload:
+    """The workload of a rollout batch (what :func:`batch_workload` reads) as a generation phase reports
+    it: the response tokens generated as its tokens (no valid tokens: nothing is trained), and
+    ``max_worker_kv_tokens`` for ``engines`` rollout engines that each decoded one contiguous chunk of the
+    batch, in order (``DataProto.chunk``); ``engines`` None — the split is not known — reports 0."""
+    workload = batch_workload(batch)
+    kv = busiest_kv(contiguous_chunks(_response_lengths(batch), engines)) if engines else 0
     return Workload(
         tokens=workload.valid_tokens,
         sequences=workload.sequences,
         max_response_tokens=workload.max_response_tokens,
         prompt_tokens=workload.prompt_tokens,
+        max_worker_kv_tokens=kv,
     )
+
+
+def _response_lengths(batch: Any) -> list[int]:
+    """Each sample's response length, in batch order: a ``KVBatchMeta``'s ``response_len`` tags (padding
+    left out), or a ``DataProto``'s (or ``TensorDict``'s) response mask row sums; [] for anything else."""
+    tags = _tags(batch)
+    if tags is not None:
+        return [
+            int(tag.get("response_len", 0) or 0)
+            for tag in tags
+            if isinstance(tag, Mapping) and not tag.get("is_padding", False)
+        ]
+    tensors = _tensors(batch)
+    return row_lengths(_response_mask(tensors)) if tensors is not None else []
+
+
+def _server_engines(trainer: Any) -> int | None:
+    """1 when the trainer's agent-loop rollout has exactly one engine, else None; never raises.
+
+    The agent loop load-balances requests across server replicas as they arrive (least in-flight,
+    ``GlobalRequestLoadBalancer``) and no sample records its server, so with several engines the busiest
+    one's samples cannot be named. One engine: ``llm_server_manager.get_replicas()`` is one replica (verl
+    0.8, 0.9: the hybrid replicas, ``LLMServerManager._initialize_llm_servers``), with no data-parallel
+    engines inside it (``rollout.data_parallel_size`` 1) and no prefill/decode disaggregation.
+    """
+    try:
+        manager: Any = getattr(trainer, "llm_server_manager", None)
+        get_replicas = getattr(manager, "get_replicas", None)
+        replicas = get_replicas() if callable(get_replicas) else None
+        config = getattr(manager, "rollout_config", None)
+        disaggregation = getattr(config, "disaggregation", None)
+        one = (
+            isinstance(replicas, list | tuple)
+            and len(replicas) == 1
+            and _is_one(getattr(config, "data_parallel_size", None))
+            and getattr(disaggregation, "enabled", False) is False
+        )
+    except Exception:
+        return None
+    return 1 if one else None
+
+
+def _dp_engines(workers: Any) -> int | None:
+    """How many data-parallel rollout engines the worker group's ``generate_sequences`` splits a batch
+    across, or None when verl keeps no such mapping; never raises.
+
+    verl 0.6, 0.7 dispatch it with ``make_nd_compute_dataproto_dispatch_fn(mesh_name="rollout")``:
+    ``dispatch_lazy_compute_data_proto`` stores each rank's data-parallel rank in
+    ``worker_group._dispatch_info["rollout"]`` and splits into ``max(mapping) + 1`` chunks.
+    """
+    try:
+        info = getattr(workers, "_dispatch_info", None)
+        mapping = info.get("rollout") if isinstance(info, dict) else None
+        if not isinstance(mapping, list | tuple) or not mapping:
+            return None
+        if not all(isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0 for rank in mapping):
+            return None
+        return int(max(mapping)) + 1
+    except Exception:
+        return None
+
+
+def _is_one(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value == 1
 
 
 def _tags_workload(tags: list[Any]) -> Workload:
@@ -280,6 +377,20 @@ def _tags_workload(tags: list[Any]) -> Workload:
         max_response_tokens=longest,
         prompt_tokens=prompts,
     )
+
+
+def _tags(batch: Any) -> list[Any] | None:
+    """A v1 ``KVBatchMeta``'s per-sample tags, or None for any other batch."""
+    tags = getattr(batch, "tags", None)
+    return tags if isinstance(tags, list) and hasattr(batch, "keys") else None
+
+
+def _tensors(batch: Any) -> Any:
+    """A ``DataProto``'s ``batch`` TensorDict, a ``TensorDict`` itself, or None."""
+    tensors = getattr(batch, "batch", None)
+    if tensors is None and callable(getattr(batch, "keys", None)):
+        tensors = batch
+    return tensors
 
 
 def _get(batch: Any, key: str) -> Any:
