@@ -24,7 +24,10 @@ import numpy.typing as npt
 from eerl.phases import PhaseKind, Workload
 
 LOCKED_BLOCK = 16
-"""Consecutive locked phases that share one level: under drift, a lock's ratio itself moves slowly."""
+"""Consecutive locked phases that share one level per clock: under drift, a lock's ratio moves slowly."""
+
+LOCKED_REFIT = 4
+"""The slopes are refitted every this many locked phases (they move slowly; a refit costs ~0.3 ms)."""
 
 LOCKED_WINDOW = 120
 """Locked phases kept for the slopes (the newest: under drift, how cost follows work may change too)."""
@@ -85,10 +88,17 @@ class BaselinePredictor:
         self._durations: deque[float] = deque(maxlen=window)
         self._energies: deque[float] = deque(maxlen=window)
         self._errors: deque[float] = deque(maxlen=window)
-        self._locked: deque[tuple[int, int, npt.NDArray[np.float64], float, float]] = deque(
+        self._locked: deque[tuple[tuple[int, int], npt.NDArray[np.float64], float, float]] = deque(
             maxlen=LOCKED_WINDOW
         )
         self._locked_added = 0
+        self._groups: dict[tuple[int, int], list[tuple[npt.NDArray[np.float64], float, float]]] = {}
+        """The locked phases by (clock, block of :data:`LOCKED_BLOCK` consecutive ones)."""
+        self._group_moments: dict[tuple[int, int], _Moments] = {}
+        """Each group's contribution to the fit, kept until the group changes (the model is refitted
+        after every phase; only the group that changed is recomputed)."""
+        self._defaults: tuple[npt.NDArray[np.float64], _Moments, float, float] | None = None
+        """The default phases' part of the fit (mean features, terms, levels), kept until they change."""
         self._model: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], float, float] | None = None
 
     @property
@@ -143,6 +153,7 @@ class BaselinePredictor:
         self._durations.append(duration_s)
         self._energies.append(energy_j)
         self._model = None
+        self._defaults = None
         return error
 
     def add_locked(self, sm_clock_mhz: int, workload: Workload, duration_s: float, energy_j: float) -> None:
@@ -153,22 +164,27 @@ class BaselinePredictor:
         default phases alone leave the model's slopes to noise (four samples, four features), and a wrong
         slope biases every prediction away from their mean workload.
         """
-        self._locked.append(
-            (
-                sm_clock_mhz,
-                self._locked_added // LOCKED_BLOCK,
-                workload_features(self._kind, workload),
-                duration_s,
-                energy_j,
-            )
-        )
+        if len(self._locked) == self._locked.maxlen:
+            oldest = self._locked[0][0]
+            self._groups[oldest].pop(0)
+            if not self._groups[oldest]:
+                del self._groups[oldest]
+            self._group_moments.pop(oldest, None)
+        key = (sm_clock_mhz, self._locked_added // LOCKED_BLOCK)
+        sample = (workload_features(self._kind, workload), duration_s, energy_j)
+        self._locked.append((key, *sample))
+        self._groups.setdefault(key, []).append(sample)
+        self._group_moments.pop(key, None)
         self._locked_added += 1
-        self._model = None
+        if self._locked_added % LOCKED_REFIT == 0:
+            self._model = None
 
     def forget_locked(self) -> None:
         """Drop the locked phases: in a new regime (a step, ratios the model cannot explain) how cost
         follows work may have changed with it."""
         self._locked.clear()
+        self._groups.clear()
+        self._group_moments.clear()
         self._model = None
 
     def forget_far(self, workload: Workload, band: float) -> None:
@@ -201,15 +217,8 @@ class BaselinePredictor:
         self._features = deque((r[0] for r in rows), maxlen=self._features.maxlen)
         self._durations = deque((r[1] for r in rows), maxlen=self._durations.maxlen)
         self._energies = deque((r[2] for r in rows), maxlen=self._energies.maxlen)
-        self._locked = deque(
-            (
-                sample
-                for sample in self._locked
-                if bool(np.all(np.abs(sample[2][known] / reference[known] - 1.0) <= bands[known]))
-            ),
-            maxlen=self._locked.maxlen,
-        )
         self._model = None
+        self._defaults = None
 
     def predict(self, workload: Workload) -> Prediction | None:
         """Predicted default cost of this workload; None before the first default phase."""
@@ -247,42 +256,59 @@ class BaselinePredictor:
         The level is the default phases' own; the slopes pool the default phases with the locked phases,
         each clock's phases around their own mean (a lock changes the level, not how cost follows work).
         """
-        features = np.stack(list(self._features))
-        x_mean = features.mean(axis=0)
-        groups = [(features, np.asarray(self._durations), np.asarray(self._energies))]
-        groups += self._locked_groups()
-        prior = _prior_slopes(self._kind)
-        slopes = np.zeros((2, features.shape[1]))
-        for row in range(2):
-            gram = _RIDGE * np.eye(features.shape[1])
-            moment = np.zeros(features.shape[1])
-            for group_features, *costs in groups:
-                # Relative to the group's own mean: the slopes are elasticities, whatever the group's level.
-                group_mean = group_features.mean(axis=0)
-                rel = np.where(
-                    group_mean > 0, group_features / np.where(group_mean > 0, group_mean, 1.0) - 1.0, 0.0
-                )
-                y = costs[row]
-                target = y / float(y.mean()) - 1.0 - rel @ prior
-                gram += rel.T @ rel
-                moment += rel.T @ target
-            slopes[row] = prior + np.linalg.solve(gram, moment)
-        return x_mean, slopes, float(np.mean(self._durations)), float(np.mean(self._energies))
-
-    def _locked_groups(
-        self,
-    ) -> list[tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]]]:
-        """The locked phases by clock and block of :data:`LOCKED_BLOCK` consecutive ones (features,
-        durations, energies), each group of two phases or more."""
-        by_clock: dict[tuple[int, int], list[tuple[npt.NDArray[np.float64], float, float]]] = {}
-        for clock, block, features, duration, energy in self._locked:
-            by_clock.setdefault((clock, block), []).append((features, duration, energy))
-        return [
-            (
-                np.stack([s[0] for s in samples]),
-                np.array([s[1] for s in samples]),
-                np.array([s[2] for s in samples]),
+        if self._defaults is None:
+            features = np.stack(list(self._features))
+            durations, energies = np.asarray(self._durations), np.asarray(self._energies)
+            self._defaults = (
+                features.mean(axis=0),
+                _moments(features, durations, energies),
+                float(durations.mean()),
+                float(energies.mean()),
             )
-            for samples in by_clock.values()
-            if len(samples) >= 2
-        ]
+        x_mean, total, level_duration, level_energy = self._defaults
+        for key, samples in self._groups.items():
+            if len(samples) < 2:
+                continue
+            if key not in self._group_moments:
+                self._group_moments[key] = _moments(
+                    np.stack([f for f, _, _ in samples]),
+                    np.array([d for _, d, _ in samples]),
+                    np.array([e for _, _, e in samples]),
+                )
+            total = total.plus(self._group_moments[key])
+        prior = _prior_slopes(self._kind)
+        gram = total.gram + _RIDGE * np.eye(len(x_mean))
+        # Shrunk towards the prior: solve for the deviation from it, duration and energy at once.
+        moments = np.stack((total.moment_duration, total.moment_energy), axis=1)
+        deviation = np.linalg.solve(gram, moments - (total.gram @ prior)[:, None])
+        slopes = prior[None, :] + deviation.T
+        return x_mean, slopes, level_duration, level_energy
+
+
+@dataclass(frozen=True, slots=True)
+class _Moments:
+    """One group's normal-equation terms: Σ relᵀrel and Σ relᵀ(relative cost), for duration and energy."""
+
+    gram: npt.NDArray[np.float64]
+    moment_duration: npt.NDArray[np.float64]
+    moment_energy: npt.NDArray[np.float64]
+
+    def plus(self, other: _Moments) -> _Moments:
+        return _Moments(
+            self.gram + other.gram,
+            self.moment_duration + other.moment_duration,
+            self.moment_energy + other.moment_energy,
+        )
+
+
+def _moments(
+    features: npt.NDArray[np.float64], durations: npt.NDArray[np.float64], energies: npt.NDArray[np.float64]
+) -> _Moments:
+    """A group's terms, relative to its own means: the slopes are elasticities, whatever its level."""
+    group_mean = features.mean(axis=0)
+    rel = np.where(group_mean > 0, features / np.where(group_mean > 0, group_mean, 1.0) - 1.0, 0.0)
+    return _Moments(
+        rel.T @ rel,
+        rel.T @ (durations / float(durations.mean()) - 1.0),
+        rel.T @ (energies / float(energies.mean()) - 1.0),
+    )
