@@ -19,6 +19,8 @@ import pytest
 from eerl import ClientConfig, PhaseKind, Workload
 from eerl.testing import FakeDaemon
 
+from ._verl_v1 import V1VerlTrainer
+
 # Two sequences: prompts of 3 columns (left-padded), responses of 3 columns (right-padded).
 ATTENTION = np.array([[0, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])
 RESPONSE_TOKENS, ALL_TOKENS, LONGEST = 5, 10, 3
@@ -115,64 +117,6 @@ class OpenRlhfTrainer:
         for _ in range(steps):
             samples, _, _, _ = self.samples_generator.generate_samples()
             _, global_step = self.train_step(samples, global_step)
-
-
-@dataclass
-class KVBatchMeta:
-    """verl v1's batch handle (transfer_queue): sample keys and per-sample tags, no tensors."""
-
-    keys: list[str]
-    tags: list[dict[str, Any]]
-    partition_id: str = "train"
-    extra_info: dict[str, Any] = field(default_factory=dict)
-
-
-# Two samples (prompts of 3 and 2 tokens, responses of 2 and 3) and a padding sample the hook leaves out.
-V1_TAGS = [
-    {"prompt_len": 3, "response_len": 2, "seq_len": 5},
-    {"prompt_len": 2, "response_len": 3, "seq_len": 5},
-    {"prompt_len": 1, "response_len": 1, "seq_len": 2, "is_padding": True},
-]
-
-
-class ReplayBuffer:
-    def sample(
-        self, global_steps: int, partition_id: str, batch_size: int
-    ) -> tuple[KVBatchMeta, dict[str, float]]:
-        return KVBatchMeta(keys=["a", "b", "pad"], tags=V1_TAGS, partition_id=partition_id), {}
-
-
-class V1VerlTrainer:
-    """verl ≥ 0.9's v1 PPOTrainer: callbacks around ``replay_buffer.sample`` in ``marked_timer("gen")``."""
-
-    def __init__(self, trainer_mode: str = "sync") -> None:
-        self.trainer_mode = trainer_mode
-        self.global_steps = 0
-        self.replay_buffer = ReplayBuffer()
-        self.events: list[str] = []
-
-    def on_sample_begin(self) -> None:
-        self.events.append("sample_begin")
-
-    def on_sample_end(self) -> None:
-        self.events.append("sample_end")
-
-    def _update_actor(self, batch: KVBatchMeta, metrics: dict[str, float]) -> KVBatchMeta:
-        self.events.append("update")
-        return batch
-
-    def _validate(self) -> dict[str, float]:
-        self.replay_buffer.sample(global_steps=self.global_steps, partition_id="val", batch_size=2)
-        return {}
-
-    def fit(self, steps: int) -> None:
-        for step in range(1, steps + 1):
-            self.global_steps = step
-            self.on_sample_begin()
-            batch, _ = self.replay_buffer.sample(global_steps=step, partition_id="train", batch_size=2)
-            self.on_sample_end()
-            self._update_actor(batch, {})
-            self._validate()
 
 
 def _run(trainer: Any, config: ClientConfig, module: Any, steps: int = 2) -> Any:

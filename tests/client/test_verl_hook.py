@@ -8,7 +8,6 @@ contiguous chunk. The real classes and source: tests/frameworks/test_verl.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,6 +18,8 @@ import pytest
 from eerl import ClientConfig, PhaseKind, Workload
 from eerl.integrations._counting import as_ints, busiest_kv, contiguous_chunks, row_lengths
 from eerl.testing import FakeDaemon
+
+from ._verl_v1 import V1VerlTrainer
 
 # Four responses of 4, 1, 2 and 2 tokens (right-padded to 4 columns) after 2-token prompts.
 RESPONSE_MASK = np.array([[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 0, 0]])
@@ -89,55 +90,6 @@ class WorkerGroupTrainer:
             self.actor_rollout_wg.update_actor(self.actor_rollout_wg.generate_sequences(DataProto()))
 
 
-@dataclass
-class KVBatchMeta:
-    keys: list[str]
-    tags: list[dict[str, Any]]
-    partition_id: str = "train"
-    extra_info: dict[str, Any] = field(default_factory=dict)
-
-
-TAGS = [
-    {"prompt_len": 3, "response_len": 2, "seq_len": 5},
-    {"prompt_len": 2, "response_len": 3, "seq_len": 5},
-    {"prompt_len": 1, "response_len": 7, "seq_len": 8, "is_padding": True},
-]
-
-
-class ReplayBuffer:
-    def sample(
-        self, global_steps: int, partition_id: str, batch_size: int
-    ) -> tuple[KVBatchMeta, dict[str, Any]]:
-        return KVBatchMeta(keys=["a", "b", "pad"], tags=TAGS, partition_id=partition_id), {}
-
-
-class V1Trainer:
-    """verl 0.9's v1 PPOTrainer: the sample callbacks, and the ``llm_server_manager`` its ``_setup`` made."""
-
-    def __init__(self, manager: Any) -> None:
-        self.trainer_mode = "sync"
-        self.global_steps = 0
-        self.replay_buffer = ReplayBuffer()
-        self.llm_server_manager = manager
-
-    def on_sample_begin(self) -> None:
-        return None
-
-    def on_sample_end(self) -> None:
-        return None
-
-    def _update_actor(self, batch: KVBatchMeta, metrics: dict[str, Any]) -> KVBatchMeta:
-        return batch
-
-    def fit(self, steps: int) -> None:
-        for step in range(1, steps + 1):
-            self.global_steps = step
-            self.on_sample_begin()
-            batch, _ = self.replay_buffer.sample(global_steps=step, partition_id="train", batch_size=2)
-            self.on_sample_end()
-            self._update_actor(batch, {})
-
-
 def _generation_kv(trainer: Any, fake: FakeDaemon, config: ClientConfig) -> list[int]:
     with eerl.connect(gpus=[0], config=config) as session:
         hook = verl_hook.instrument(trainer, session)
@@ -172,10 +124,12 @@ class TestAgentLoopRollout:
     def test_the_v1_trainers_one_engine_reads_the_tags_padding_left_out(
         self, fake: FakeDaemon, config: ClientConfig
     ) -> None:
-        assert _generation_kv(V1Trainer(server_manager()), fake, config) == [(2 * 2 + 3 * 3) // 2] * 2
+        trainer = V1VerlTrainer(llm_server_manager=server_manager())
+        assert _generation_kv(trainer, fake, config) == [(2 * 2 + 3 * 3) // 2] * 2  # V1_TAGS, padding out
 
     def test_the_v1_trainers_two_replicas_report_zero(self, fake: FakeDaemon, config: ClientConfig) -> None:
-        assert _generation_kv(V1Trainer(server_manager(replicas=2)), fake, config) == [0, 0]
+        trainer = V1VerlTrainer(llm_server_manager=server_manager(replicas=2))
+        assert _generation_kv(trainer, fake, config) == [0, 0]
 
     def test_a_config_that_breaks_the_lookup_reports_zero_and_the_rest(
         self, fake: FakeDaemon, config: ClientConfig
