@@ -223,7 +223,7 @@ class EerlController:
         energy_ratio = obs.energy_j / prediction.energy_j
         features = workload_features(track.kind, obs.workload)
         track.curve.add(Trial(clock, features, obs.duration_s, obs.energy_j, obs.iteration))
-        track.baseline.predictor.add_locked(clock, obs.workload, obs.duration_s, obs.energy_j)
+        track.baseline.predictor.add_locked(clock, features, obs.duration_s, obs.energy_j)
         track.ledger.add_trial(prediction.energy_j, obs.energy_j)
         track_default_scale(track.baseline, obs.workload)
         if track.searching:

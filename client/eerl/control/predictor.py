@@ -88,15 +88,15 @@ class BaselinePredictor:
         self._durations: deque[float] = deque(maxlen=window)
         self._energies: deque[float] = deque(maxlen=window)
         self._errors: deque[float] = deque(maxlen=window)
-        self._locked: deque[tuple[tuple[int, int], npt.NDArray[np.float64], float, float]] = deque(
-            maxlen=LOCKED_WINDOW
-        )
+        self._groups: dict[tuple[int, int], deque[tuple[npt.NDArray[np.float64], float, float]]] = {}
+        """The newest :data:`LOCKED_WINDOW` locked phases (features, duration, energy) by (clock, block of
+        :data:`LOCKED_BLOCK` consecutive ones), each group's oldest first."""
+        self._locked_order: deque[tuple[int, int]] = deque()
+        """The group of each locked phase kept, oldest first: which phase goes when the window is full."""
         self._locked_added = 0
-        self._groups: dict[tuple[int, int], list[tuple[npt.NDArray[np.float64], float, float]]] = {}
-        """The locked phases by (clock, block of :data:`LOCKED_BLOCK` consecutive ones)."""
         self._group_moments: dict[tuple[int, int], _Moments] = {}
-        """Each group's contribution to the fit, kept until the group changes (the model is refitted
-        after every phase; only the group that changed is recomputed)."""
+        """Each group's contribution to the fit, kept until the group changes (only the group that
+        changed is recomputed at a refit)."""
         self._defaults: tuple[npt.NDArray[np.float64], _Moments, float, float] | None = None
         """The default phases' part of the fit (mean features, terms, levels), kept until they change."""
         self._model: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], float, float] | None = None
@@ -156,24 +156,27 @@ class BaselinePredictor:
         self._defaults = None
         return error
 
-    def add_locked(self, sm_clock_mhz: int, workload: Workload, duration_s: float, energy_j: float) -> None:
-        """Add a phase run at a locked clock: it says how cost grows with the workload (not its level).
+    def add_locked(
+        self, sm_clock_mhz: int, features: npt.NDArray[np.float64], duration_s: float, energy_j: float
+    ) -> None:
+        """Add a phase run at a locked clock (its :func:`workload_features`): it says how cost grows with
+        the workload, not its level.
 
         A lock scales a phase's cost by about the same factor whatever its workload, so the phases at one
         clock share a level of their own and their spread around it is the workload's doing. The few
         default phases alone leave the model's slopes to noise (four samples, four features), and a wrong
-        slope biases every prediction away from their mean workload.
+        slope biases every prediction away from their mean workload. The slopes are refitted every
+        :data:`LOCKED_REFIT` locked phases.
         """
-        if len(self._locked) == self._locked.maxlen:
-            oldest = self._locked[0][0]
-            self._groups[oldest].pop(0)
+        if len(self._locked_order) == LOCKED_WINDOW:
+            oldest = self._locked_order.popleft()
+            self._groups[oldest].popleft()
             if not self._groups[oldest]:
                 del self._groups[oldest]
             self._group_moments.pop(oldest, None)
         key = (sm_clock_mhz, self._locked_added // LOCKED_BLOCK)
-        sample = (workload_features(self._kind, workload), duration_s, energy_j)
-        self._locked.append((key, *sample))
-        self._groups.setdefault(key, []).append(sample)
+        self._groups.setdefault(key, deque()).append((features, duration_s, energy_j))
+        self._locked_order.append(key)
         self._group_moments.pop(key, None)
         self._locked_added += 1
         if self._locked_added % LOCKED_REFIT == 0:
@@ -182,8 +185,8 @@ class BaselinePredictor:
     def forget_locked(self) -> None:
         """Drop the locked phases: in a new regime (a step, ratios the model cannot explain) how cost
         follows work may have changed with it."""
-        self._locked.clear()
         self._groups.clear()
+        self._locked_order.clear()
         self._group_moments.clear()
         self._model = None
 

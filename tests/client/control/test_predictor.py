@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from eerl.control.baseline import schedule_rebaseline
-from eerl.control.predictor import BaselinePredictor
+from eerl.control.predictor import BaselinePredictor, workload_features
 from eerl.control.state import BaselineState
 from eerl.phases import PhaseKind, Workload
 
@@ -31,6 +32,10 @@ def generation(rng: np.random.Generator, median_tokens: float) -> tuple[Workload
         prompt_tokens=PROMPT * SEQUENCES,
     )
     return workload, duration
+
+
+def features_of(workload: Workload) -> npt.NDArray[np.float64]:
+    return workload_features(PhaseKind.GENERATION, workload)
 
 
 def fitted(rng: np.random.Generator, median_tokens: float, samples: int = 24) -> BaselinePredictor:
@@ -157,7 +162,9 @@ def test_locked_phases_teach_the_slopes_and_leave_the_level_to_the_default_phase
                 predictor.add(workload, duration * n, duration * n * 400.0, force=True)
             if use_locked:
                 for (workload, duration), n in zip(locked, noise[4:], strict=True):
-                    predictor.add_locked(1200, workload, 0.8 * duration * n, 0.6 * duration * n * 400.0)
+                    predictor.add_locked(
+                        1200, features_of(workload), 0.8 * duration * n, 0.6 * duration * n * 400.0
+                    )
             residuals = []
             for workload, duration in fresh:
                 prediction = predictor.predict(workload)
@@ -176,7 +183,7 @@ def test_a_rebaseline_forgets_the_locked_phases() -> None:
     predictor = fitted(rng, 1200.0, samples=4)
     for _ in range(40):
         workload, duration = generation(rng, 1200.0)
-        predictor.add_locked(1200, workload, 0.8 * duration, 0.6 * duration * 400.0)
+        predictor.add_locked(1200, features_of(workload), 0.8 * duration, 0.6 * duration * 400.0)
     probe, _ = generation(rng, 1200.0)
     with_locked = predictor.predict(probe)
     schedule_rebaseline(BaselineState(predictor), phases=3)
