@@ -12,7 +12,8 @@ Per phase kind the controller goes through four states:
   control phase now and then keeps the predictor honest, and drift (workload features leaving their band,
   ratios leaving theirs — judged on the median of several phases, so one outlier never flips anything)
   triggers a re-tune;
-* RETUNING — the same fine search, restricted to a window around the committed clock.
+* RETUNING — the same fine search, restricted to a window around the committed clock (the window slides
+  down when the plan picks the lowest clock tried).
 
 :class:`EerlController` only coordinates: it routes each phase to the part its kind's state calls for.
 Each part is a module with one job, over the records of :mod:`eerl.control.state` that it owns:
@@ -169,7 +170,7 @@ class EerlController:
             if control_due(track.monitor, self._config):
                 return None, "default governor: control phase to re-validate the predictor"
             return track.committed_mhz, "committed"
-        return next_trial(track, self._plan)
+        return next_trial(track, self._plan, self._grid)
 
     def _plan(self) -> Allocation:
         return self._planner.plan(self._all, self._iteration)

@@ -5,7 +5,8 @@ re-tune's centre and window edges (RETUNING) — run one per phase. The descent 
 soon as a trial is too slow for the iteration's budget or has passed the energy minimum; a first trial that
 is already too slow turns it upward. Then the *fine*, model-based search: the candidates are the fine grid
 between the lowest clock tried (raised to a failed trial's floor) and the top, or a re-tune's window, and
-the budget allocation over their estimated ratios names the clock to try (:mod:`eerl.control.plan`).
+the budget allocation over their estimated ratios names the clock to try (:mod:`eerl.control.plan`). A
+re-tune's window slides down when the plan names the lowest clock tried.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from eerl.control.budget import Allocation
+from eerl.control.clocks import nearest_supported_mhz
 from eerl.control.config import EerlConfig
 from eerl.control.grid import ClockGrid
 from eerl.control.state import KindTrack, SearchState
@@ -26,14 +28,43 @@ def coarse_pending(search: SearchState) -> bool:
     return bool(search.coarse) and not search.coarse_stopped
 
 
-def next_trial(track: KindTrack, plan: Callable[[], Allocation]) -> tuple[int | None, str]:
-    """The clock a searching kind tries next, and why: its next coarse trial, else the plan's clock."""
+def next_trial(track: KindTrack, plan: Callable[[], Allocation], grid: ClockGrid) -> tuple[int | None, str]:
+    """The clock a searching kind tries next, and why: its next coarse trial, else the plan's clock.
+
+    A re-tune whose plan lands on the lowest clock tried knows nothing below it: its window slides
+    down there, with a trial at the new window's lower edge (see :func:`slide_window_down`).
+    """
     if coarse_pending(track.search):
         kind_of_trial = "coarse" if track.state is ControllerState.EXPLORING else "local"
         return track.search.coarse[0], f"{kind_of_trial} trial"
     allocation = plan()
     clock = allocation.sm_clock_mhz.get(track.kind)
+    if track.state is ControllerState.RETUNING and slide_window_down(
+        track.search, grid, clock, track.curve.probed_range_mhz()
+    ):
+        return track.search.coarse[0], f"local trial (the plan chose {clock} MHz, the lowest tried)"
     return clock, f"fine trial (plan: throughput {allocation.throughput_ratio:.3f})"
+
+
+def slide_window_down(
+    search: SearchState, grid: ClockGrid, planned_mhz: int | None, probed_mhz: tuple[int, int] | None
+) -> bool:
+    """Slide a re-tune's window down when its plan chose the lowest clock tried; True if it slid.
+
+    The window is centred on the planned clock and its new lower edge is queued as the next trial (the
+    floor still bars clocks a failed trial ruled out). Without it a re-tune after a step could only
+    commit within its first window: the new regime's best clock may lie further off the old one, and the
+    plan never chooses a clock below the lowest trial.
+    """
+    if search.window is None or planned_mhz is None or probed_mhz is None or planned_mhz != probed_mhz[0]:
+        return False
+    edge = nearest_supported_mhz(grid.fine_mhz, planned_mhz - grid.retune_span_mhz)
+    if not search.floor_mhz <= edge < planned_mhz:
+        return False
+    search.window = grid.window_around(planned_mhz)
+    search.coarse = [edge]
+    search.coarse_stopped = False
+    return True
 
 
 def effective_floor_mhz(search: SearchState, *, searching: bool, iteration: int, config: EerlConfig) -> int:

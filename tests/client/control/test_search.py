@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from eerl.control.budget import Allocation
+from eerl.control.curve import Trial
 from eerl.control.search import (
     after_coarse_trial,
     after_local_trial,
@@ -12,6 +13,7 @@ from eerl.control.search import (
     effective_floor_mhz,
     next_trial,
     restart_descent,
+    slide_window_down,
     start_local,
     start_model_local,
 )
@@ -48,9 +50,9 @@ class TestSearch:
         """An exploring kind runs its next coarse trial, a re-tuning one its next local trial."""
         track = fitted_track()
         track.search.coarse = [1530, 1335]
-        assert next_trial(track, _no_plan) == (1530, "coarse trial")
+        assert next_trial(track, _no_plan, GRID) == (1530, "coarse trial")
         track.state = ControllerState.RETUNING
-        assert next_trial(track, _no_plan) == (1530, "local trial")
+        assert next_trial(track, _no_plan, GRID) == (1530, "local trial")
 
     def test_after_the_coarse_trials_the_plan_names_the_clock(self) -> None:
         """With the coarse trials done, the kind tries the clock the allocation gives it."""
@@ -58,8 +60,33 @@ class TestSearch:
         track.search.coarse = [1335]
         track.search.coarse_stopped = True
         assert not coarse_pending(track.search)
-        clock, reason = next_trial(track, lambda: allocation(0.951, 0.8, training=1440))
+        clock, reason = next_trial(track, lambda: allocation(0.951, 0.8, training=1440), GRID)
         assert (clock, reason) == (1440, "fine trial (plan: throughput 0.951)")
+
+    def test_a_retune_whose_plan_is_its_lowest_trial_slides_its_window_down(self) -> None:
+        """Nothing is known below the lowest trial: the window re-centres there and its new lower edge
+        is tried next (three fine steps down), before the plan is asked again."""
+        track = fitted_track(state=ControllerState.RETUNING)
+        start_local(track.search, GRID, 1530, 10)
+        track.search.coarse = []
+        track.search.coarse_stopped = True
+        for tried in (1395, 1530, 1665):
+            track.curve.add(Trial(tried, np.ones(4), 11.0, 7_000.0, 11))
+        clock, reason = next_trial(track, lambda: allocation(0.951, 0.8, training=1395), GRID)
+        assert (clock, reason) == (1260, "local trial (the plan chose 1395 MHz, the lowest tried)")
+        assert track.search.window == GRID.window_around(1395)
+        assert coarse_pending(track.search)
+
+    def test_the_window_stays_where_the_plan_is_not_its_lowest_trial(self) -> None:
+        """A plan above the lowest trial, an exploring kind (no window) or a floor in the way: no slide."""
+        search = SearchState(window=GRID.window_around(1530))
+        assert not slide_window_down(search, GRID, 1440, (1395, 1665))
+        assert not slide_window_down(search, GRID, None, (1395, 1665))
+        assert not slide_window_down(SearchState(), GRID, 1395, (1395, 1665))
+        floored = SearchState(window=GRID.window_around(1530), floor_mhz=1351)
+        assert not slide_window_down(floored, GRID, 1395, (1395, 1665))
+        assert floored.window == GRID.window_around(1530)
+        assert not slide_window_down(search, GRID, GRID.fine_mhz[0], (GRID.fine_mhz[0], 1665))
 
     def test_candidates_span_the_lowest_trial_up_to_the_top(self) -> None:
         """Without a window the fine candidates run from the lowest clock tried to the top clock."""
