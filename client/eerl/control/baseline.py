@@ -47,21 +47,29 @@ def baseline_complete(baseline: BaselineState, config: EerlConfig) -> bool:
     return baseline.predictor.count >= config.baseline_phases
 
 
-def schedule_rebaseline(baseline: BaselineState, phases: int) -> None:
+def schedule_rebaseline(baseline: BaselineState, phases: int, *, same_work: bool = False) -> None:
     """Run ``phases`` more default phases before the next re-tune (the old regime's samples then go; its
-    locked phases go now)."""
+    locked phases go now). ``same_work``: the cost of the same work changed, not the work itself."""
     baseline.rebaseline_left = phases
+    baseline.rebaseline_same_work = same_work
     baseline.predictor.forget_locked()
 
 
 def rebaseline_step(baseline: BaselineState, workload: Workload, config: EerlConfig) -> bool:
     """Count one re-baseline phase down; True when it was the last (a re-tune starts now).
 
-    At the end the predictor forgets the samples whose features lie far from this phase's (beyond the drift
-    band, or 2.5 of the window's relative spread): after a step they would make it extrapolate.
+    At the end the predictor forgets the old regime. After a workload step that is the samples whose
+    features lie far from this phase's (beyond the drift band, or 2.5 of the window's relative spread): they
+    would make it extrapolate. When the same work changed its cost (ratios left their band, control phases
+    missed), features cannot tell the regimes apart: only the re-baseline's own phases stay — kept, the
+    old ones would outvote them, and every ratio would stay judged against the old cost.
     """
     baseline.rebaseline_left -= 1
     if baseline.rebaseline_left != 0:
         return False
-    baseline.predictor.forget_far(workload, config.drift_feature_band)
+    if baseline.rebaseline_same_work:
+        baseline.predictor.keep_newest(config.rebaseline_phases)
+        baseline.rebaseline_same_work = False
+    else:
+        baseline.predictor.forget_far(workload, config.drift_feature_band)
     return True

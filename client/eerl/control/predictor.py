@@ -223,6 +223,14 @@ class BaselinePredictor:
         self._model = None
         self._defaults = None
 
+    def keep_newest(self, count: int) -> None:
+        """Keep only the ``count`` newest default phases (the tracked errors stay: the noise level)."""
+        for samples in (self._features, self._durations, self._energies):
+            while len(samples) > count:
+                samples.popleft()
+        self._model = None
+        self._defaults = None
+
     def predict(self, workload: Workload) -> Prediction | None:
         """Predicted default cost of this workload; None before the first default phase."""
         if not self._durations:

@@ -21,7 +21,7 @@ from eerl.control.baseline import schedule_rebaseline
 from eerl.control.budget import Allocation
 from eerl.control.config import EerlConfig
 from eerl.control.grid import ClockGrid
-from eerl.control.monitor import Drift, WorkloadDrift
+from eerl.control.monitor import Drift, WorkloadDrift, WorkloadStep
 from eerl.control.plan import Planner
 from eerl.control.search import restart_descent, start_local, start_model_local
 from eerl.control.state import KindTrack, MonitorState, RefinePace
@@ -156,13 +156,15 @@ def respond_to_drift(track: KindTrack, drift: Drift, pace: RefinePace, config: E
         return drift.reason
     # A new regime, or ratios the predictor cannot explain: the old default phases would mislead it.
     track.state = ControllerState.RETUNING
-    schedule_rebaseline(track.baseline, config.rebaseline_phases)
+    schedule_rebaseline(
+        track.baseline, config.rebaseline_phases, same_work=not isinstance(drift, WorkloadStep)
+    )
     return drift.reason
 
 
 def respond_to_control_miss(track: KindTrack, obs: PhaseObservation, error: float, config: EerlConfig) -> str:
     """Two control phases missed the predictor alike: this one counts as the first re-baseline phase."""
-    schedule_rebaseline(track.baseline, config.rebaseline_phases - 1)
+    schedule_rebaseline(track.baseline, config.rebaseline_phases - 1, same_work=True)
     track.state = ControllerState.RETUNING
     track.baseline.predictor.add(obs.workload, obs.duration_s, obs.energy_j, force=True)
     return f"two control phases off by {error:+.1%}: re-baseline, then re-tune"

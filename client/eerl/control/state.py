@@ -40,6 +40,9 @@ class BaselineState:
     default_energy_j: float = 0.0
     rebaseline_left: int = 0
     """Default phases still to run before a re-tune starts from a fresh baseline (0: none pending)."""
+    rebaseline_same_work: bool = False
+    """The pending re-baseline answers a change in what the same work costs (ratios, control phases), not
+    in the work: every older default phase goes, however alike its workload."""
     last_default_iteration: int = 0
     check_pending: bool = False
     """A measured miss waits for one default phase: the yardstick is re-checked before the clock is blamed."""

@@ -55,3 +55,29 @@ class TestBaseline:
             assert rebaseline_step(track.baseline, shrunk, CONFIG) is last
         assert track.baseline.rebaseline_left == 0
         assert track.baseline.predictor.count == 2
+
+    def test_a_rebaseline_for_the_same_work_keeps_only_its_own_phases(self) -> None:
+        """When the same work got cheaper (ratios or control phases said so), features cannot tell the
+        regimes apart: after the re-baseline only its own phases are left, and it predicts the new cost."""
+        track = fitted_track(phases=6, duration_s=10.0)
+        schedule_rebaseline(track.baseline, CONFIG.rebaseline_phases, same_work=True)
+        for i in range(CONFIG.rebaseline_phases):
+            phase = default_phase(PhaseKind.TRAINING, 6 + i, duration_s=7.0, energy_j=5_000.0)
+            learn_default(track.baseline, phase, relearning=True)
+            rebaseline_step(track.baseline, phase.workload, CONFIG)
+        predictor = track.baseline.predictor
+        assert predictor.count == CONFIG.rebaseline_phases
+        prediction = predictor.predict(workload())
+        assert prediction is not None
+        assert abs(prediction.duration_s - 7.0) < 1e-6
+        assert abs(prediction.energy_j - 5_000.0) < 1e-3
+        assert not track.baseline.rebaseline_same_work
+
+    def test_a_rebaseline_after_a_workload_step_keeps_the_old_phases_of_alike_work(self) -> None:
+        """After a step in the work, old phases whose workload is like the new one still count."""
+        track = fitted_track(phases=6, duration_s=10.0)
+        schedule_rebaseline(track.baseline, 1)
+        phase = default_phase(PhaseKind.TRAINING, 6, duration_s=10.0)
+        learn_default(track.baseline, phase, relearning=True)
+        assert rebaseline_step(track.baseline, phase.workload, CONFIG)
+        assert track.baseline.predictor.count == 7

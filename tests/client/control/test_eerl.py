@@ -197,6 +197,36 @@ class TestBehaviour:
         throughput, _ = iteration_ratios(job, final, iteration=159)
         assert throughput >= 0.95 - 0.01
 
+    def test_a_retune_after_a_step_walks_past_its_first_window(self, settings: ControllerSettings) -> None:
+        """After a step whose best clocks lie more than a window's half-width below the old commit, the
+        re-tune slides its window down and ends within 1% energy of the oracle, at the threshold."""
+        job = SyntheticJob(step_at_iteration=60, step_memory_factor=2.0, step_tokens_factor=2.0)
+        trace = drive_sync(create_eerl_controller(settings), job, 200)
+        before = {k: trace.clocks[k][55] for k in KINDS}
+        final = {k: trace.clocks[k][-1] for k in KINDS}
+        span = 3 * 0.022 * max(GRID_MHZ)  # the re-tune window's half-width (fine steps x step)
+        moved = [b - f for b, f in zip(before.values(), final.values(), strict=True) if b and f]
+        assert max(moved) > span
+        throughput, energy = iteration_ratios(job, final, iteration=199)
+        assert throughput >= settings.throughput_threshold
+        assert energy <= oracle_energy_ratio(job, settings.throughput_threshold, iteration=199) + 0.01
+
+    def test_when_the_same_work_changes_its_cost_the_baseline_follows(
+        self, settings: ControllerSettings
+    ) -> None:
+        """The workload stays the same but its memory traffic halves (its cost changes): the ratio drift
+        re-baselines on fresh default phases only, and the commit keeps the threshold afterwards."""
+        job = SyntheticJob(step_at_iteration=60, step_memory_factor=0.5, step_tokens_factor=1.0)
+        controller = EerlController(settings)
+        trace = drive_sync(controller, job, 200)
+        for kind in KINDS:
+            prediction = controller._tracks[kind].baseline.predictor.predict(job.workload(199))
+            assert prediction is not None
+            assert abs(prediction.duration_s / job.true_cost(kind, 199, None)[0] - 1.0) < 0.02
+        final = {k: trace.clocks[k][-1] for k in KINDS}
+        throughput, _ = iteration_ratios(job, final, iteration=199)
+        assert throughput >= settings.throughput_threshold - 0.005
+
     def test_a_workload_step_alone_triggers_a_rebaseline(self, settings: ControllerSettings) -> None:
         """A doubling of the tokens is caught from the workload alone and re-baselines the predictor."""
         job = SyntheticJob(noise=0.005, step_at_iteration=80, step_tokens_factor=2.0, step_memory_factor=1.0)
