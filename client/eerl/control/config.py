@@ -21,6 +21,11 @@ class EerlConfig:
     planning_margin: float = 0.006
     """Plan for threshold + margin, so that predictor error rarely pushes the run below the threshold."""
     energy_stop_margin: float = 0.01
+    recheck_energy_stop: bool = False
+    """A coarse trial past the energy minimum is repeated before the descent stops on it. For a job across
+    nodes (:func:`eerl.control.eerl.create_job_eerl_controller`), where one straggling node keeps every
+    other waiting and a single phase's summed energy can be far off; on one node the repeat costs more
+    than it saves."""
     control_interval_phases: int = 60
     refine_interval_phases: int = 20
     """A committed allocation is re-checked against all trials (its own phases included) this often."""

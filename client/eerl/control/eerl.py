@@ -61,7 +61,13 @@ from eerl.control.state import KindTrack, RefinePace, new_track
 from eerl.errors import ValidationError
 from eerl.phases import ControllerState, ExecutionMode, PhaseKind, Workload
 
-__all__ = ["EerlConfig", "EerlController", "create_eerl_controller"]
+__all__ = [
+    "JOB_CONFIG",
+    "EerlConfig",
+    "EerlController",
+    "create_eerl_controller",
+    "create_job_eerl_controller",
+]
 
 
 class EerlController:
@@ -296,3 +302,16 @@ class EerlController:
 def create_eerl_controller(settings: ControllerSettings) -> Controller:
     """The factory the daemon looks up: an EE-RL controller for one session."""
     return EerlController(settings)
+
+
+JOB_CONFIG = EerlConfig(recheck_energy_stop=True)
+"""The tuning of a job-level controller (:class:`eerl.job.JobController`): a job's phase energy is the sum
+over its nodes, and one straggling node keeps all others waiting, so a coarse trial past the energy
+minimum is repeated before the descent stops on it (over seeds 1-5 of the multi-node scenarios the job's
+capture median rose from 0.933 to 0.950 and its worst from 0.658 to 0.822; on one node the repeat cost
+more than it saved: median 0.929 -> 0.925)."""
+
+
+def create_job_eerl_controller(settings: ControllerSettings) -> Controller:
+    """The EE-RL controller a job-level controller wraps by default (:data:`JOB_CONFIG`)."""
+    return EerlController(settings, JOB_CONFIG)

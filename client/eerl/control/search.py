@@ -130,10 +130,16 @@ def after_coarse_trial(
 
     Too slow — beyond ``time_cap`` (the largest time ratio the iteration's budget could absorb) plus two
     ``noise`` widths — stops the descent, or turns it upward when this was the ``first`` trial; an energy
-    ratio past the descent's minimum stops it too.
+    ratio past the descent's minimum stops it too — with ``config.recheck_energy_stop`` once a repeat of
+    the trial at the same clock agrees (the lower of the two readings counts): on a multi-node job a
+    straggling node keeps every other one waiting, so one phase's energy can be far off, and a descent
+    stopped there never learns what the clocks below cost.
     """
     if search.coarse[0] == clock_mhz:
         search.coarse.pop(0)
+    recheck, search.energy_recheck = search.energy_recheck, None
+    if recheck is not None and recheck[0] == clock_mhz:
+        energy_ratio = min(energy_ratio, recheck[1])
     search.min_energy_ratio = min(search.min_energy_ratio, energy_ratio)
     limit = time_cap + 2.0 * noise
     if time_ratio > limit and first:
@@ -147,6 +153,11 @@ def after_coarse_trial(
         search.coarse_stopped = True
         reason = f"coarse descent stops: time ratio {time_ratio:.3f} over the budget"
     elif energy_ratio > search.min_energy_ratio + config.energy_stop_margin:
+        if recheck is None and config.recheck_energy_stop:
+            # One reading past the minimum: repeat this clock before the descent stops on it.
+            search.energy_recheck = (clock_mhz, energy_ratio)
+            search.coarse.insert(0, clock_mhz)
+            return None
         search.coarse_stopped = True
         reason = f"coarse descent stops: past the energy minimum ({energy_ratio:.3f})"
     if reason is not None or not search.coarse:
@@ -177,6 +188,7 @@ def restart_descent(search: SearchState, grid: ClockGrid, epoch_iteration: int) 
     search.coarse = grid.coarse_schedule()
     search.coarse_stopped = False
     search.min_energy_ratio = np.inf
+    search.energy_recheck = None
 
 
 def start_local(search: SearchState, grid: ClockGrid, center_mhz: int, epoch_iteration: int) -> None:
@@ -188,6 +200,7 @@ def start_local(search: SearchState, grid: ClockGrid, center_mhz: int, epoch_ite
     search.coarse = [center_mhz, *grid.window_edges(center_mhz)]
     search.coarse_stopped = False
     search.min_energy_ratio = np.inf
+    search.energy_recheck = None
 
 
 def start_model_local(

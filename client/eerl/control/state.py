@@ -57,6 +57,8 @@ class SearchState:
     coarse_stopped: bool = False
     min_energy_ratio: float = np.inf
     """The lowest energy ratio of the coarse descent so far (it stops once past the minimum)."""
+    energy_recheck: tuple[int, float] | None = None
+    """A coarse trial that looked past the energy minimum, (clock, energy ratio), waiting for its repeat."""
     floor_mhz: int = 0
     """Clocks below this failed the threshold at iteration level: search above it."""
     floor_iteration: int = 0

@@ -2,7 +2,8 @@
 
 In synchronous RL every node runs the same phase and the slowest node gates the iteration, so one decision
 per job is right and one per node is not. :class:`JobController` wraps the very same pure controller object
-a daemon runs for one node (``eerl.control`` registry ``"eerl"`` by default) and feeds it job-level
+a daemon runs for one node (by default the EE-RL controller, tuned for a job: a coarse trial past the energy
+minimum is repeated before the descent stops, :data:`eerl.control.eerl.JOB_CONFIG`) and feeds it job-level
 observations:
 
 * **plan** — the inner controller's decision for the phase becomes a :class:`~eerl.directives.Directive`
@@ -35,6 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from eerl.control.base import Controller, ControllerSettings, Decision, PhaseObservation, PhaseSnapshot
+from eerl.control.eerl import create_job_eerl_controller
 from eerl.control.predictor import BaselinePredictor
 from eerl.control.registry import DEFAULT_CONTROLLER, controller_factory
 from eerl.directives import Directive, DirectivePurpose, DirectiveVerdict
@@ -144,7 +146,7 @@ class JobController:
         if incarnation < 1:
             raise ValidationError("incarnation", "must be at least 1")
         if controller is None:
-            controller = controller_factory(DEFAULT_CONTROLLER)(settings)
+            controller = create_job_eerl_controller(settings)
         self._inner = controller
         self._settings = settings
         self._nodes = nodes
@@ -390,7 +392,7 @@ class JobController:
 def make_job_controller(
     settings: ControllerSettings, nodes: int, incarnation: int, policy: str = DEFAULT_CONTROLLER
 ) -> JobController:
-    """A JobController over the controller named ``policy`` (``eerl``, ``fixed``, ``off``)."""
-    return JobController(
-        settings, nodes, incarnation=incarnation, controller=controller_factory(policy)(settings)
-    )
+    """A JobController over the controller named ``policy`` (``eerl``, ``fixed``, ``off``); ``eerl`` is
+    tuned for a job (:data:`eerl.control.eerl.JOB_CONFIG`)."""
+    factory = create_job_eerl_controller if policy == "eerl" else controller_factory(policy)
+    return JobController(settings, nodes, incarnation=incarnation, controller=factory(settings))

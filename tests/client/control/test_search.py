@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 from eerl.control.budget import Allocation
+from eerl.control.config import EerlConfig
 from eerl.control.curve import Trial
+from eerl.control.eerl import JOB_CONFIG
 from eerl.control.search import (
     after_coarse_trial,
     after_local_trial,
@@ -26,7 +28,13 @@ from tests.client.control.parts import CONFIG, GRID, allocation, fitted_track
 
 
 def _coarse(
-    search: SearchState, clock_mhz: int, time_ratio: float, energy_ratio: float, *, first: bool = False
+    search: SearchState,
+    clock_mhz: int,
+    time_ratio: float,
+    energy_ratio: float,
+    *,
+    first: bool = False,
+    config: EerlConfig = CONFIG,
 ) -> str | None:
     return after_coarse_trial(
         search,
@@ -37,7 +45,7 @@ def _coarse(
         time_cap=1.1,
         noise=0.01,
         first=first,
-        config=CONFIG,
+        config=config,
     )
 
 
@@ -147,6 +155,28 @@ class TestSearch:
         reason = _coarse(search, 1035, 1.05, 0.815)
         assert reason == "coarse descent stops: past the energy minimum (0.815)"
         assert search.coarse_stopped
+
+    def test_tuned_for_a_job_a_trial_past_the_minimum_stops_it_once_its_repeat_agrees(self) -> None:
+        """The clock runs again, and when the lower of the two readings is still past the minimum the
+        descent ends."""
+        search = SearchState(coarse=[1035, 915], min_energy_ratio=0.80)
+        assert _coarse(search, 1035, 1.05, 0.83, config=JOB_CONFIG) is None
+        assert search.coarse == [1035, 915]
+        assert not search.coarse_stopped
+        reason = _coarse(search, 1035, 1.05, 0.815, config=JOB_CONFIG)
+        assert reason == "coarse descent stops: past the energy minimum (0.815)"
+        assert search.coarse_stopped
+
+    def test_tuned_for_a_job_a_repeat_back_at_the_minimum_lets_the_descent_go_on(self) -> None:
+        """One phase's energy far off (a straggling node's wait) does not stop the descent: its repeat
+        is back below the margin and the next rung follows."""
+        search = SearchState(coarse=[1335, 1185], min_energy_ratio=0.88)
+        assert _coarse(search, 1335, 1.03, 0.95, config=JOB_CONFIG) is None
+        assert _coarse(search, 1335, 1.03, 0.84, config=JOB_CONFIG) is None
+        assert (search.coarse, search.coarse_stopped, search.min_energy_ratio) == ([1185], False, 0.84)
+        # The next reading past the minimum gets its own repeat again.
+        assert _coarse(search, 1185, 1.05, 0.9, config=JOB_CONFIG) is None
+        assert search.coarse == [1185]
 
     def test_a_first_trial_too_slow_turns_the_descent_upward(self) -> None:
         """When already the first trial is too slow, the coarse trials climb from it instead."""
