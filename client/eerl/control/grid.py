@@ -81,10 +81,14 @@ class ClockGrid:
     def window_edges(self, center_mhz: int) -> list[int]:
         """The fine candidates nearest the window's edges (ascending, the centre left out)."""
         edges = {
-            nearest_supported_mhz(self.fine_mhz, center_mhz - self.retune_span_mhz),
+            self.lower_edge_mhz(center_mhz),
             nearest_supported_mhz(self.fine_mhz, center_mhz + self.retune_span_mhz),
         } - {center_mhz}
         return sorted(edges)
+
+    def lower_edge_mhz(self, center_mhz: int) -> int:
+        """The fine candidate nearest the lower edge of the window around ``center_mhz``."""
+        return nearest_supported_mhz(self.fine_mhz, center_mhz - self.retune_span_mhz)
 
 
 def fine_grid(clocks: tuple[int, ...], step_mhz: float) -> tuple[int, ...]:

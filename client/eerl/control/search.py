@@ -16,7 +16,6 @@ from collections.abc import Callable
 import numpy as np
 
 from eerl.control.budget import Allocation
-from eerl.control.clocks import nearest_supported_mhz
 from eerl.control.config import EerlConfig
 from eerl.control.grid import ClockGrid
 from eerl.control.state import KindTrack, SearchState
@@ -58,7 +57,7 @@ def slide_window_down(
     """
     if search.window is None or planned_mhz is None or probed_mhz is None or planned_mhz != probed_mhz[0]:
         return False
-    edge = nearest_supported_mhz(grid.fine_mhz, planned_mhz - grid.retune_span_mhz)
+    edge = grid.lower_edge_mhz(planned_mhz)
     if not search.floor_mhz <= edge < planned_mhz:
         return False
     search.window = grid.window_around(planned_mhz)
