@@ -238,9 +238,7 @@ class BaselinePredictor:
         if self._model is None:
             self._model = self._fit()
         x_mean, slopes_d_e, d_mean, e_mean = self._model
-        x = workload_features(self._kind, workload)
-        rel = np.where(x_mean > 0, x / np.where(x_mean > 0, x_mean, 1.0) - 1.0, 0.0)
-        rel = np.clip(rel, -0.9, 3.0)
+        rel = np.clip(_relative(workload_features(self._kind, workload), x_mean), -0.9, 3.0)
         factor_d = max(0.05, 1.0 + float(rel @ slopes_d_e[0]))
         factor_e = max(0.05, 1.0 + float(rel @ slopes_d_e[1]))
         return Prediction(duration_s=d_mean * factor_d, energy_j=e_mean * factor_e)
@@ -255,8 +253,7 @@ class BaselinePredictor:
         if self._model is None:
             self._model = self._fit()
         x_mean, slopes, d_mean, e_mean = self._model
-        safe = np.where(x_mean > 0, x_mean, 1.0)
-        rel = np.clip(np.where(x_mean > 0, features / safe - 1.0, 0.0), -0.9, 3.0)
+        rel = np.clip(_relative(features, x_mean), -0.9, 3.0)
         factor_d = np.maximum(0.05, 1.0 + rel @ slopes[0])
         factor_e = np.maximum(0.05, 1.0 + rel @ slopes[1])
         return d_mean * factor_d, e_mean * factor_e
@@ -316,10 +313,14 @@ def _moments(
     features: npt.NDArray[np.float64], durations: npt.NDArray[np.float64], energies: npt.NDArray[np.float64]
 ) -> _Moments:
     """A group's terms, relative to its own means: the slopes are elasticities, whatever its level."""
-    group_mean = features.mean(axis=0)
-    rel = np.where(group_mean > 0, features / np.where(group_mean > 0, group_mean, 1.0) - 1.0, 0.0)
+    rel = _relative(features, features.mean(axis=0))
     return _Moments(
         rel.T @ rel,
         rel.T @ (durations / float(durations.mean()) - 1.0),
         rel.T @ (energies / float(energies.mean()) - 1.0),
     )
+
+
+def _relative(features: npt.NDArray[np.float64], mean: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """Features relative to ``mean`` (``x / mean - 1``); 0 for a feature whose mean is 0 (never reported)."""
+    return np.where(mean > 0, features / np.where(mean > 0, mean, 1.0) - 1.0, 0.0)
