@@ -1,7 +1,7 @@
 """Token counting on framework batches without importing a tensor library.
 
 The hooks see PyTorch tensors (or NumPy arrays, or lists) but ``eerl`` must not import them; these helpers
-rely only on what such objects share: ``.sum()``, ``.item()``, ``.shape`` and iteration.
+rely only on what such objects share: ``.sum()``, ``.item()``, ``.tolist()``, ``.shape`` and iteration.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def row_lengths(mask: Any) -> list[int]:
     if mask is None or rows(mask) == 0:
         return []
     if hasattr(mask, "sum") and not isinstance(mask, list | tuple):
-        return [_scalar(length) for length in mask.sum(-1)]
+        return as_ints(mask.sum(-1))
     return [total(row) for row in mask]
 
 
@@ -81,4 +81,6 @@ def as_ints(values: Any) -> list[int]:
     """The entries of a 1-D tensor, array or list, as ints (lengths kept as floats come back whole)."""
     if values is None:
         return []
+    if hasattr(values, "tolist"):
+        values = values.tolist()  # one copy out of a tensor or array, not one ``.item()`` per entry
     return [_scalar(value) for value in values]
