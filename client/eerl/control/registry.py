@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from eerl.control.base import ControllerFactory
-from eerl.control.eerl import create_eerl_controller
+from eerl.control.eerl import create_eerl_controller, create_job_eerl_controller
 from eerl.control.simple import create_fixed_controller, create_off_controller
 from eerl.errors import ConfigError
 
@@ -18,10 +18,15 @@ _FACTORIES: dict[str, ControllerFactory] = {
 }
 
 
-def controller_factory(name: str) -> ControllerFactory:
-    """The factory for a controller name; ConfigError for an unknown one."""
+_JOB_FACTORIES: dict[str, ControllerFactory] = _FACTORIES | {"eerl": create_job_eerl_controller}
+"""For a job-level controller (``eerl.job``): ``eerl`` tuned for a job across nodes (JOB_CONFIG)."""
+
+
+def controller_factory(name: str, *, job: bool = False) -> ControllerFactory:
+    """The factory for a controller name (``job``: as a job-level controller wraps it); ConfigError for
+    an unknown one."""
     try:
-        return _FACTORIES[name]
+        return (_JOB_FACTORIES if job else _FACTORIES)[name]
     except KeyError:
         raise ConfigError(
             f"--controller: unknown controller {name!r} (choose from {', '.join(CONTROLLER_NAMES)})"

@@ -36,7 +36,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from eerl.control.base import Controller, ControllerSettings, Decision, PhaseObservation, PhaseSnapshot
-from eerl.control.eerl import create_job_eerl_controller
 from eerl.control.predictor import BaselinePredictor
 from eerl.control.registry import DEFAULT_CONTROLLER, controller_factory
 from eerl.directives import Directive, DirectivePurpose, DirectiveVerdict
@@ -146,7 +145,7 @@ class JobController:
         if incarnation < 1:
             raise ValidationError("incarnation", "must be at least 1")
         if controller is None:
-            controller = create_job_eerl_controller(settings)
+            controller = controller_factory(DEFAULT_CONTROLLER, job=True)(settings)
         self._inner = controller
         self._settings = settings
         self._nodes = nodes
@@ -394,5 +393,5 @@ def make_job_controller(
 ) -> JobController:
     """A JobController over the controller named ``policy`` (``eerl``, ``fixed``, ``off``); ``eerl`` is
     tuned for a job (:data:`eerl.control.eerl.JOB_CONFIG`)."""
-    factory = create_job_eerl_controller if policy == "eerl" else controller_factory(policy)
+    factory = controller_factory(policy, job=True)
     return JobController(settings, nodes, incarnation=incarnation, controller=factory(settings))

@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from eerl.control.base import Controller, ControllerSettings, PhaseObservation
+from eerl.control.base import Controller, ControllerFactory, ControllerSettings, PhaseObservation
 from eerl.control.eerl import (
     EerlConfig,
     EerlController,
     create_eerl_controller,
     create_job_eerl_controller,
 )
+from eerl.control.registry import controller_factory
 from eerl.errors import ValidationError
 from eerl.phases import ControllerState, ExecutionMode, PhaseKind, Workload
 from hypothesis import HealthCheck, Phase, given
@@ -26,6 +27,19 @@ from tests.client.control.synthetic import (
     iteration_ratios,
     oracle_energy_ratio,
 )
+
+
+class _EnergyOutlier(SyntheticJob):
+    """The descent's second generation trial (iteration 5) reads 20% more energy than it cost."""
+
+    def observe(
+        self, kind: PhaseKind, iteration: int, sm_clock_mhz: int | None, now_s: float
+    ) -> PhaseObservation:
+        observation = super().observe(kind, iteration, sm_clock_mhz, now_s)
+        if (kind, iteration) == (PhaseKind.GENERATION, 5):
+            return dataclasses.replace(observation, energy_j=observation.energy_j * 1.2)
+        return observation
+
 
 # Each example drives a controller through tens of iterations: few examples, no slow shrinking.
 FAST = hyp_settings(
@@ -202,31 +216,35 @@ class TestBehaviour:
         throughput, _ = iteration_ratios(job, final, iteration=159)
         assert throughput >= 0.95 - 0.01
 
+    @pytest.mark.parametrize(
+        "factory",
+        [create_job_eerl_controller, controller_factory("eerl", job=True)],
+        ids=["job tuning", "registry, job=True"],
+    )
     def test_one_phase_with_its_energy_far_off_does_not_stop_the_descent(
-        self, settings: ControllerSettings
+        self, settings: ControllerSettings, factory: ControllerFactory
     ) -> None:
         """Tuned for a job: the descent's second generation trial reads 20% more energy than it cost (a
         straggling node's wait, on a multi-node job): it is repeated, the descent goes on, and the run ends
         within 1% energy of the oracle at the threshold (stopped there, generation stayed at 1620 MHz and
         the iteration's energy 6% above the oracle's)."""
-
-        class EnergyOutlier(SyntheticJob):
-            def observe(
-                self, kind: PhaseKind, iteration: int, sm_clock_mhz: int | None, now_s: float
-            ) -> PhaseObservation:
-                observation = super().observe(kind, iteration, sm_clock_mhz, now_s)
-                if (kind, iteration) == (PhaseKind.GENERATION, 5):
-                    return dataclasses.replace(observation, energy_j=observation.energy_j * 1.2)
-                return observation
-
-        job = EnergyOutlier()
-        trace = drive_sync(create_job_eerl_controller(settings), job, 80)
+        job = _EnergyOutlier()
+        trace = drive_sync(factory(settings), job, 80)
         generation = trace.clocks[PhaseKind.GENERATION]
         assert generation[5] == generation[6]  # the trial past the minimum, repeated
         final = {k: trace.clocks[k][-1] for k in KINDS}
         throughput, energy = iteration_ratios(job, final)
         assert throughput >= settings.throughput_threshold
         assert energy <= oracle_energy_ratio(job, settings.throughput_threshold) + 0.01
+
+    def test_the_daemon_controller_stops_on_the_first_reading_past_the_minimum(
+        self, settings: ControllerSettings
+    ) -> None:
+        """On one node a phase's energy is not summed over waiting nodes: the registry's ``eerl`` (what
+        eerld runs) stops the descent at once, without the job tuning's repeat."""
+        trace = drive_sync(controller_factory("eerl")(settings), _EnergyOutlier(), 8)
+        generation = trace.clocks[PhaseKind.GENERATION]
+        assert generation[5] != generation[6]
 
     def test_a_retune_after_a_step_walks_past_its_first_window(self, settings: ControllerSettings) -> None:
         """After a step whose best clocks lie more than a window's half-width below the old commit, the
