@@ -325,7 +325,7 @@ def _server_engines(trainer: Any) -> int | None:
         one = (
             isinstance(replicas, list | tuple)
             and len(replicas) == 1
-            and _is_one(getattr(config, "data_parallel_size", None))
+            and _count(getattr(config, "data_parallel_size", None)) == 1
             and getattr(disaggregation, "enabled", False) is False
         )
     except Exception:
@@ -346,15 +346,16 @@ def _dp_engines(workers: Any) -> int | None:
         mapping = info.get("rollout") if isinstance(info, dict) else None
         if not isinstance(mapping, list | tuple) or not mapping:
             return None
-        if not all(isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0 for rank in mapping):
+        if not all(_count(rank) is not None for rank in mapping):
             return None
         return int(max(mapping)) + 1
     except Exception:
         return None
 
 
-def _is_one(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value == 1
+def _count(value: Any) -> int | None:
+    """``value`` when it is a plain non-negative int (a bool or anything else is not a count), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _tags_workload(tags: list[Any]) -> Workload:
