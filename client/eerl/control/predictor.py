@@ -17,11 +17,14 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from eerl.phases import PhaseKind, Workload
+
+_T = TypeVar("_T")
 
 LOCKED_BLOCK = 16
 """Consecutive locked phases that share one level per clock: under drift, a lock's ratio moves slowly."""
@@ -210,24 +213,18 @@ class BaselinePredictor:
         keep = [
             bool(np.all(np.abs(f[known] / reference[known] - 1.0) <= bands[known])) for f in self._features
         ]
-        if sum(keep) < 2:
-            return
-        rows = [
-            (f, d, e)
-            for f, d, e, k in zip(self._features, self._durations, self._energies, keep, strict=True)
-            if k
-        ]
-        self._features = deque((r[0] for r in rows), maxlen=self._features.maxlen)
-        self._durations = deque((r[1] for r in rows), maxlen=self._durations.maxlen)
-        self._energies = deque((r[2] for r in rows), maxlen=self._energies.maxlen)
-        self._model = None
-        self._defaults = None
+        if sum(keep) >= 2:
+            self._keep_only(keep)
 
     def keep_newest(self, count: int) -> None:
         """Keep only the ``count`` newest default phases (the tracked errors stay: the noise level)."""
-        for samples in (self._features, self._durations, self._energies):
-            while len(samples) > count:
-                samples.popleft()
+        self._keep_only([i >= len(self._features) - count for i in range(len(self._features))])
+
+    def _keep_only(self, keep: list[bool]) -> None:
+        """Keep the default phases marked, in order; the fit is redone at the next prediction."""
+        _keep_marked(self._features, keep)
+        _keep_marked(self._durations, keep)
+        _keep_marked(self._energies, keep)
         self._model = None
         self._defaults = None
 
@@ -324,3 +321,10 @@ def _moments(
 def _relative(features: npt.NDArray[np.float64], mean: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     """Features relative to ``mean`` (``x / mean - 1``); 0 for a feature whose mean is 0 (never reported)."""
     return np.where(mean > 0, features / np.where(mean > 0, mean, 1.0) - 1.0, 0.0)
+
+
+def _keep_marked(samples: deque[_T], keep: list[bool]) -> None:
+    """Keep the entries of ``samples`` marked in ``keep``, in order (in place: its bound stays)."""
+    kept = [sample for sample, k in zip(samples, keep, strict=True) if k]
+    samples.clear()
+    samples.extend(kept)
