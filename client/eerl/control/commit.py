@@ -103,7 +103,7 @@ def failing_kind(plan: Allocation, tracks: Sequence[KindTrack], planner: Planner
         excess = default_s * (ratio - 1.0)
         if clock is not None and track.searching and (worst is None or excess > worst[0]):
             worst = (excess, track)
-    if default_time / max(measured_time, 1e-12) < planner.target and worst:
+    if default_time / max(measured_time, 1e-12) < planner.target_now(tracks) and worst:
         return worst[1]
     return None
 

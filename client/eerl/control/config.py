@@ -36,8 +36,18 @@ class EerlConfig:
     monitor_window: int = 10
     rebaseline_phases: int = 3
     retune_window_steps: int = 3
-    refine_surplus: float = 0.006
+    refine_surplus: float = 0.003
     """A commit this far above the planned threshold may move for energy (gain > switch_gain_with_surplus)."""
+    run_spend_horizon: int = 50
+    """The throughput earlier phases left unused (:mod:`eerl.control.throughput`) is spent over this many
+    iterations' worth of default time."""
+    max_run_spend: float = 0.01
+    """The plan never aims more than this below its threshold, whatever the session banked."""
+    probe_interval_phases: int = 10
+    """A committed kind runs one phase a fine step below its clock this often, while the session has
+    throughput to spend: the curve keeps evidence below the commit, so the refine can move there."""
+    probe_min_spend: float = 0.003
+    """The banked throughput (as the plan's spend) a probe needs: it slows its phase by about a fine step."""
     switch_gain_with_surplus: float = 0.004
     max_refine_backoff: int = 8
     """A refine that ends no better than where it started doubles the refine interval, up to this factor:

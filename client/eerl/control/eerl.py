@@ -9,9 +9,10 @@ Per phase kind the controller goes through four states:
   model-based search: the curve of time and energy ratio versus clock (kernel-smoothed over all trials) feeds
   the iteration-level budget allocation, and the allocated clocks are tried until each has enough samples;
 * COMMITTED — hold the allocation; every observation is judged against the predictor, a default-governor
-  control phase now and then keeps the predictor honest, and drift (workload features leaving their band,
-  ratios leaving theirs — judged on the median of several phases, so one outlier never flips anything)
-  triggers a re-tune;
+  control phase now and then keeps the predictor honest, a probe a fine step below (while the run has
+  throughput to spend) keeps evidence where the refine could move, and drift (workload features leaving
+  their band, ratios leaving theirs — judged on the median of several phases, so one outlier never flips
+  anything) triggers a re-tune;
 * RETUNING — the same fine search, restricted to a window around the committed clock (the window slides
   down when the plan picks the lowest clock tried).
 
@@ -21,6 +22,7 @@ Each part is a module with one job, over the records of :mod:`eerl.control.state
 * :mod:`eerl.control.baseline` — fitting the predictor under the default governor; re-baselines;
 * :mod:`eerl.control.search` — which clock a searching kind tries next; the exploration bounds;
 * :mod:`eerl.control.plan` — the budget across phases: each kind's options, the planned threshold;
+* :mod:`eerl.control.throughput` — the run's throughput so far: what earlier phases left for the plan;
 * :mod:`eerl.control.slack` — async slack: the peer pool's time and the budget it leaves;
 * :mod:`eerl.control.commit` — when the searching kinds commit, and what committing resets;
 * :mod:`eerl.control.monitor` — a committed kind: control phases and drift detection;
@@ -45,7 +47,7 @@ from eerl.control.commit import try_commit
 from eerl.control.config import EerlConfig
 from eerl.control.curve import Trial
 from eerl.control.grid import ClockGrid
-from eerl.control.monitor import control_due, judge_control_phase, watch
+from eerl.control.monitor import control_due, judge_control_phase, probe_due, watch
 from eerl.control.plan import Planner
 from eerl.control.predictor import workload_features
 from eerl.control.retune import (
@@ -63,11 +65,16 @@ from eerl.phases import ControllerState, ExecutionMode, PhaseKind, Workload
 
 __all__ = [
     "JOB_CONFIG",
+    "PROBE_REASON",
     "EerlConfig",
     "EerlController",
     "create_eerl_controller",
     "create_job_eerl_controller",
 ]
+
+
+PROBE_REASON = "committed: probing a fine step below (the run has throughput to spend)"
+"""The reason of a probe's decision: the kind stays committed, this one phase runs a fine step lower."""
 
 
 class EerlController:
@@ -127,6 +134,8 @@ class EerlController:
             verdict = self._observe_default(track, observation, now_s)
         else:
             verdict = self._observe_trial(track, observation, now_s)
+        if track.baseline.rebaseline_left > 0:
+            self._planner.run.restart()  # a new regime: the old one's phases were judged on its predictor
         if verdict is not None:
             self._history.append(verdict)
             return verdict
@@ -175,8 +184,24 @@ class EerlController:
         if track.state is ControllerState.COMMITTED:
             if control_due(track.monitor, self._config):
                 return None, "default governor: control phase to re-validate the predictor"
+            probe = self._probe_clock(track)
+            if probe is not None:
+                track.monitor.since_probe = 0
+                return probe, PROBE_REASON
             return track.committed_mhz, "committed"
         return next_trial(track, self._plan, self._grid)
+
+    def _between_counted(self, obs: PhaseObservation) -> float:
+        """The work before this phase, as the run's throughput counts it: at most twice the typical."""
+        return min(obs.gap_before_s, 2.0 * self._between.per_iteration_s())
+
+    def _probe_clock(self, track: KindTrack) -> int | None:
+        """The fine step below a committed clock, when a probe is due and the run can pay for it."""
+        if track.committed_mhz is None or not probe_due(track.monitor, self._config):
+            return None
+        if self._planner.spend(self._all) > -self._config.probe_min_spend:
+            return None
+        return self._grid.fine_below(track.committed_mhz)
 
     def _plan(self) -> Allocation:
         return self._planner.plan(self._all, self._iteration)
@@ -187,6 +212,9 @@ class EerlController:
     # ------------------------------------------------------------------ observing
 
     def _observe_default(self, track: KindTrack, obs: PhaseObservation, now_s: float) -> Decision | None:
+        prediction = track.baseline.predictor.predict(obs.workload)
+        predicted_s = obs.duration_s if prediction is None else prediction.duration_s
+        self._planner.run.add_default(predicted_s, self._between_counted(obs))
         error = learn_default(track.baseline, obs, relearning=track.relearning)
         # A phase on the default governor saves nothing by definition: its energy counts in the total
         # the savings are a fraction of, and the predictor's error on it is no saving (nor a loss).
@@ -226,6 +254,9 @@ class EerlController:
         if prediction is None:
             return None
         clock = int(obs.sm_clock_mhz) if obs.sm_clock_mhz is not None else 0
+        self._planner.run.add_locked(
+            track.kind, clock, prediction.duration_s, obs.duration_s, self._between_counted(obs)
+        )
         time_ratio = obs.duration_s / prediction.duration_s
         energy_ratio = obs.energy_j / prediction.energy_j
         features = workload_features(track.kind, obs.workload)
@@ -237,6 +268,8 @@ class EerlController:
             track.search.trials_in_search += 1
             if obs.duration_s > prediction.duration_s / self._planner.target:
                 track.ledger.add_missed_trial(obs.energy_j)
+        if track.state is ControllerState.COMMITTED and clock != track.committed_mhz:
+            return None  # a probe: evidence for the curve, not a committed phase to judge
         reason = self._after_trial(track, obs, clock, time_ratio, energy_ratio)
         if reason is None:
             return None
@@ -292,6 +325,7 @@ class EerlController:
         )
         reason = None if drift is None else respond_to_drift(track, drift, self._pace, self._config)
         track.monitor.since_refine += 1
+        track.monitor.since_probe += 1
         if reason is None and take_refine_turn(track.monitor, self._pace, self._config):
             reason = refine(
                 self._all, self._planner, self._pace, self._grid, iteration=obs.iteration, config=self._config

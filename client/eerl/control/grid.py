@@ -86,6 +86,11 @@ class ClockGrid:
         } - {center_mhz}
         return sorted(edges)
 
+    def fine_below(self, clock_mhz: int) -> int | None:
+        """The highest fine candidate below ``clock_mhz`` (None at the bottom of the grid)."""
+        below = [c for c in self.fine_mhz if c < clock_mhz]
+        return below[-1] if below else None
+
     def lower_edge_mhz(self, center_mhz: int) -> int:
         """The fine candidate nearest the lower edge of the window around ``center_mhz``."""
         return nearest_supported_mhz(self.fine_mhz, center_mhz - self.retune_span_mhz)

@@ -2,11 +2,13 @@
 
 Every committed phase is judged against the predictor. Now and then a default-governor *control phase*
 re-validates the predictor: a miss beyond its band must be confirmed by a second one before anything
-changes. Drift is judged on medians of the last few phases, so a single outlier never flips a commit: the
-workload leaving its band (the tokens; for generation also the longest response) is a *step* when the
-newest phases lie far from the newest default phases, else gradual *drift*; time or energy ratios leaving
-theirs is drift the predictor cannot see. The monitor only says what it saw; :mod:`eerl.control.retune`
-decides what to do about it.
+changes. Every few committed phases, while the run has throughput to spend, a *probe* runs one phase a fine
+step below the committed clock: the curve keeps fresh evidence there, and the refine can move on it; a
+probe is not judged as a committed phase. Drift is judged on medians of the last few phases, so a single
+outlier never flips a commit: the workload leaving its band (the tokens; for generation also the longest
+response) is a *step* when the newest phases lie far from the newest default phases, else gradual
+*drift*; time or energy ratios leaving theirs is drift the predictor cannot see. The monitor only says
+what it saw; :mod:`eerl.control.retune` decides what to do about it.
 """
 
 from __future__ import annotations
@@ -79,6 +81,11 @@ Drift = WorkloadStep | WorkloadDrift | RatioDrift
 def control_due(monitor: MonitorState, config: EerlConfig) -> bool:
     """Time for a control phase on the default governor."""
     return monitor.since_control >= config.control_interval_phases
+
+
+def probe_due(monitor: MonitorState, config: EerlConfig) -> bool:
+    """Time for a probe a fine step below the committed clock (if the run has throughput to spend)."""
+    return monitor.since_probe >= config.probe_interval_phases
 
 
 def judge_control_phase(

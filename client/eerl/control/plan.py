@@ -3,7 +3,8 @@
 :mod:`eerl.control.budget` holds the allocation itself; the :class:`Planner` feeds it. A searching kind
 offers its fine candidates (:func:`eerl.control.search.candidate_clocks`) with the clock curve's estimated
 ratios, a committed kind only its committed clock, every kind the default governor. The plan aims at the
-threshold plus a margin for the predictor's own uncertainty. One async pool alone in its session plans
+threshold plus a margin for the predictor's own uncertainty, less what the session's earlier phases left
+unused (:mod:`eerl.control.throughput`). One async pool alone in its session plans
 against its peer's time (:mod:`eerl.control.slack`); otherwise the kinds share one sync iteration, with the
 work between its phases (:mod:`eerl.control.between`).
 """
@@ -21,6 +22,7 @@ from eerl.control.grid import ClockGrid
 from eerl.control.search import candidate_clocks, effective_floor_mhz
 from eerl.control.slack import PeerSlack
 from eerl.control.state import KindTrack
+from eerl.control.throughput import RunThroughput
 from eerl.phases import ControllerState
 
 MIN_SUPPORT = 0.3
@@ -28,7 +30,7 @@ MIN_SUPPORT = 0.3
 
 
 class Planner:
-    """Plans the iteration over the kinds' tracks it is given; holds no state of its own."""
+    """Plans the iteration over the kinds' tracks it is given; of its own it holds the run's throughput."""
 
     def __init__(
         self,
@@ -43,6 +45,8 @@ class Planner:
         self._grid = grid
         self._slack = slack
         self._between = between or BetweenWork(active=False)
+        self.run = RunThroughput(active=not slack.active)
+        """The session's throughput so far, which the plan may spend (a sync session's only)."""
 
     @property
     def async_pool(self) -> bool:
@@ -60,11 +64,29 @@ class Planner:
         return self._target
 
     def threshold(self, tracks: Sequence[KindTrack]) -> float:
-        """The threshold to plan for: the target plus a margin for the predictor's own uncertainty.
+        """The threshold to plan for: the target plus a margin for the predictor's own uncertainty, less
+        what the run banked (:meth:`spend`)."""
+        planned = self._with_margin(tracks)
+        return planned + self._spend(tracks, planned)
 
-        The margin is the time-weighted standard error of the default predictions (a biased baseline
-        shifts every measured ratio alike), capped at ``planning_margin``; a noiseless job gets none.
-        """
+    def spend(self, tracks: Sequence[KindTrack]) -> float:
+        """How far below its margin's threshold the plan aims now (≤ 0): the run's banked throughput."""
+        return self._spend(tracks, self._with_margin(tracks))
+
+    def target_now(self, tracks: Sequence[KindTrack]) -> float:
+        """The target, less what the run banked: what a commit or a trial must meet now."""
+        return self._target + self.spend(tracks)
+
+    def _spend(self, tracks: Sequence[KindTrack], planned: float) -> float:
+        iteration_s = sum(t.baseline.default_duration_s for t in tracks) + self.between_s
+        return self.run.spend(
+            planned, iteration_s, self._config.run_spend_horizon, self._config.max_run_spend
+        )
+
+    def _with_margin(self, tracks: Sequence[KindTrack]) -> float:
+        """The target plus the margin: the time-weighted standard error of the default predictions (a
+        biased baseline shifts every measured ratio alike), capped at ``planning_margin``; a noiseless
+        job gets none."""
         total = sum(t.baseline.default_duration_s for t in tracks)
         uncertainty = 0.0
         for track in tracks:

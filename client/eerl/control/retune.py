@@ -107,7 +107,7 @@ def refine(
         current,
         best,
         {t.kind: t.committed_mhz for t in tracks},
-        target=planner.target,
+        target=planner.target_now(tracks),
         planned_threshold=planner.threshold(tracks),
         config=config,
     )

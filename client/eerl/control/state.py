@@ -78,6 +78,8 @@ class MonitorState:
     control_miss_sign: int = 0
     """The sign of an unconfirmed control-phase miss (0: none)."""
     since_refine: int = 0
+    since_probe: int = 0
+    """Committed phases since the last probe a fine step below the committed clock."""
     recent_time: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     recent_energy: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     recent_shift: dict[int, deque[float]] = field(default_factory=dict)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from eerl.control.base import Controller, PhaseObservation
+from eerl.control.eerl import PROBE_REASON
 from eerl.phases import PhaseKind, Workload
 
 from eerld.sim import physics
@@ -100,6 +101,19 @@ class Trace:
 
     clocks: dict[PhaseKind, list[int | None]] = field(default_factory=lambda: {k: [] for k in KINDS})
     states: dict[PhaseKind, list[str]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    reasons: dict[PhaseKind, list[str]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    start: int = 0
+
+    def committed_clocks(self, kind: PhaseKind, since: int = 0) -> set[int]:
+        """The clocks held as commits from trace index ``since`` on (control phases and probes aside)."""
+        rows = zip(
+            self.clocks[kind][since:], self.states[kind][since:], self.reasons[kind][since:], strict=True
+        )
+        return {
+            c
+            for c, state, reason in rows
+            if c is not None and state == "committed" and reason != PROBE_REASON
+        }
 
 
 def drive_sync(
@@ -110,13 +124,14 @@ def drive_sync(
     start: int = 0,
 ) -> Trace:
     """Run a sync job from iteration ``start``: each iteration runs each kind in turn; the decisions."""
-    trace = Trace()
+    trace = Trace(start=start)
     now_s = 0.0
     for i in range(start, start + iterations):
         for kind in kinds:
             decision = controller.decide(kind, i, None, now_s)
             trace.clocks[kind].append(decision.sm_clock_mhz)
             trace.states[kind].append(decision.state.value)
+            trace.reasons[kind].append(decision.reason)
             observation = job.observe(kind, i, decision.sm_clock_mhz, now_s)
             now_s = observation.end_time_s
             controller.observe(observation, now_s)
@@ -147,3 +162,18 @@ def oracle_energy_ratio(job: SyntheticJob, threshold: float, iteration: int = 0)
             if throughput >= threshold:
                 best = min(best, energy)
     return best
+
+
+def run_throughput(job: SyntheticJob, *traces: Trace, upto: int | None = None) -> float:
+    """True throughput ratio of the traced run (its traces in order) against the default governor, over
+    every phase from the first traced iteration (through iteration ``upto``, if given)."""
+    time = time0 = 0.0
+    for trace in traces:
+        for kind, clocks in trace.clocks.items():
+            for index, clock in enumerate(clocks):
+                iteration = trace.start + index
+                if upto is not None and iteration > upto:
+                    break
+                time += job.true_cost(kind, iteration, clock)[0]
+                time0 += job.true_cost(kind, iteration, None)[0]
+    return time0 / time

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 from eerl.control.base import Controller, ControllerFactory, ControllerSettings, PhaseObservation
+from eerl.control.clocks import nearest_supported_mhz
 from eerl.control.eerl import (
+    PROBE_REASON,
     EerlConfig,
     EerlController,
     create_eerl_controller,
@@ -26,7 +29,10 @@ from tests.client.control.synthetic import (
     drive_sync,
     iteration_ratios,
     oracle_energy_ratio,
+    run_throughput,
 )
+
+MAX_SPEND = EerlConfig().max_run_spend
 
 
 class _EnergyOutlier(SyntheticJob):
@@ -82,7 +88,9 @@ class TestInvariants:
     def test_never_commits_a_candidate_measured_below_the_threshold(
         self, threshold: float, tokens: int, kinds: tuple[PhaseKind, ...]
     ) -> None:
-        """On a noiseless job every commit keeps the iteration's throughput at or above the threshold."""
+        """On a noiseless job a commit dips below the threshold by at most ``max_run_spend`` (the run's
+        banked throughput), and the run, every phase since its first included, keeps the threshold (within
+        0.001: the search's slow trials are its cost, not a debt)."""
         controller = create_eerl_controller(
             ControllerSettings(GRID_MHZ, kinds=kinds, throughput_threshold=threshold)
         )
@@ -92,9 +100,13 @@ class TestInvariants:
             i for i in range(40) if all(trace.states[k][i] == ControllerState.COMMITTED.value for k in kinds)
         ]
         assert committed  # every kind commits, so the check below is never vacuous
+        # The search's own cost is not repaid: the run may end a hair below, never more.
+        assert run_throughput(job, trace) >= threshold - 0.001
         for i in committed:
+            if any(trace.reasons[k][i] == PROBE_REASON for k in kinds):
+                continue  # a probe runs one phase a fine step lower, on the run's banked throughput
             throughput, _ = iteration_ratios(job, {k: trace.clocks[k][i] for k in kinds})
-            assert throughput >= threshold - 1e-9
+            assert throughput >= threshold - MAX_SPEND - 1e-9
 
     @FAST
     @given(
@@ -104,12 +116,15 @@ class TestInvariants:
     def test_converges_on_a_stationary_noiseless_workload(self, threshold: float, tokens: int) -> None:
         """Without noise it commits within 30 iterations, settles, and ends within 2% of the oracle.
 
-        Settles: after the first commit at most one local re-tune per kind, and the last 100 iterations
-        stay committed on one clock (control phases on the default governor aside).
+        Settles: the commits of the last 100 iterations (control phases and probes aside) lie within three
+        fine steps, and after the first commit a kind re-tunes at most once per 30 iterations: the run's
+        banked throughput may carry a commit to the allocation just below the threshold and back once it
+        is spent, time-sharing the two that bracket it. The run keeps its threshold.
         """
         job = SyntheticJob(tokens=tokens)
         controller = create_eerl_controller(ControllerSettings(GRID_MHZ, throughput_threshold=threshold))
         trace = drive_sync(controller, job, 200)
+        fine = controller._grid.fine_mhz
         for kind in KINDS:
             states = trace.states[kind]
             first = _committed_iteration(states)
@@ -119,12 +134,15 @@ class TestInvariants:
                 for i in range(first + 1, len(states))
                 if states[i] == ControllerState.RETUNING.value and states[i - 1] != states[i]
             )
-            assert retunes <= 1
-            assert set(states[-100:]) == {ControllerState.COMMITTED.value}
-            assert len({c for c in trace.clocks[kind][-100:] if c is not None}) == 1
-        final = {k: trace.clocks[k][-1] for k in KINDS}
+            assert retunes <= (len(states) - first) // 30
+            commits = trace.committed_clocks(kind, since=100)
+            assert commits
+            steps = [fine.index(nearest_supported_mhz(fine, c)) for c in commits]
+            assert max(steps) - min(steps) <= 3
+        final = {k: controller._tracks[k].committed_mhz for k in KINDS}
         _, energy = iteration_ratios(job, final)
         assert energy <= oracle_energy_ratio(job, threshold) + 0.02
+        assert run_throughput(job, trace) >= threshold
 
     @FAST
     @given(
@@ -144,10 +162,9 @@ class TestInvariants:
         job = SyntheticJob(tokens=tokens, outliers={(kind, start): factor})
         trace = drive_sync(create_eerl_controller(ControllerSettings(GRID_MHZ)), job, 60)
         for k in KINDS:
-            # Control phases (default governor) may come at other times; the locks and states may not.
-            assert {c for c in trace.clocks[k][start:] if c is not None} == {
-                c for c in reference.clocks[k][start:] if c is not None
-            }
+            # Control phases (default governor) and probes may come at other times; the commits and
+            # states may not.
+            assert trace.committed_clocks(k, since=start) == reference.committed_clocks(k, since=start)
             assert set(trace.states[k][start:]) == {ControllerState.COMMITTED.value}
 
 
@@ -162,8 +179,8 @@ class TestBehaviour:
     ) -> None:
         """On a stationary noiseless job, a commit one fine step off where it converged gets back.
 
-        Within 40 iterations it holds an allocation as good as the converged one: at the threshold, and
-        no more than 0.1% more energy.
+        Within 60 iterations it holds an allocation as good as the converged one: no more than 0.1% more
+        energy, the run (both parts) at the threshold.
         """
         job = SyntheticJob()
         controller = EerlController(settings)
@@ -181,11 +198,41 @@ class TestBehaviour:
         throughput_off, energy_off = iteration_ratios(job, off)
         assert throughput_off < settings.throughput_threshold or energy_off > best_energy + 0.001
 
-        later = drive_sync(controller, job, 40, start=80)
-        final = {k: later.clocks[k][-1] for k in KINDS}
+        later = drive_sync(controller, job, 60, start=80)
+        final = {k: controller._tracks[k].committed_mhz for k in KINDS}
         throughput, energy = iteration_ratios(job, final)
-        assert throughput >= settings.throughput_threshold
+        assert throughput >= settings.throughput_threshold - MAX_SPEND
         assert energy <= best_energy + 0.001
+        assert run_throughput(job, converged, later) >= settings.throughput_threshold
+
+    def test_a_commit_probes_a_fine_step_below_while_the_run_has_throughput_to_spend(
+        self, settings: ControllerSettings
+    ) -> None:
+        """With throughput banked, every ``probe_interval_phases`` committed phases one runs a fine step
+        below the commit, and the curve keeps it as evidence there; the kind stays committed on its
+        clock. Without a bank there is no probe. (The refine is kept out of the way: it is not what this
+        checks.)"""
+        controller = EerlController(settings, EerlConfig(refine_interval_phases=10_000))
+        converged = drive_sync(controller, SyntheticJob(), 40)
+        assert PROBE_REASON not in {r for k in KINDS for r in converged.reasons[k]}  # nothing banked yet
+        commits = {k: controller._tracks[k].committed_mhz for k in KINDS}
+        for _ in range(300):  # as if many default phases had run at full speed
+            controller._planner.run.add_default(10.0, between_s=0.0)
+        later = drive_sync(controller, SyntheticJob(), 40, start=40)
+        interval = EerlConfig().probe_interval_phases
+        for kind in KINDS:
+            commit = commits[kind]
+            assert commit is not None
+            below = controller._grid.fine_below(commit)
+            probes = [i for i, r in enumerate(later.reasons[kind]) if r == PROBE_REASON]
+            assert len(probes) >= 3
+            # every interval committed phases, a control phase (default governor) aside
+            assert all(b - a in (interval + 1, interval + 2) for a, b in itertools.pairwise(probes))
+            assert {later.clocks[kind][i] for i in probes} == {below}
+            assert below is not None
+            assert len(controller._tracks[kind].curve.trials_at(below, 40)) == len(probes)
+            assert set(later.states[kind]) == {ControllerState.COMMITTED.value}
+            assert controller._tracks[kind].committed_mhz == commit
 
     def test_starts_with_the_default_governor_to_learn_the_baseline(
         self, settings: ControllerSettings
@@ -233,8 +280,8 @@ class TestBehaviour:
         generation = trace.clocks[PhaseKind.GENERATION]
         assert generation[5] == generation[6]  # the trial past the minimum, repeated
         final = {k: trace.clocks[k][-1] for k in KINDS}
-        throughput, energy = iteration_ratios(job, final)
-        assert throughput >= settings.throughput_threshold
+        _, energy = iteration_ratios(job, final)
+        assert run_throughput(job, trace) >= settings.throughput_threshold
         assert energy <= oracle_energy_ratio(job, settings.throughput_threshold) + 0.01
 
     def test_the_daemon_controller_stops_on_the_first_reading_past_the_minimum(
