@@ -45,8 +45,8 @@ class Planner:
         self._grid = grid
         self._slack = slack
         self._between = between or BetweenWork(active=False)
-        self.run = RunThroughput(active=not slack.active)
-        """The session's throughput so far, which the plan may spend (a sync session's only)."""
+        self.run = RunThroughput()
+        """The session's throughput so far, which the plan may spend."""
 
     @property
     def async_pool(self) -> bool:

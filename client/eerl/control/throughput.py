@@ -10,6 +10,9 @@ time of every phase — measured for a default-governor phase, predicted for a l
 the phases took, the work between them on both sides. What it banks above the planned threshold, the
 plan may spend over the next ``horizon`` iterations (never more than ``max_spend`` below its threshold,
 and never the other way: a session behind its plan is the search's cost, not a debt later iterations pay).
+An async pool alone in its session keeps its own: its phases against their default, no gaps (a pool's gap
+is waiting for its peer, not work). The pool that gates the iteration banks and spends; the waiting one
+runs slower than its default by design, so it banks nothing and its plan stays its own.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ RECENT_AT_CLOCK = 5
 
 @dataclass(slots=True)
 class RunThroughput:
-    """Default-equivalent and actual time of a sync session's phases since the latest restart.
+    """Default-equivalent and actual time of a session's phases since the latest restart.
 
     Robust, as the rest of the controller: one committed phase far off moves nothing. A locked phase
     counts at the median ratio of its kind's last few phases at its clock (times its predicted default), a
@@ -35,8 +38,6 @@ class RunThroughput:
     probe at a clock is its own median: it counts as measured (the time it took was spent).
     """
 
-    active: bool
-    """False for an async pool alone in its session: it plans against its peer's time instead."""
     default_s: float = 0.0
     actual_s: float = 0.0
     _ratios: dict[tuple[PhaseKind, int], deque[float]] = field(default_factory=dict)
@@ -50,14 +51,14 @@ class RunThroughput:
     ) -> None:
         """A phase locked at ``clock_mhz`` that took ``duration_s`` where the default would take
         ``predicted_s``."""
-        if not self.active or predicted_s <= 0 or duration_s <= 0:
+        if predicted_s <= 0 or duration_s <= 0:
             return
         recent = self._ratios.setdefault((kind, clock_mhz), deque(maxlen=RECENT_AT_CLOCK))
         recent.append(duration_s / predicted_s)
         self._add(predicted_s, predicted_s * statistics.median(recent), between_s)
 
     def _add(self, default_s: float, actual_s: float, between_s: float) -> None:
-        if self.active and default_s > 0 and actual_s > 0:
+        if default_s > 0 and actual_s > 0:
             self.default_s += default_s + between_s
             self.actual_s += actual_s + between_s
 
@@ -73,7 +74,7 @@ class RunThroughput:
         iterations of ``iteration_default_s`` each: those iterations may take their default time over
         ``planned`` plus the banked time, so the run ends at ``planned`` if they do.
         """
-        if not self.active or self.actual_s <= 0 or iteration_default_s <= 0 or planned <= 0:
+        if self.actual_s <= 0 or iteration_default_s <= 0 or planned <= 0:
             return 0.0
         banked_s = self.default_s / planned - self.actual_s
         if banked_s <= 0:

@@ -385,6 +385,21 @@ class TestBehaviour:
         assert duration / job.true_cost(PhaseKind.TRAINING, 0, None)[0] > 1.3
         assert duration <= peer_duration_s / 0.95
 
+    def test_an_async_pool_banks_its_own_phases_not_its_waits(self) -> None:
+        """An async pool alone keeps its own run ledger: its default phases bank throughput, its gaps
+        (waiting for the peer) bank nothing, however long."""
+        job = SyntheticJob()
+        spends = []
+        for gap_s in (0.0, 1000.0):
+            controller = EerlController(
+                ControllerSettings(GRID_MHZ, kinds=(PhaseKind.TRAINING,), mode=ExecutionMode.ASYNC)
+            )
+            for i in range(4):
+                observation = job.observe(PhaseKind.TRAINING, i, None, 0.0)
+                controller.observe(dataclasses.replace(observation, gap_before_s=gap_s), 0.0)
+            spends.append(controller._planner.spend(controller._all))
+        assert spends[0] == spends[1] < 0.0
+
     def test_ignores_kinds_it_does_not_decide_for(self) -> None:
         """A generation-only session answers OFF for training and ignores training observations."""
         controller = create_eerl_controller(ControllerSettings(GRID_MHZ, kinds=(PhaseKind.GENERATION,)))

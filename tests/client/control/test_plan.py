@@ -44,7 +44,7 @@ class TestPlanner:
 
     def test_the_runs_banked_throughput_lowers_the_plan_and_the_target_alike(self) -> None:
         """Default phases that ran at full speed bank throughput: the plan and the target a trial must
-        meet drop by the same spend, at most ``max_run_spend``; an async pool alone keeps its own."""
+        meet drop by the same spend, at most ``max_run_spend``."""
         tracks = [_explored(PhaseKind.GENERATION), _explored(PhaseKind.TRAINING)]
         planner = _planner()
         for _ in range(200):
@@ -53,9 +53,6 @@ class TestPlanner:
         assert planner.threshold(tracks) == pytest.approx(0.95 - CONFIG.max_run_spend)
         assert planner.target_now(tracks) == pytest.approx(0.95 - CONFIG.max_run_spend)
         assert planner.target == 0.95
-        pool = _planner(pool=True)
-        pool.run.add_default(10.0, between_s=0.0)
-        assert pool.spend(tracks[:1]) == 0.0
 
     def test_options_offer_the_default_first_then_the_fine_candidates(self) -> None:
         """A searching kind offers the default (ratio 1) and the fine clocks from its lowest trial up."""

@@ -17,7 +17,7 @@ class TestRunThroughput:
     def test_default_phases_bank_what_the_plan_may_spend_over_the_horizon(self) -> None:
         """One 10 s default phase at a 0.95 plan banks 10/0.95 - 10 s; spread over 50 iterations of 10 s
         each, the plan may aim at 500 / (500/0.95 + 0.526) instead."""
-        run = RunThroughput(active=True)
+        run = RunThroughput()
         run.add_default(10.0, between_s=0.0)
         banked = 10.0 / 0.95 - 10.0
         assert _spend(run) == pytest.approx(500.0 / (500.0 / 0.95 + banked) - 0.95)
@@ -25,20 +25,20 @@ class TestRunThroughput:
 
     def test_the_spend_is_bounded(self) -> None:
         """However much was banked, the plan aims at most ``max_spend`` below its threshold."""
-        run = RunThroughput(active=True)
+        run = RunThroughput()
         for _ in range(500):
             run.add_default(10.0, between_s=0.0)
         assert _spend(run, max_spend=0.01) == pytest.approx(-0.01)
 
     def test_a_session_behind_its_plan_never_raises_it(self) -> None:
         """Slow trials are the search's cost: the plan spends surplus, it never repays a deficit."""
-        run = RunThroughput(active=True)
+        run = RunThroughput()
         run.add_locked(TRAINING, 1305, predicted_s=10.0, duration_s=13.0, between_s=0.0)
         assert _spend(run) == 0.0
 
     def test_a_locked_phase_at_the_plan_banks_nothing(self) -> None:
         """Phases that take exactly the planned time leave nothing to spend."""
-        run = RunThroughput(active=True)
+        run = RunThroughput()
         for _ in range(5):
             run.add_locked(TRAINING, 1305, predicted_s=10.0, duration_s=10.0 / 0.95, between_s=0.0)
         assert _spend(run) == pytest.approx(0.0, abs=1e-12)
@@ -47,7 +47,7 @@ class TestRunThroughput:
     def test_one_phase_far_off_moves_nothing(self, factor: float) -> None:
         """A locked phase counts at the median ratio of its clock's last few phases: one committed phase
         far off, fast or slow, leaves the spend where it was."""
-        steady, with_outlier = RunThroughput(active=True), RunThroughput(active=True)
+        steady, with_outlier = RunThroughput(), RunThroughput()
         for run in (steady, with_outlier):
             run.add_default(10.0, between_s=0.0)
             for _ in range(4):
@@ -59,21 +59,15 @@ class TestRunThroughput:
 
     def test_the_work_between_the_phases_counts_on_both_sides(self) -> None:
         """Between work runs at the default whatever the clocks: it banks its share of the threshold."""
-        without, with_between = RunThroughput(active=True), RunThroughput(active=True)
+        without, with_between = RunThroughput(), RunThroughput()
         without.add_default(10.0, between_s=0.0)
         with_between.add_default(10.0, between_s=5.0)
         assert _spend(with_between) < _spend(without) < 0.0
 
     def test_a_restart_forgets_the_old_regime(self) -> None:
         """After a re-baseline nothing of the old regime is left to spend."""
-        run = RunThroughput(active=True)
+        run = RunThroughput()
         for _ in range(20):
             run.add_default(10.0, between_s=0.0)
         run.restart()
-        assert _spend(run) == 0.0
-
-    def test_an_async_pool_alone_banks_nothing(self) -> None:
-        """An async pool plans against its peer's time: its ledger stays inactive."""
-        run = RunThroughput(active=False)
-        run.add_default(10.0, between_s=0.0)
         assert _spend(run) == 0.0
