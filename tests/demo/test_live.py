@@ -77,6 +77,10 @@ class TestInterrupt:
         self, tmp_path: Path, demo_env: dict[str, str]
     ) -> None:
         """SIGINT mid-run exits with 130, stops eerld, leaves no GPU locked and no temporary directory."""
+        # A terminal's Ctrl-C, even where this suite runs as a background job: a shell without job control
+        # starts those with SIGINT ignored, an ignore survives exec, and Python then keeps it. A handler
+        # does not survive exec, so with one here the demo starts with the default disposition.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
         demo = subprocess.Popen(
             [
                 sys.executable,
@@ -95,6 +99,7 @@ class TestInterrupt:
             stderr=subprocess.PIPE,
             text=True,
         )
+        signal.signal(signal.SIGINT, previous)
         assert demo.stdout is not None
         seen: list[str] = []
         for line in demo.stdout:
