@@ -33,6 +33,8 @@ class BetweenWork:
         self._iteration: int | None = None
         self._open_s = 0.0
         self._totals_s: deque[float] = deque(maxlen=BETWEEN_HISTORY)
+        self._median_s = 0.0
+        """The median of ``_totals_s``, kept as they change: the plan and every phase read it."""
 
     def observe(self, iteration: int, gap_before_s: float) -> None:
         """Add a phase's gap to its iteration's total; a later iteration completes the earlier one."""
@@ -40,6 +42,7 @@ class BetweenWork:
             return
         if self._iteration is not None and iteration > self._iteration:
             self._totals_s.append(self._open_s)
+            self._median_s = float(np.median(self._totals_s))
             self._open_s = 0.0
         if self._iteration is None or iteration >= self._iteration:
             self._iteration = iteration
@@ -47,4 +50,4 @@ class BetweenWork:
 
     def per_iteration_s(self) -> float:
         """The typical between time of an iteration (median of the last few complete ones; 0 before)."""
-        return float(np.median(self._totals_s)) if self._totals_s else 0.0
+        return self._median_s
