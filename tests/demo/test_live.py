@@ -81,25 +81,27 @@ class TestInterrupt:
         # starts those with SIGINT ignored, an ignore survives exec, and Python then keeps it. A handler
         # does not survive exec, so with one here the demo starts with the default disposition.
         previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-        demo = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "demo",
-                "--iterations",
-                "50",
-                "--speedup",
-                "100",
-                "--out",
-                str(tmp_path),
-            ],
-            cwd=ROOT,
-            env=demo_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        signal.signal(signal.SIGINT, previous)
+        try:
+            demo = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "demo",
+                    "--iterations",
+                    "50",
+                    "--speedup",
+                    "100",
+                    "--out",
+                    str(tmp_path),
+                ],
+                cwd=ROOT,
+                env=demo_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        finally:
+            signal.signal(signal.SIGINT, previous)
         assert demo.stdout is not None
         seen: list[str] = []
         for line in demo.stdout:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from eerl.control.base import Controller, PhaseObservation
 from eerl.control.eerl import PROBE_REASON
-from eerl.phases import PhaseKind, Workload
+from eerl.phases import ControllerState, PhaseKind, Workload
 
 from eerld.sim import physics
 from eerld.sim.profiles import H100_SXM
@@ -112,7 +112,7 @@ class Trace:
         return {
             c
             for c, state, reason in rows
-            if c is not None and state == "committed" and reason != PROBE_REASON
+            if c is not None and state == ControllerState.COMMITTED.value and reason != PROBE_REASON
         }
 
 

@@ -85,7 +85,7 @@ class TestInvariants:
         tokens=st.integers(min_value=200_000, max_value=3_000_000),
         kinds=st.sampled_from([KINDS, (PhaseKind.GENERATION,), (PhaseKind.TRAINING,)]),
     )
-    def test_never_commits_a_candidate_measured_below_the_threshold(
+    def test_a_commit_dips_below_the_threshold_by_at_most_what_the_run_banked(
         self, threshold: float, tokens: int, kinds: tuple[PhaseKind, ...]
     ) -> None:
         """On a noiseless job a commit dips below the threshold by at most ``max_run_spend`` (the run's
