@@ -5,10 +5,10 @@ re-validates the predictor: a miss beyond its band must be confirmed by a second
 changes. Every few committed phases, while the run has throughput to spend, a *probe* runs one phase a fine
 step below the committed clock: the curve keeps fresh evidence there, and the refine can move on it; a
 probe is not judged as a committed phase. Drift is judged on medians of the last few phases, so a single
-outlier never flips a commit: the workload leaving its band (the tokens; for generation also the longest
-response) is a *step* when the newest phases lie far from the newest default phases, else gradual
-*drift*; time or energy ratios leaving theirs is drift the predictor cannot see. The monitor only says
-what it saw; :mod:`eerl.control.retune` decides what to do about it.
+outlier never flips a commit: the workload leaving its band around the newest default phase (the tokens;
+for generation also the longest response) is gradual *drift*, and a *step* when the newest phases lie
+far from the newest few default phases; time or energy ratios leaving theirs is drift the predictor cannot
+see. The monitor only says what it saw; :mod:`eerl.control.retune` decides what to do about it.
 """
 
 from __future__ import annotations
@@ -133,16 +133,24 @@ def watch(
 ) -> Drift | None:
     """Take a committed phase's ratios and workload; the drift they show, if any (medians: outliers cannot).
 
-    When the workload moved, the monitor asks for a control phase and starts its shift windows afresh.
+    The workload is judged from the newest default phase, where the baseline was last checked: under
+    drift the window's mean lags behind it, and judged from the mean the workload stayed out of its band
+    after every control phase, so each window of committed phases asked for another one (on
+    ``drift-h100`` a control phase per kind every 11-13 iterations). A step is judged from the newest few
+    default phases together, too: a control phase that fell on a new regime's first phase matches the
+    phases after it, and its spread would widen the band enough to hide the step (step-h100 seed 18: a
+    tripling of the training tokens went unseen for the rest of the run). When the workload moved, the
+    monitor asks for a control phase and starts its shift windows afresh.
     """
     monitor.recent_time.append(time_ratio)
     monitor.recent_energy.append(energy_ratio)
-    means = predictor.feature_means()
+    checked = predictor.newest_feature_means(1)
+    settled = predictor.newest_feature_means(config.rebaseline_phases)
     features = workload_features(kind, workload)
     watched = WATCHED_FEATURES[kind]
-    if means is not None:
+    if checked is not None:
         for index in watched:
-            shift = float(features[index] / means[index] - 1.0) if means[index] > 0 else 0.0
+            shift = float(features[index] / checked[index] - 1.0) if checked[index] > 0 else 0.0
             monitor.recent_shift.setdefault(index, deque(maxlen=SHIFT_HISTORY)).append(shift)
     window = config.monitor_window
     spread = predictor.feature_spread()
@@ -150,12 +158,20 @@ def watch(
     # which a raised response cap moves while the token count barely does).
     moved: tuple[float, int] | None = None
     for index in watched:
+        recent = list(monitor.recent_shift.get(index, ()))[-window:]
+        if len(recent) < window or checked is None:
+            continue
+        median_shift_now = float(np.median(recent))
+        if settled is not None and settled[index] > 0:
+            from_settled = (1.0 + median_shift_now) * float(checked[index] / settled[index]) - 1.0
+            if abs(from_settled) > config.step_feature_band:
+                monitor.since_control = config.control_interval_phases
+                monitor.recent_shift.clear()
+                return WorkloadStep(index, from_settled)
         band = config.drift_feature_band
         if spread is not None:
             band = max(band, 2.5 * float(spread[index]))
-        recent = list(monitor.recent_shift.get(index, ()))[-window:]
-        median_shift_now = float(np.median(recent)) if recent else 0.0
-        if len(recent) >= window and abs(median_shift_now) > band:
+        if abs(median_shift_now) > band:
             excess = abs(median_shift_now) / band
             if moved is None or excess > moved[0]:
                 moved = (excess, index)
@@ -163,13 +179,11 @@ def watch(
         index = moved[1]
         monitor.since_control = config.control_interval_phases
         monitor.recent_shift.clear()
-        # Judge the size of the move on the newest phases against the newest default phases: when the
-        # window's median first leaves the band after a step, half the window still holds the old
-        # regime, and under drift the window's mean lags far behind the last control phase.
+        # Judge the size of the move on the newest phase against the newest default phases: when the
+        # window's median first leaves the band after a step, half the window still holds the old regime.
         newest_shift = 0.0
-        latest = predictor.newest_feature_means(config.rebaseline_phases)
-        if latest is not None and latest[index] > 0:
-            newest_shift = float(features[index] / latest[index] - 1.0)
+        if settled is not None and settled[index] > 0:
+            newest_shift = float(features[index] / settled[index] - 1.0)
         if abs(newest_shift) > config.step_feature_band:
             return WorkloadStep(index, newest_shift)
         return WorkloadDrift(index)

@@ -114,12 +114,6 @@ class BaselinePredictor:
         """Mean absolute relative out-of-sample error of the duration prediction (0 until measured)."""
         return float(np.mean(self._errors)) if self._errors else 0.0
 
-    def feature_means(self) -> npt.NDArray[np.float64] | None:
-        """Mean workload features of the window (for drift checks); None when empty."""
-        if not self._features:
-            return None
-        return np.mean(np.stack(list(self._features)), axis=0)  # type: ignore[no-any-return]
-
     def newest_feature_means(self, count: int) -> npt.NDArray[np.float64] | None:
         """Mean workload features of the ``count`` newest samples: where the baseline was last checked."""
         if not self._features:

@@ -36,7 +36,7 @@ def _power_capped_mhz(compute: float, memory: float) -> int:
 
 @dataclass
 class SyntheticJob:
-    """Prices phases of a stationary (or stepped) workload; noise is multiplicative and seeded."""
+    """Prices phases of a stationary, stepped or growing workload; noise is multiplicative and seeded."""
 
     tokens: int = 1_000_000
     noise: float = 0.0
@@ -47,13 +47,15 @@ class SyntheticJob:
     step_memory_factor: float = 0.5
     step_longest_factor: float = 1.0
     """At the step the longest response grows by this factor (a raised response cap)."""
+    growth_per_iteration: float = 0.0
+    """The tokens (and the cost) grow by this fraction every iteration: responses lengthening."""
     outliers: dict[tuple[PhaseKind, int], float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._rng = np.random.default_rng(self.seed)
 
     def workload(self, iteration: int) -> Workload:
-        tokens, longest = self.tokens, 8192
+        tokens, longest = int(self.tokens * (1.0 + self.growth_per_iteration) ** iteration), 8192
         if self.step_at_iteration is not None and iteration >= self.step_at_iteration:
             tokens = int(tokens * self.step_tokens_factor)
             longest = int(longest * self.step_longest_factor)

@@ -263,6 +263,19 @@ class TestBehaviour:
         throughput, _ = iteration_ratios(job, final, iteration=159)
         assert throughput >= 0.95 - 0.01
 
+    def test_under_gradual_drift_a_control_phase_follows_each_band_of_growth(
+        self, settings: ControllerSettings
+    ) -> None:
+        """Tokens growing 0.2% an iteration leave the 12% band about every 57 iterations: over 240
+        committed iterations the 60-phase interval and the drift ask for at most six control phases, not
+        one per monitor window because the predictor's older default phases lag behind (eight to twelve
+        before)."""
+        job = SyntheticJob(noise=0.005, growth_per_iteration=0.002)
+        trace = drive_sync(create_eerl_controller(settings), job, 300)
+        for kind in KINDS:
+            controls = [r for r in trace.reasons[kind][60:] if "control phase" in r]
+            assert 4 <= len(controls) <= 6, kind
+
     @pytest.mark.parametrize(
         "factory",
         [create_job_eerl_controller, controller_factory("eerl", job=True)],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from eerl.control.baseline import learn_default
 from eerl.control.monitor import (
     Drift,
     RatioDrift,
@@ -17,7 +18,7 @@ from eerl.phases import ControllerState, PhaseKind, Workload
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.client.control.parts import CONFIG, fitted_track, workload
+from tests.client.control.parts import CONFIG, DEFAULT_J, DEFAULT_S, default_phase, fitted_track, workload
 
 
 def _judge(monitor: MonitorState, error: float | None, *, at_default: bool = False) -> bool:
@@ -40,6 +41,15 @@ def _watch(
         energy_ratio=energy_ratio,
         config=CONFIG,
     )
+
+
+def _control_phase(track: KindTrack, scale: float) -> None:
+    """A control phase on ``scale`` times the baseline's tokens, its cost in proportion (learned)."""
+    work = workload(tokens=int(1_000_000 * scale))
+    phase = default_phase(track.kind, 10, work, DEFAULT_S * scale, DEFAULT_J * scale)
+    before = track.baseline.predictor.count
+    learn_default(track.baseline, phase, relearning=False)
+    assert track.baseline.predictor.count == before + 1
 
 
 class TestControlPhases:
@@ -108,6 +118,31 @@ class TestDrift:
         track = _committed()
         verdicts = [_watch(track, workload(tokens=1_200_000)) for _ in range(CONFIG.monitor_window)]
         assert verdicts[-1] == WorkloadDrift(0)
+
+    def test_drift_is_judged_from_the_newest_default_phase(self) -> None:
+        """After a control phase at +20% tokens, ten phases 2% beyond it are no drift.
+
+        The window's mean still sits near the eight older phases (+2%): judged from it, the workload would
+        stay out of its band and every window of committed phases would ask for one more control phase.
+        """
+        track = fitted_track(PhaseKind.TRAINING, ControllerState.COMMITTED, phases=8)
+        _control_phase(track, scale=1.2)
+        verdicts = [_watch(track, workload(tokens=1_224_000)) for _ in range(3 * CONFIG.monitor_window)]
+        assert verdicts == [None] * (3 * CONFIG.monitor_window)
+
+    def test_a_control_phase_on_a_new_regimes_first_phase_does_not_hide_the_step(self) -> None:
+        """Tokens triple just as a control phase runs: the phases after it match it, yet it is a step.
+
+        Judged from the newest three default phases together (+80%): otherwise the predictor would keep
+        the old regime's phases and extrapolate from them for the rest of the run.
+        """
+        track = _committed()
+        _control_phase(track, scale=3.0)
+        verdicts = [_watch(track, workload(tokens=3_000_000)) for _ in range(CONFIG.monitor_window)]
+        assert verdicts[:-1] == [None] * (CONFIG.monitor_window - 1)
+        step = verdicts[-1]
+        assert isinstance(step, WorkloadStep)
+        assert (step.feature, round(step.shift, 6)) == (0, 0.8)
 
     def test_generation_also_watches_its_longest_response(self) -> None:
         """A raised response cap (longest response ×2, same tokens) is a generation step."""
