@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,57 @@ class TestCli:
         assert [r["seed"] for r in rows] == [1, 2]
         energies = {r["default"]["energy_per_valid_token_j"] for r in rows}
         assert len(energies) == 2
+
+    def test_all_heads_its_table_with_the_seeds_median_and_worst(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """`all` reports each scenario's capture over the seeds (median, worst) before its own seed's."""
+        assert (
+            main(
+                [
+                    "seeds",
+                    "--scenario",
+                    "all",
+                    "--seeds",
+                    "1,2",
+                    "--iterations",
+                    "6",
+                    "--json",
+                    str(tmp_path / "seeds.json"),
+                ]
+            )
+            == 0
+        )
+        runs = [
+            {**r, "scenario": r["scenario"].split(" (seed")[0]}  # a run's own name says its seed
+            for r in json.loads((tmp_path / "seeds.json").read_text())
+        ]
+        markdown = tmp_path / "results.md"
+        code = main(
+            [
+                "all",
+                "--seeds",
+                "1,2",
+                "--iterations",
+                "6",
+                "--out-dir",
+                str(tmp_path),
+                "--markdown",
+                str(markdown),
+            ]
+        )
+        assert code == 0
+        capsys.readouterr()
+        text = markdown.read_text()
+        assert "| scenario | capture median / worst, seeds 1–2 | throughput worst, seeds 1–2 |" in text
+        for name in {r["scenario"] for r in runs}:
+            captures = [r["capture"] for r in runs if r["scenario"] == name]
+            throughputs = [r["throughput_ratio_online"] for r in runs if r["scenario"] == name]
+            own = next(r for r in runs if r["scenario"] == name and r["seed"] == 1)
+            median, worst = statistics.median(captures), min(captures)
+            row = f"| {name} | {median:.3f} / {worst:.3f} | {min(throughputs):.3f} | 6 |"
+            assert row in text, name
+            assert f"| {own['capture']:.3f} | {own['throughput_ratio_online']:.3f} |" in text, name
 
     @pytest.mark.parametrize(("text", "seeds"), [("1-3", [1, 2, 3]), ("4,7", [4, 7]), ("1-2,9", [1, 2, 9])])
     def test_seed_lists_parse(self, text: str, seeds: list[int]) -> None:
