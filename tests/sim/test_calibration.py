@@ -10,7 +10,7 @@ import numpy as np
 from eerl.phases import PhaseKind
 
 from eerld.sim.evaluate import clock_grid, evaluate_phase, sample_iteration
-from eerld.sim.scenario import Scenario
+from eerld.sim.scenario import Scenario, load_scenario
 from eerld.sim.sweep import SweepResult
 
 from .conftest import CALIBRATION_ITERATIONS
@@ -104,3 +104,23 @@ class TestCheck5SweepFindsSavings:
         assert best.generation_sm_clock_mhz is not None
         assert best.training_sm_clock_mhz is not None
         assert best.generation_sm_clock_mhz < best.training_sm_clock_mhz
+
+
+class TestComputeHeavierDecoding:
+    """`decode-heavy-h100` is there for a generation phase whose time really moves with its clock."""
+
+    def test_its_generation_slows_about_twice_as_much_at_the_knee_as_the_reference(self) -> None:
+        """At 1065 MHz its generation takes 5-9% longer than at the default governor, the reference's 1-4%."""
+        slowdowns = {}
+        for name in ("sync-h100", "decode-heavy-h100"):
+            duration, _ = _phase_totals(load_scenario(name), PhaseKind.GENERATION, [None, 1065])
+            slowdowns[name] = duration[1] / duration[0] - 1.0
+        assert 0.01 <= slowdowns["sync-h100"] <= 0.04
+        assert 0.05 <= slowdowns["decode-heavy-h100"] <= 0.09
+
+    def test_training_is_a_larger_share_of_its_iteration(self) -> None:
+        """Training is 35-50% of its default iteration (the reference: 20-45%, check 1)."""
+        scenario = load_scenario("decode-heavy-h100")
+        gen, _ = _phase_totals(scenario, PhaseKind.GENERATION, [None])
+        train, _ = _phase_totals(scenario, PhaseKind.TRAINING, [None])
+        assert 0.35 <= train[0] / (gen[0] + train[0]) <= 0.50

@@ -21,6 +21,7 @@ EXPECTED_BUILTINS = {
     "step-h100",
     "noisy-h100",
     "verl-h100",
+    "decode-heavy-h100",
 }
 
 
