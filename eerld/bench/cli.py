@@ -15,7 +15,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Never
 
@@ -225,9 +225,7 @@ def _cmd_seeds(args: argparse.Namespace) -> int:
     for name in names:
         captures: list[float] = []
         throughputs: list[float] = []
-        for seed in parse_seeds(args.seeds):
-            scenario = with_seed(load_scenario(name), seed)
-            report = run_controller(scenario, args.threshold, args.iterations, None)
+        for seed, report in seed_reports(load_scenario(name), parse_seeds(args.seeds), args):
             captures.append(report.capture)
             throughputs.append(report.throughput_ratio_online)
             rows.append({"scenario": name, "seed": seed, **report.to_json()})
@@ -253,6 +251,14 @@ def _cmd_seeds(args: argparse.Namespace) -> int:
     return 0
 
 
+def seeds_label(seeds: Sequence[int]) -> str:
+    """Seeds as a table names them: ``1–5`` for a run of them, else a list."""
+    first, last = seeds[0], seeds[-1]
+    if list(seeds) == list(range(first, last + 1)) and last > first:
+        return f"{first}–{last}"
+    return ",".join(str(seed) for seed in seeds)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class SeedSummary:
     """A scenario's capture and throughput over several workload seeds: the headline is never one seed."""
@@ -263,27 +269,28 @@ class SeedSummary:
 
     @property
     def label(self) -> str:
-        """The seeds as the command line names them (``1-5``, or a list)."""
-        first, last = self.seeds[0], self.seeds[-1]
-        if self.seeds == tuple(range(first, last + 1)) and last > first:
-            return f"{first}–{last}"
-        return ",".join(str(seed) for seed in self.seeds)
+        """The seeds as a table names them."""
+        return seeds_label(self.seeds)
+
+    @classmethod
+    def of(cls, runs: Sequence[tuple[int, ControllerReport]]) -> SeedSummary:
+        """The summary of ``(seed, report)`` pairs."""
+        return cls(
+            tuple(seed for seed, _ in runs),
+            tuple(report.capture for _, report in runs),
+            tuple(report.throughput_ratio_online for _, report in runs),
+        )
 
 
-def seed_summary(
-    scenario: Scenario, seeds: Sequence[int], threshold: float, iterations: int | None, own: ControllerReport
-) -> SeedSummary:
-    """The online controller on each seed (the scenario's own seed reuses ``own``, its report)."""
-    captures: list[float] = []
-    throughputs: list[float] = []
+def seed_reports(
+    scenario: Scenario, seeds: Sequence[int], args: argparse.Namespace, own: ControllerReport | None = None
+) -> Iterator[tuple[int, ControllerReport]]:
+    """The online controller on each seed, as it runs (``own``, if given, is the scenario's own seed's)."""
     for seed in seeds:
-        if seed == scenario.workload.seed:
-            report = own
+        if own is not None and seed == scenario.workload.seed:
+            yield seed, own
         else:
-            report = run_controller(with_seed(scenario, seed), threshold, iterations, None)
-        captures.append(report.capture)
-        throughputs.append(report.throughput_ratio_online)
-    return SeedSummary(tuple(seeds), tuple(captures), tuple(throughputs))
+            yield seed, run_controller(with_seed(scenario, seed), args.threshold, args.iterations, None)
 
 
 def _cmd_all(args: argparse.Namespace) -> int:
@@ -301,7 +308,7 @@ def _cmd_all(args: argparse.Namespace) -> int:
         )
         (out_dir / f"{name}.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
         print(report.table())
-        summary = seed_summary(scenario, seeds, args.threshold, args.iterations, report)
+        summary = SeedSummary.of(list(seed_reports(scenario, seeds, args, own=report)))
         print(
             f"seeds {summary.label}: capture median {statistics.median(summary.captures):.3f}, "
             f"worst {min(summary.captures):.3f}; throughput worst {min(summary.throughputs):.3f}"
@@ -314,7 +321,7 @@ def _cmd_all(args: argparse.Namespace) -> int:
     table = results_markdown(reports, summaries) + "\n" + HEADROOM_INTRO + headroom_markdown(rooms)
     print(table)
     if args.markdown is not None:
-        label = summaries[0].label if summaries else args.seeds
+        label = seeds_label(seeds)
         _, kept = _split_at_section(args.markdown, MULTINODE_HEADING)  # the section `multinode` writes
         args.markdown.write_text(
             "# eerl-bench results\n\n"

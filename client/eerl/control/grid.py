@@ -5,6 +5,7 @@ Built once per session from the supported clocks and the tuning; immutable, so e
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from eerl.control.clocks import nearest_supported_mhz
@@ -88,8 +89,8 @@ class ClockGrid:
 
     def fine_below(self, clock_mhz: int) -> int | None:
         """The highest fine candidate below ``clock_mhz`` (None at the bottom of the grid)."""
-        below = [c for c in self.fine_mhz if c < clock_mhz]
-        return below[-1] if below else None
+        index = bisect.bisect_left(self.fine_mhz, clock_mhz)
+        return self.fine_mhz[index - 1] if index > 0 else None
 
     def lower_edge_mhz(self, center_mhz: int) -> int:
         """The fine candidate nearest the lower edge of the window around ``center_mhz``."""

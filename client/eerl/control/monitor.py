@@ -144,29 +144,50 @@ def watch(
     """
     monitor.recent_time.append(time_ratio)
     monitor.recent_energy.append(energy_ratio)
+    moved = _workload_move(monitor, predictor, kind, workload, config)
+    if moved is not None:
+        monitor.since_control = config.control_interval_phases
+        monitor.recent_shift.clear()
+        return moved
+    window = config.monitor_window
+    time_shift = median_shift(list(monitor.recent_time), window, config.drift_ratio_band)
+    energy_shift = median_shift(list(monitor.recent_energy), window, config.drift_ratio_band)
+    if time_shift is not None or energy_shift is not None:
+        return RatioDrift(time_shift, energy_shift)
+    return None
+
+
+def _workload_move(
+    monitor: MonitorState,
+    predictor: BaselinePredictor,
+    kind: PhaseKind,
+    workload: Workload,
+    config: EerlConfig,
+) -> WorkloadStep | WorkloadDrift | None:
+    """Record this phase's watched features against the newest default phase; how the workload moved.
+
+    The watched feature furthest outside its band wins (tokens; for generation also the longest response,
+    which a raised response cap moves while the token count barely does).
+    """
     checked = predictor.newest_feature_means(1)
     settled = predictor.newest_feature_means(config.rebaseline_phases)
+    if checked is None or settled is None:
+        return None
     features = workload_features(kind, workload)
     watched = WATCHED_FEATURES[kind]
-    if checked is not None:
-        for index in watched:
-            shift = float(features[index] / checked[index] - 1.0) if checked[index] > 0 else 0.0
-            monitor.recent_shift.setdefault(index, deque(maxlen=SHIFT_HISTORY)).append(shift)
-    window = config.monitor_window
+    for index in watched:
+        shift = float(features[index] / checked[index] - 1.0) if checked[index] > 0 else 0.0
+        monitor.recent_shift.setdefault(index, deque(maxlen=SHIFT_HISTORY)).append(shift)
     spread = predictor.feature_spread()
-    # The watched feature furthest outside its band (tokens; for generation also the longest response,
-    # which a raised response cap moves while the token count barely does).
     moved: tuple[float, int] | None = None
     for index in watched:
-        recent = list(monitor.recent_shift.get(index, ()))[-window:]
-        if len(recent) < window or checked is None:
+        recent = list(monitor.recent_shift.get(index, ()))[-config.monitor_window :]
+        if len(recent) < config.monitor_window:
             continue
         median_shift_now = float(np.median(recent))
-        if settled is not None and settled[index] > 0:
+        if settled[index] > 0:
             from_settled = (1.0 + median_shift_now) * float(checked[index] / settled[index]) - 1.0
             if abs(from_settled) > config.step_feature_band:
-                monitor.since_control = config.control_interval_phases
-                monitor.recent_shift.clear()
                 return WorkloadStep(index, from_settled)
         band = config.drift_feature_band
         if spread is not None:
@@ -175,23 +196,15 @@ def watch(
             excess = abs(median_shift_now) / band
             if moved is None or excess > moved[0]:
                 moved = (excess, index)
-    if moved is not None:
-        index = moved[1]
-        monitor.since_control = config.control_interval_phases
-        monitor.recent_shift.clear()
-        # Judge the size of the move on the newest phase against the newest default phases: when the
-        # window's median first leaves the band after a step, half the window still holds the old regime.
-        newest_shift = 0.0
-        if settled is not None and settled[index] > 0:
-            newest_shift = float(features[index] / settled[index] - 1.0)
-        if abs(newest_shift) > config.step_feature_band:
-            return WorkloadStep(index, newest_shift)
-        return WorkloadDrift(index)
-    time_shift = median_shift(list(monitor.recent_time), window, config.drift_ratio_band)
-    energy_shift = median_shift(list(monitor.recent_energy), window, config.drift_ratio_band)
-    if time_shift is not None or energy_shift is not None:
-        return RatioDrift(time_shift, energy_shift)
-    return None
+    if moved is None:
+        return None
+    index = moved[1]
+    # Judge the size of the move on the newest phase against the newest default phases: when the window's
+    # median first leaves the band after a step, half the window still holds the old regime.
+    newest_shift = float(features[index] / settled[index] - 1.0) if settled[index] > 0 else 0.0
+    if abs(newest_shift) > config.step_feature_band:
+        return WorkloadStep(index, newest_shift)
+    return WorkloadDrift(index)
 
 
 def median_shift(values: list[float], window: int, floor: float) -> float | None:

@@ -224,12 +224,12 @@ class TestBehaviour:
             commit = commits[kind]
             assert commit is not None
             below = controller._grid.fine_below(commit)
+            assert below is not None
             probes = [i for i, r in enumerate(later.reasons[kind]) if r == PROBE_REASON]
             assert len(probes) >= 3
             # every interval committed phases, a control phase (default governor) aside
             assert all(b - a in (interval + 1, interval + 2) for a, b in itertools.pairwise(probes))
             assert {later.clocks[kind][i] for i in probes} == {below}
-            assert below is not None
             assert len(controller._tracks[kind].curve.trials_at(below, 40)) == len(probes)
             assert set(later.states[kind]) == {ControllerState.COMMITTED.value}
             assert controller._tracks[kind].committed_mhz == commit
