@@ -35,6 +35,17 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float) -> bool:
     return predicate()
 
 
+def _is_dead(actor: object) -> bool:
+    """Whether a call on ``actor`` fails because the actor has died."""
+    try:
+        ray.get(actor.snapshot.remote(), timeout=1.0)  # type: ignore[attr-defined]
+    except ray.exceptions.RayActorError:
+        return True
+    except ray.exceptions.GetTimeoutError:
+        return False
+    return False
+
+
 def fixed_job(job_id: str, **kwargs: object) -> RayJob:
     options: dict[str, object] = {"policy": "fixed", "fixed_clocks": CLOCKS, "deadline_s": 2.0}
     options.update(kwargs)
@@ -113,6 +124,8 @@ def test_the_controller_killed_every_daemon_falls_back(local_cluster: LocalClust
         with job.phase(GEN, 0):
             assert {b.verdict for b in job.last_begins} == {DirectiveVerdict.ACCEPTED}
         ray.kill(job.controller, no_restart=True)
+        # ray.kill only sends the signal: a call made at once may still reach the live actor.
+        assert wait_until(lambda: _is_dead(job.controller), 10.0)
         with job.phase(GEN, 1):
             # The dead controller planned nothing, and every node still answered within the one deadline
             # the plan and the begin fan-out share.
