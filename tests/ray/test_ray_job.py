@@ -118,6 +118,18 @@ def test_the_nodes_are_those_of_the_job_s_placement_groups(local_cluster: LocalC
         remove_placement_group(group)
 
 
+def test_an_actor_controller_plans_the_job_s_first_phase(local_cluster: LocalCluster) -> None:
+    # An actor needs its own worker process, which takes longer to start than a phase's deadline: the job
+    # waits for it at start-up, so its first phase is planned, not left to the daemons' fallback.
+    job = fixed_job("first", controller="actor", deadline_s=0.5)
+    try:
+        with job.phase(GEN, 0):
+            assert job.directive(GEN, 0) is not None
+            assert {b.sm_clock_mhz for b in job.last_begins} <= {CLOCKS[GEN]}
+    finally:
+        job.close()
+
+
 def test_the_controller_killed_every_daemon_falls_back(local_cluster: LocalCluster) -> None:
     job = fixed_job("killed", controller="actor")
     try:

@@ -84,6 +84,10 @@ class JobControllerImpl:
     def end_iteration(self, iteration: int, wall_s: float, valid_tokens: int, now_s: float) -> None:
         self._controller.end_iteration(iteration, wall_s, valid_tokens, now_s)
 
+    def ready(self) -> bool:
+        """Answers once the actor is up (its worker process started, its controller built)."""
+        return True
+
     def snapshot(self) -> Any:
         return list(self._controller.snapshot())
 

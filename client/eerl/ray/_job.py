@@ -76,7 +76,8 @@ class RayJob(JobRunner):
     controller in this process), ``"actor"`` (a small named actor owned by this process, for asynchronous
     trainers) or ``"off"`` (no directives: each
     daemon's fallback). ``deadline_s``: the longest any fan-out waits; a node that has not answered by then
-    is absent from that phase (the phase runs anyway). ``clock``: the time the controller sees.
+    is absent from that phase (the phase runs anyway). ``start_timeout_s``: how long start-up waits for
+    the node agents and the controller actor. ``clock``: the time the controller sees.
 
     Fail-open: nothing here raises into the job; a failure costs one warning and the job goes on, with the
     nodes at their daemons' fallback clocks.
@@ -115,7 +116,7 @@ class RayJob(JobRunner):
         self.settings: ControllerSettings | None = None
         try:
             self._start(placement_groups, node_ids, sockets, gpus, start_timeout_s)
-            self._start_controller(controller, policy, threshold, fixed_clocks or {})
+            self._start_controller(controller, policy, threshold, fixed_clocks or {}, start_timeout_s)
         except Exception:
             self._warn_once(
                 "start", "cannot start job-level control on Ray; the job runs on without it", exc_info=True
@@ -325,7 +326,12 @@ class RayJob(JobRunner):
                 )
 
     def _start_controller(
-        self, place: ControllerPlace, policy: str, threshold: float, fixed_clocks: Mapping[PhaseKind, int]
+        self,
+        place: ControllerPlace,
+        policy: str,
+        threshold: float,
+        fixed_clocks: Mapping[PhaseKind, int],
+        start_timeout_s: float,
     ) -> None:
         if place == "off" or not self._agents:
             return
@@ -353,6 +359,15 @@ class RayJob(JobRunner):
             settings, self.nodes, self.incarnation, policy
         )
         self._port = ActorController(handle, deadline_s=self.deadline_s)
+        # An actor's worker process takes longer to start than a phase's deadline: wait for it here, or the
+        # first phases would go to the daemons' fallback. Not up in time: it still plans once it answers.
+        ready, _ = ray.wait([handle.ready.remote()], timeout=start_timeout_s)
+        if not ready:
+            self._warn_once(
+                "controller",
+                f"the job-level controller actor did not start within {start_timeout_s:g} s; "
+                "the nodes fall back until it answers",
+            )
 
 
 def _job_nodes(
