@@ -36,13 +36,13 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float) -> bool:
 
 
 def _is_dead(actor: object) -> bool:
-    """Whether a call on ``actor`` fails because the actor has died."""
+    """Whether the controller actor's liveness probe fails because the actor has died."""
     try:
-        ray.get(actor.snapshot.remote(), timeout=1.0)  # type: ignore[attr-defined]
+        ray.get(actor.ready.remote(), timeout=1.0)  # type: ignore[attr-defined]
     except ray.exceptions.RayActorError:
         return True
     except ray.exceptions.GetTimeoutError:
-        return False
+        pass
     return False
 
 
@@ -124,8 +124,9 @@ def test_an_actor_controller_plans_the_job_s_first_phase(local_cluster: LocalClu
     job = fixed_job("first", controller="actor", deadline_s=0.5)
     try:
         with job.phase(GEN, 0):
-            assert job.directive(GEN, 0) is not None
-            assert {b.sm_clock_mhz for b in job.last_begins} <= {CLOCKS[GEN]}
+            directive = job.directive(GEN, 0)
+            assert directive is not None
+            assert directive.sm_clock_mhz == CLOCKS[GEN]
     finally:
         job.close()
 
