@@ -70,6 +70,9 @@ class Authorization:
     gpu_indices: tuple[int, ...]
     authority: frozenset[int]
     granted_by: frozenset[str]
+    job_id: str = ""
+    tickets: tuple[str, ...] = ()
+    """Checked, not yet used up: :meth:`Access.redeem` does, once the session holds its GPUs."""
 
 
 class Access:
@@ -162,16 +165,21 @@ class Access:
         requested: tuple[int, ...],
         tickets: Iterable[str],
     ) -> Authorization:
-        """May a session of ``job_id`` opened through ``grant_name`` claim ``requested`` (none: all)?"""
+        """May a session of ``job_id`` opened through ``grant_name`` claim ``requested`` (none: all)?
+
+        Each ticket adds its grant's GPUs, and admits only the job its grant admits (a ticket of a grant
+        for job X opens no session of job Y, on any socket). The tickets are checked, not used up: the caller
+        redeems them (:meth:`redeem`) once the session holds its GPUs, so that an open refused for any
+        reason leaves them as they were.
+        """
         grant = self.get(grant_name)
         if grant.kind is GrantKind.SHARED and self._tenancy == "multi":
             raise PermissionDenied(MULTI_TENANT_REFUSAL)
         self._limit_opens(grant)
         grant.admits_job(job_id)
-        granted = [grant]
         ticket_list = list(tickets)
-        if ticket_list:
-            granted += self._tickets.redeem(ticket_list, self._clock())
+        # checked first, used up last: a refused open leaves its tickets as they were
+        granted = [grant, *self._tickets.check(ticket_list, job_id, self._clock())]
         with self._lock:
             gone = [g.name for g in granted if self._grants.get(g.name) != g]
         if gone:
@@ -190,7 +198,15 @@ class Access:
                 f"gpus: GPU {outside[0]} is not granted to this socket ({grant.name}); "
                 f"it may claim GPU(s) {may}"
             )
-        return Authorization(requested, authority, frozenset(g.name for g in granted))
+        return Authorization(
+            requested, authority, frozenset(g.name for g in granted), job_id, tuple(ticket_list)
+        )
+
+    def redeem(self, authorization: Authorization) -> None:
+        """Uses up an authorization's tickets (all or none); PermissionDenied when one was used meanwhile
+        (two opens with the same ticket: the second is refused)."""
+        if authorization.tickets:
+            self._tickets.redeem(authorization.tickets, authorization.job_id, self._clock())
 
     def _limit_opens(self, grant: Grant) -> None:
         """Exhausted when ``grant``'s socket opened sessions faster than its bound (session churn)."""
@@ -294,16 +310,33 @@ class Access:
                 )
             if len(self._grants) - len(in_way) >= MAX_GRANTS:
                 raise Unavailable(f"at most {MAX_GRANTS} grants per daemon")
-            for old in in_way:
-                self._forget(host, old)
-            host.open_socket(grant)
+            # one write of the whole change, before anything else changes: a full disk changes nothing
+            store.put(grant, replacing=[g.name for g in in_way])
             try:
-                store.put(grant)
+                for old in in_way:
+                    self._unlist(host, old)
+                host.open_socket(grant)
             except BaseException:
-                host.close_socket(grant)
+                self._put_back(host, grant, in_way)
                 raise
             self._grants[name] = grant
         return grant, in_way
+
+    def _put_back(self, host: SocketHost, grant: Grant, replaced: list[Grant]) -> None:
+        """Undo a create whose socket did not open (lock held): the grants it replaced are listed, stored
+        and served again (their sessions were never closed); one that cannot be is logged and dropped."""
+        assert self._store is not None
+        host.close_socket(grant)
+        back: list[Grant] = []
+        for old in replaced:
+            if old.name in self._grants:  # never taken out
+                back.append(old)
+            elif self._open_or_log(host, old):
+                self._grants[old.name] = old
+                back.append(old)
+        self._store.remove([grant.name, *(g.name for g in replaced)], restored=back)
+        if back:
+            log.warning("grant_replace_undone", grant=grant.name, restored=[g.name for g in back])
 
     def remove(self, name: str | None, job_id: str | None) -> list[Grant]:
         """Take out grants by name or job id (kind ``grant`` only); NotFound when none matches."""
@@ -320,25 +353,32 @@ class Access:
                 ]
                 if not matched:
                     raise NotFound(f"job_id: no grant for job {job_id!r}")
-            for grant in matched:
-                self._forget(host, grant)
+            self._forget(host, matched)
         return matched
 
     def expired(self) -> list[Grant]:
-        """Take out the grants whose time ran out; the caller closes their sessions."""
+        """Take out the grants whose time ran out; the caller closes their sessions. Also writes the grants
+        file if an earlier removal could not (each tick calls this)."""
         now = self._wall()
         with self._lock:
             due = [g for g in self._grants.values() if g.kind is GrantKind.GRANT and g.expired(now)]
             host = self._host
             if due and host is not None:
-                for grant in due:
-                    self._forget(host, grant)
+                self._forget(host, due)
+            if self._store is not None:
+                self._store.flush()
         return due
 
-    def _forget(self, host: SocketHost, grant: Grant) -> None:
-        """Unlist, unstore and close one grant (lock held). The store write comes first: durable intent."""
+    def _forget(self, host: SocketHost, grants: list[Grant]) -> None:
+        """Unstore (one write; a removal takes effect even when it cannot be written), then unlist and close
+        ``grants`` (lock held)."""
         if self._store is not None:
-            self._store.remove([grant.name])
+            self._store.remove([g.name for g in grants])
+        for grant in grants:
+            self._unlist(host, grant)
+
+    def _unlist(self, host: SocketHost, grant: Grant) -> None:
+        """Unlist and close one grant, its tickets and its open-rate bucket (lock held; not the store)."""
         del self._grants[grant.name]
         self._tickets.forget(grant.name)
         self._opens.pop(grant.name, None)

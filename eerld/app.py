@@ -26,6 +26,7 @@ from eerld.gpu.energy_sampler import SampledEnergyBackend
 from eerld.gpu.observe_only import ObserveOnlyBackend
 from eerld.metrics import MetricsServer, start_metrics_server
 from eerld.podresources import GpuOwners
+from eerld.podwatch import PodClaimWatch
 from eerld.sim.profiles import builtin_profile
 
 __all__ = ["App", "build", "create_backend"]
@@ -43,14 +44,29 @@ class App:
     pods: GpuOwners | None = None
     """The Kubernetes owners of the GPUs, for the metrics' pod labels: the kubelet's pod-resources API,
     which :mod:`eerld.api.server` wires in (it speaks gRPC; this module does not)."""
+    pod_watch: PodClaimWatch | None = None
+    """Ends the sessions of GPUs that left their pod (the kubelet's pod-resources, wired in the same way)."""
 
     def start_metrics(self) -> None:
         """Serve ``/metrics`` on the configured address (none: no endpoint), subscribed to the daemon."""
         if self.config.metrics_address is not None and self.metrics is None:
             self.metrics = start_metrics_server(self.daemon, self.config.metrics_address, pods=self.pods)
 
+    def start_pod_watch(self) -> None:
+        """Start polling the kubelet for GPUs that left their pod (none wired in: nothing to do)."""
+        if self.pod_watch is not None:
+            self.pod_watch.start()
+
+    def stop_pod_watch(self) -> None:
+        """Stop the pod-resources watch; idempotent."""
+        watch, self.pod_watch = self.pod_watch, None
+        if watch is not None:
+            watch.close()
+
     def close(self) -> None:
-        """Stop the metrics endpoint (ending its subscription) and release the backend; idempotent."""
+        """Stop the pod-resources watch and the metrics endpoint (ending its subscription) and release the
+        backend; idempotent."""
+        self.stop_pod_watch()
         metrics, self.metrics = self.metrics, None
         if metrics is not None:
             metrics.close()
@@ -122,6 +138,7 @@ def build(
             fixed_clocks_mhz=config.fixed_clocks_mhz if config.controller == "fixed" else None,
             dry_run=config.dry_run,
             default_lease_ttl_s=config.lease_ttl_s,
+            max_lease_ttl_s=config.max_lease_ttl_s,
             max_clock_changes_per_s=config.max_clock_changes_per_s,
             tenancy=config.tenancy,
             socket_path=config.socket_path,

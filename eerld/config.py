@@ -26,7 +26,8 @@ from eerld import files
 from eerld.clocks.ratelimit import DEFAULT_MAX_CHANGES_PER_S
 from eerld.daemon.jobmode import DEFAULT_MAX_TRIALS, DEFAULT_TRIAL_WINDOW_S
 from eerld.errors import ConfigError
-from eerld.podresources import DEFAULT_POD_RESOURCES_SOCKET
+from eerld.podresources import DEFAULT_POD_RESOURCES_SOCKET, REFRESH_S
+from eerld.sessions import DEFAULT_MAX_LEASE_TTL_S
 from eerld.sim.profiles import builtin_profile
 
 DEFAULT_SOCKET = Path("/run/eerld/eerld.sock")
@@ -42,6 +43,8 @@ CLOCK_ACTUATORS = ("lock", "application")
 JOB_MODES = ("allow", "deny")
 DEFAULT_JOB_MAX_TRIALS = DEFAULT_MAX_TRIALS
 DEFAULT_JOB_TRIAL_WINDOW_S = DEFAULT_TRIAL_WINDOW_S
+DEFAULT_LEASE_TTL_S = 10.0
+MAX_LEASE_TTL_BOUND_S = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +80,8 @@ class Config:
     """The kubelet's pod-resources socket, for the Kubernetes labels of the metrics (None: off)."""
     pod_resources_optional: bool = True
     """``auto`` (the default): the kubelet's default socket, where it exists; off Kubernetes, nothing."""
+    pod_resources_poll_s: float = REFRESH_S
+    """How often the kubelet's allocations are listed to end the sessions of GPUs that left their pod."""
     listen: str | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -87,7 +92,10 @@ class Config:
     reset_clocks: bool = False
     log_format: str | None = None
     """None: JSON when stderr is not a terminal, console otherwise."""
-    lease_ttl_s: float = 10.0
+    lease_ttl_s: float = DEFAULT_LEASE_TTL_S
+    """The lease of a session that asks for none."""
+    max_lease_ttl_s: float = DEFAULT_MAX_LEASE_TTL_S
+    """The longest lease a session is granted, whatever it asks for."""
     energy_sample_ms: float = 20.0
     """NVML energy counters are read in the background this often (0: read at each phase event)."""
     clock_actuator: str = "lock"
@@ -155,6 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--controller", help=f"{'|'.join(CONTROLLER_NAMES)} (default {DEFAULT_CONTROLLER})")
     p.add_argument("--fixed-clocks", help="for --controller fixed: generation=MHZ,training=MHZ")
     p.add_argument("--lease-ttl", dest="lease_ttl_s", help="default lease TTL of heartbeat sessions, seconds")
+    p.add_argument(
+        "--max-lease-ttl",
+        dest="max_lease_ttl_s",
+        help="longest lease a session is granted, whatever it asks for, seconds "
+        f"(default {DEFAULT_MAX_LEASE_TTL_S:g})",
+    )
     p.add_argument(
         "--energy-sample-ms",
         dest="energy_sample_ms",
@@ -270,6 +284,7 @@ _FILE_KEYS = {
     "state_dir": "state_dir",
     "metrics_address": "metrics_address",
     "pod_resources_socket": "pod_resources_socket",
+    "pod_resources_poll_s": "pod_resources_poll_s",
     "listen": "listen",
     "tls_cert": "tls_cert",
     "tls_key": "tls_key",
@@ -277,6 +292,7 @@ _FILE_KEYS = {
     "controller": "controller",
     "fixed_clocks": "fixed_clocks",
     "lease_ttl_s": "lease_ttl_s",
+    "max_lease_ttl_s": "max_lease_ttl_s",
     "energy_sample_ms": "energy_sample_ms",
     "max_clock_changes_per_s": "max_clock_changes_per_s",
     "clock_actuator": "clock_actuator",
@@ -406,6 +422,10 @@ def validate(values: Mapping[str, Any]) -> Config:
                 f"--pod-resources-socket: expected an absolute path, 'auto' or 'off', got {pod_resources!r}"
             )
         out["pod_resources_socket"], out["pod_resources_optional"] = socket_path, False
+    if values.get("pod_resources_poll_s") is not None:
+        out["pod_resources_poll_s"] = _float(
+            values["pod_resources_poll_s"], "pod_resources_poll_s", minimum=0.1, maximum=600.0
+        )
     listen = text("listen", "--listen")
     if listen is not None:
         out["listen"] = _host_port(listen, "--listen")
@@ -428,7 +448,13 @@ def validate(values: Mapping[str, Any]) -> Config:
         else:
             raise ConfigError(f"--fixed-clocks: expected generation=MHZ,training=MHZ, got {fixed!r}")
     if values.get("lease_ttl_s") is not None:
-        out["lease_ttl_s"] = _float(values["lease_ttl_s"], "--lease-ttl", minimum=1.0, maximum=3600.0)
+        out["lease_ttl_s"] = _float(
+            values["lease_ttl_s"], "--lease-ttl", minimum=1.0, maximum=MAX_LEASE_TTL_BOUND_S
+        )
+    if values.get("max_lease_ttl_s") is not None:
+        out["max_lease_ttl_s"] = _float(
+            values["max_lease_ttl_s"], "--max-lease-ttl", minimum=1.0, maximum=MAX_LEASE_TTL_BOUND_S
+        )
     if values.get("energy_sample_ms") is not None:
         out["energy_sample_ms"] = _float(
             values["energy_sample_ms"], "--energy-sample-ms", minimum=0.0, maximum=1000.0
@@ -524,6 +550,12 @@ def _check_consistency(config: Config) -> None:
                 raise ConfigError(f"{flag}: cannot read {file}")
     elif any(v is not None for v in (config.tls_cert, config.tls_key, config.tls_client_ca)):
         raise ConfigError("--tls-cert/--tls-key/--tls-client-ca: only meaningful with --listen")
+    if config.lease_ttl_s > config.max_lease_ttl_s:
+        raise ConfigError(
+            f"--lease-ttl: the default lease ({config.lease_ttl_s:g} s) exceeds --max-lease-ttl "
+            f"({config.max_lease_ttl_s:g} s), the longest lease any session is granted; lower the one or "
+            "raise the other"
+        )
     if config.controller == "fixed" and not config.fixed_clocks_mhz:
         raise ConfigError(
             "--fixed-clocks: required with --controller fixed (e.g. generation=1200,training=1500)"

@@ -17,7 +17,8 @@ user controls. The rules, each refused with :class:`~eerld.errors.ConfigError` n
 - **Config file** (:func:`check_config_file`): opened (a symlink to it is followed), then the opened file
   must be a regular file of a trusted owner, not writable by group or others, in directories that pass
   the rule above; its bytes are read from that same descriptor, so nothing can be swapped in between.
-- **State files** (:func:`read_json_object`, :func:`atomic_write_bytes`): read with ``O_NOFOLLOW``; written
+- **State files** (:func:`read_json_object`, :func:`atomic_write_bytes`): read with ``O_NOFOLLOW`` (with
+  ``private``, refused unless owned by a trusted owner and not writable by group or others); written
   to a temp file created ``O_EXCL | O_NOFOLLOW`` mode 0600 in the same directory, fsynced, renamed over the
   file, the directory fsynced; the temp file is removed on any failure (a full disk leaves nothing behind).
   A corrupt file is moved out of the way by :func:`set_aside` (``<name>.corrupt-<unix time>``).
@@ -295,8 +296,9 @@ def _read_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def read_bytes_nofollow(path: Path) -> bytes | None:
-    """The bytes of the regular file at ``path``; None when missing; ConfigError for a symlink or a non-file.
+def read_bytes_nofollow(path: Path, *, private: bool = False) -> bytes | None:
+    """The bytes of the regular file at ``path``; None when missing; ConfigError for a symlink or a non-file,
+    and with ``private`` for a file of another owner than root or the euid, or one group or others may write.
 
     OSError for any other failure to read (the caller decides whether that is a corrupt file).
     """
@@ -309,25 +311,34 @@ def read_bytes_nofollow(path: Path) -> bytes | None:
             raise ConfigError(f"{path}: is a symlink; refusing to follow it") from None
         raise e from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise ConfigError(f"{path}: not a regular file")
+        if private:
+            problem = _owner_problem(st, _trusted(None))
+            if problem:
+                raise ConfigError(f"{path}: {problem}; refusing it")
+            if st.st_mode & _GROUP_OR_OTHER_WRITE:
+                mode = stat.S_IMODE(st.st_mode)
+                raise ConfigError(f"{path}: writable by group or others (mode {mode:04o}); refusing it")
         return _read_all(fd)
     finally:
         os.close(fd)
 
 
-def read_json_object(path: Path) -> dict[str, Any]:
-    """A JSON object from ``path``; ``{}`` when the file is missing; ConfigError naming the file otherwise."""
+def read_json_object(path: Path, *, private: bool = False) -> dict[str, Any]:
+    """A JSON object from ``path``; ``{}`` when the file is missing; ConfigError naming the file otherwise
+    (``private``: see :func:`read_bytes_nofollow`)."""
     try:
-        raw = read_bytes_nofollow(path)
+        raw = read_bytes_nofollow(path, private=private)
     except OSError as e:
         raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
     if raw is None:
         return {}
     try:
         data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    except ValueError as e:  # bad JSON or UTF-8, an integer of more digits than Python converts
+        raise ConfigError(f"{path}: not valid JSON ({str(e)[:200]})") from None
     except RecursionError:
         raise ConfigError(f"{path}: not valid JSON (nested too deeply)") from None
     if not isinstance(data, dict):

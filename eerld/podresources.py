@@ -8,7 +8,8 @@ This module is plain Python: the gRPC client (:mod:`eerld.api.podresources`) is 
 :class:`PodResourcesLister`, and :class:`GpuOwners` caches what it lists. A scrape asks :meth:`GpuOwners.
 owners`, which lists again when the last answer is older than ``refresh_s``, waiting at most ``timeout_s``;
 when the kubelet does not answer, the last answer serves for up to ``max_stale_s`` (then nothing), so that
-a slow or restarting kubelet never slows or fails a scrape.
+a slow or restarting kubelet never slows or fails a scrape. :func:`pods_by_uuid` gives every pod of each GPU
+for the watch that ends the sessions of GPUs that left their pod (:mod:`eerld.podclaims`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = [
     "PodResourcesError",
     "PodResourcesLister",
     "owners_by_uuid",
+    "pods_by_uuid",
 ]
 
 log = structlog.get_logger("eerld.podresources")
@@ -100,19 +102,30 @@ def owners_by_uuid(
     (``GPU-…::1``), or a GPU index (``deviceIDStrategy=index``). Other resources (MIG slices, NICs) are
     ignored: eerld controls whole GPUs.
     """
+    return {uuid: owners[0] for uuid, owners in pods_by_uuid(allocations, gpus).items()}
+
+
+def pods_by_uuid(
+    allocations: Iterable[DeviceAllocation], gpus: Iterable[tuple[int, str]]
+) -> dict[str, tuple[PodOwner, ...]]:
+    """GPU UUID -> every container it is allocated to, in the kubelet's order (several under time-slicing),
+    for the GPUs ``gpus`` (index, UUID) of this node; a GPU allocated to none is absent.
+
+    Device ids are read as :func:`owners_by_uuid` says.
+    """
     by_id: dict[str, str] = {}
     for index, gpu_uuid in gpus:
         by_id[str(index)] = by_id[gpu_uuid] = gpu_uuid
-    out: dict[str, PodOwner] = {}
+    out: dict[str, list[PodOwner]] = {}
     for a in allocations:
         if a.resource_name not in GPU_RESOURCE_NAMES:
             continue
         owner = PodOwner(a.namespace, a.pod, a.container)
         for device_id in a.device_ids:
             uuid = by_id.get(device_id.split("::", 1)[0])  # any other id, however odd, is not a GPU of ours
-            if uuid is not None:
-                out.setdefault(uuid, owner)
-    return out
+            if uuid is not None and owner not in out.setdefault(uuid, []):
+                out[uuid].append(owner)
+    return {uuid: tuple(owners) for uuid, owners in out.items()}
 
 
 class GpuOwners:

@@ -21,6 +21,9 @@ from eerld.errors import Conflict, NotFound, ValidationError
 
 SESSION_ID_BYTES = 24
 RECENT_WINDOW = 8
+DEFAULT_MAX_LEASE_TTL_S = 30.0
+"""No session's lease is longer, whatever it asks for (``--max-lease-ttl``): a job that dies without closing
+and without an Attach stream holds its GPUs at most this long after its last heartbeat or phase event."""
 
 
 def short_id(session_id: str) -> str:

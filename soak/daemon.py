@@ -113,6 +113,7 @@ class DaemonProcess:
             f"--socket={self.socket_path}",
             f"--admin-socket={self.admin_socket_path}",
             f"--state-dir={self.state_dir}",
+            f"--grant-dir={self.directory / 'grants'}",  # never the node's /run/eerld/grants
             "--tenancy=single",
             f"--controller={self.controller}",
             *([f"--fixed-clocks={self.fixed_clocks}"] if self.controller == "fixed" else []),

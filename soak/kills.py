@@ -59,13 +59,14 @@ def client_kills(kills: int, seed: int = 1, lease_ttl_s: float = 10.0) -> dict[s
     """SIGKILL ``kills`` clients mid-phase (rounds of up to 8, one per GPU, killed in random order).
 
     With a ``lease_ttl_s`` longer than the patience of the waits, a reset can only come from the end of
-    the client's Attach stream (the lease would still run).
+    the client's Attach stream (the lease would still run: the daemon's lease cap is raised to it).
     """
     rng = random.Random(seed)
     reset_s: list[float] = []
     problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="eerl-ck-", dir="/tmp") as d:
-        daemon = DaemonProcess(Path(d), gpus=GPUS, lease_ttl_s=lease_ttl_s)
+        cap = [f"--max-lease-ttl={lease_ttl_s:g}"]
+        daemon = DaemonProcess(Path(d), gpus=GPUS, lease_ttl_s=lease_ttl_s, extra_args=cap)
         daemon.start()
         device = daemon.device()
         try:

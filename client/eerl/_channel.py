@@ -11,11 +11,18 @@ from eerl.config import ClientConfig, uds_target
 # gRPC's own reconnect back-off grows to two minutes by default; the sender does its own back-off and
 # wants a fresh attempt to really try, so the channel's is kept short. No client keepalive pings: a
 # server that does not allow them answers with GOAWAY.
+#
+# A connection of its own per channel (a local subchannel pool): gRPC otherwise shares one connection
+# between every channel of a process with the same target and options, and eerld lets one connection
+# hold 8 streams, of which each session's Attach stream keeps one. Shared, a process's eighth session
+# left no stream for a phase event and its ninth could not open (RST_STREAM). Each session now costs the
+# process one connection (eerld allows 256 per socket) and keeps the per-connection bound to itself.
 _CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.enable_retries", 0),
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 _PROBE_TIMEOUT_S = 0.5
 

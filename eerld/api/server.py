@@ -41,6 +41,7 @@ from eerld.errors import ConfigError
 from eerld.gpu.base import GpuBackend
 from eerld.grants import GRANT_DIR_MODE, OWN_DIRECTORY_SOCKET, SHARED_NAME, Grant, GrantKind
 from eerld.podresources import GpuOwners
+from eerld.podwatch import PodClaimWatch
 from eerld.sdnotify import sd_notify
 from eerld.signals import serve_until_signal
 
@@ -60,7 +61,8 @@ WORKER_SERVICES = (PHASE_SERVICE, HEALTH_SERVICE, *REFLECTION_SERVICES)
 ADMIN_SERVICES = (ADMIN_SERVICE, HEALTH_SERVICE, *REFLECTION_SERVICES)
 ADMIN_WORKERS = 8
 GRANT_BASE_WORKERS = 4
-MAX_GRANT_WORKERS = 32
+"""A grant's socket has this many threads plus two per GPU: each session's Attach stream holds one, and a
+node's GPUs bound its sessions (not capped: a cap below the GPUs left a large grant's sessions no thread)."""
 MAX_STREAMS_PER_CONNECTION = 8
 """HTTP/2 streams one connection may have open at once (a client needs two: Attach and one call)."""
 MAX_OPEN_STREAMS = 4
@@ -220,7 +222,7 @@ class Server:
             files.ensure_own_socket_dir(directory, "grant_dir", GRANT_DIR_MODE, OWN_DIRECTORY_SOCKET)
         else:
             files.ensure_narrow_dir(directory, "grant_dir", GRANT_DIR_MODE)
-        workers = min(MAX_GRANT_WORKERS, GRANT_BASE_WORKERS + 2 * len(grant.gpu_uuids))
+        workers = GRANT_BASE_WORKERS + 2 * len(grant.gpu_uuids)
         endpoint = self._build(grant.name, WORKER_SERVICES, workers, PhaseServicer(self.daemon, grant.name))
         prepare_socket_path(grant.socket_path, f"grant {grant.name}")
         uid = grant.uid if grant.uid is not None else 0
@@ -277,6 +279,7 @@ class Server:
         if self._reaper:
             self.daemon.start_reaper()
         self.app.start_metrics()
+        self.app.start_pod_watch()
         log.info(
             "serving",
             socket=str(self.config.socket_path),
@@ -301,6 +304,7 @@ class Server:
                 _set_health(endpoint, serving=False)
             grace = self.config.grace_s if grace_s is None else grace_s
             done = [e.server.stop(grace) for e in endpoints]
+            self.app.stop_pod_watch()  # it ends no session while the daemon closes them all
             self.daemon.shutdown()
             for event in done:
                 event.wait(grace + 1)
@@ -352,14 +356,31 @@ def create_server(
     prepare_socket_path(config.socket_path, "--socket")
     prepare_socket_path(config.admin_socket_path, "--admin-socket")
     app = build(config, backend=backend, clock=clock, wall_clock=wall_clock, phase_clock=phase_clock)
-    if config.pod_resources_socket is not None and config.metrics_address is not None:
-        lister = KubeletPodResources(config.pod_resources_socket, optional=config.pod_resources_optional)
-        app.pods = GpuOwners(lister)
+    if config.pod_resources_socket is not None:
+        _wire_pod_resources(app, config.pod_resources_socket, optional=config.pod_resources_optional)
     try:
         return Server(app, reaper=reaper)
     except BaseException:
         app.close()
         raise
+
+
+def _wire_pod_resources(app: App, socket_path: Path, *, optional: bool) -> None:
+    """The kubelet's pod-resources for the metrics' pod labels (with metrics on) and for the watch that
+    ends the sessions of GPUs that left their pod (always).
+
+    The watch's client is strict: a socket that is missing is a kubelet that does not answer (the kubelet
+    removes its socket while it restarts), never a listing of no pods; with ``auto`` the watch lists only
+    while the socket exists, so that a node without Kubernetes logs nothing.
+    """
+    if app.config.metrics_address is not None:
+        app.pods = GpuOwners(KubeletPodResources(socket_path, optional=optional))
+    app.pod_watch = PodClaimWatch(
+        app.daemon,
+        KubeletPodResources(socket_path),
+        poll_s=app.config.pod_resources_poll_s,
+        present=socket_path.exists if optional else lambda: True,
+    )
 
 
 def serve(server: Server) -> int:

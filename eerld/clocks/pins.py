@@ -133,7 +133,7 @@ class PinStore:
 
     def _load(self) -> dict[str, Pin]:
         try:
-            data = read_json_object(self._path)
+            data = read_json_object(self._path, private=True)
             items = data.get("pins", [])
             if not isinstance(items, list):
                 raise ConfigError(f"{self._path}: pins: expected a list, got {type(items).__name__}")

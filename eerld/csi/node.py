@@ -38,8 +38,8 @@ import structlog
 
 from eerld import files
 from eerld.csi import mounts
-from eerld.csi.grant import GRANT_PREFIX, EerldGrants, GrantedSocket, grant_name, plan_grant
-from eerld.csi.pods import PodLister, live_pods, pod_gpus
+from eerld.csi.grant import GRANT_PREFIX, EerldGrants, GrantedSocket, GrantPlan, grant_name, plan_grant
+from eerld.csi.pods import GpuRef, PodLister, live_pods, pod_gpus
 from eerld.csi.records import VolumeRecord, VolumeRecords, VolumeState
 from eerld.csi.volume import PodVolume, check_target_path, parse_publish
 from eerld.errors import ConfigError, Conflict, EerlError, Unavailable
@@ -102,36 +102,10 @@ class NodePlugin:
             if existing is not None:  # a publish that did not finish (a crash between grant and mount)
                 with contextlib.suppress(Unavailable):  # else the pending grant's reconcile revokes it
                     self._eerld.revoke(existing.grant, "eerl-csi: published again")
-            pods = self._list_pods()
-            gpus = pod_gpus(pods, volume.namespace, volume.pod_name)
-            live = live_pods(pods)
-            for record in self._records.all().values():
-                gone = (record.namespace, record.pod_name) not in live
-                renamed = (record.namespace, record.pod_name) == (volume.namespace, volume.pod_name)
-                if record.volume_id != volume_id and (gone or (renamed and record.pod_uid != volume.pod_uid)):
-                    self._retire(record, "its pod is gone: the kubelet gave its GPUs to another pod")
-            plan = plan_grant(volume, gpus)
-            record = _record(volume, plan.name, VolumeState.PENDING)
-            self._records.put(record)
-            granted: GrantedSocket | None = None
-            try:
-                try:
-                    granted = self._eerld.grant(plan)
-                    source = granted.socket_path.parent
-                except Unavailable as e:  # fail open: the pod starts now, the reconcile gets the grant
-                    log.warning("grant_pending", volume_id=volume_id, grant=plan.name, error=str(e))
-                    source = self._own_directory(plan.name)
-            except BaseException:  # no grant and no directory: nothing to mount, the record goes
-                self._forget(record)
-                raise
-            try:
-                mounts.bind_read_only(source, target)
-            except BaseException:
-                self._undo(record, granted=granted is not None)
-                raise
-            if granted is not None:
-                self._records.put(replace(record, state=VolumeState.GRANTED))
-                self._check_directory(granted)
+            # the mount point first, walked without following a symlink: one anywhere on the path refuses
+            # the volume before any record or grant, and the mount goes on the very directory walked to
+            with mounts.mount_point(target) as point:
+                granted, plan, gpus = self._grant_and_mount(volume, point)
         log.info(
             "published",
             pod=volume.pod,
@@ -146,14 +120,51 @@ class NodePlugin:
             target_path=target_path,
         )
 
+    def _grant_and_mount(
+        self, volume: PodVolume, point: mounts.MountPoint
+    ) -> tuple[GrantedSocket | None, GrantPlan, tuple[GpuRef, ...]]:
+        """Record, grant and mount a checked volume on its walked mount point (lock held): the grant (None
+        while eerld is away), its plan and the pod's GPUs. A failure undoes what was done."""
+        volume_id = volume.volume_id
+        pods = self._list_pods()
+        gpus = pod_gpus(pods, volume.namespace, volume.pod_name)
+        live = live_pods(pods)
+        for record in self._records.all().values():
+            gone = (record.namespace, record.pod_name) not in live
+            renamed = (record.namespace, record.pod_name) == (volume.namespace, volume.pod_name)
+            if record.volume_id != volume_id and (gone or (renamed and record.pod_uid != volume.pod_uid)):
+                self._retire(record, "its pod is gone: the kubelet gave its GPUs to another pod")
+        plan = plan_grant(volume, gpus)
+        record = _record(volume, plan.name, VolumeState.PENDING)
+        self._records.put(record)
+        granted: GrantedSocket | None = None
+        try:
+            try:
+                granted = self._eerld.grant(plan)
+                source = granted.socket_path.parent
+            except Unavailable as e:  # fail open: the pod starts now, the reconcile gets the grant
+                log.warning("grant_pending", volume_id=volume_id, grant=plan.name, error=str(e))
+                source = self._own_directory(plan.name)
+        except BaseException:  # no grant and no directory: nothing to mount, the record goes
+            self._forget(record)
+            raise
+        try:
+            mounts.bind_read_only(source, point)
+        except BaseException:
+            self._undo(record, granted=granted is not None)
+            raise
+        if granted is not None:
+            self._records.put(replace(record, state=VolumeState.GRANTED))
+            self._check_directory(granted)
+        return granted, plan, gpus
+
     def unpublish(self, volume_id: str, target_path: str) -> None:
         """Unmount, revoke the grant, forget the volume; a no-op for a volume not (or no longer) published."""
         check_target_path(target_path, self._kubelet_dir, None)
         target = Path(target_path)
         with self._lock:
             mounts.unmount(target)
-            with contextlib.suppress(OSError):
-                target.rmdir()
+            mounts.remove_mount_point(target)
             record = self._records.get(volume_id)
             name = record.grant if record is not None else grant_name(volume_id)
             try:

@@ -7,7 +7,8 @@ A volume published while eerld was away stays ``pending`` until the reconcile ge
 keeps the socket's uid and gid for that); one whose revoke eerld did not answer is ``retiring``.
 One JSON file in a root-only state directory, replaced atomically (:func:`eerld.files.atomic_write_json`);
 a write that fails (a full disk) is Unavailable and changes nothing. A file that is not what eerl-csi wrote
-is set aside, kept as ``volumes.json.corrupt-<time>`` (its grants then count as unrecorded, see the node);
+(not JSON of the records' form, a symlink, a file of another owner or one group or others may write) is set
+aside, kept as ``volumes.json.corrupt-<time>`` (its grants then count as unrecorded, see the node);
 one that cannot be set aside stops eerl-csi from starting (OSError), so that it is never written over.
 """
 
@@ -67,7 +68,7 @@ class VolumeRecords:
 
     def _load(self) -> dict[str, VolumeRecord]:
         try:
-            items = read_json_object(self._path).get("volumes", [])
+            items = read_json_object(self._path, private=True).get("volumes", [])
             if not isinstance(items, list):
                 raise ConfigError(f"{self._path}: 'volumes' must be a list")
             records = [_record(item, self._path) for item in items]

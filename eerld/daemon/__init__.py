@@ -18,6 +18,7 @@ Nothing here imports gRPC (:mod:`eerld.api` serves it) or builds a backend (:mod
 from eerld.daemon.core import Attachment, Daemon
 from eerld.daemon.views import (
     BeganPhase,
+    ClaimView,
     ClosedSession,
     DaemonView,
     DecisionView,
@@ -49,6 +50,7 @@ from eerld.daemon.views import (
 __all__ = [
     "Attachment",
     "BeganPhase",
+    "ClaimView",
     "ClosedSession",
     "Daemon",
     "DaemonView",

@@ -22,6 +22,7 @@ from eerld.clocks.arbiter import AppliedClock, ClockArbiter
 from eerld.clocks.pins import Pin, PinStore, pin_problem
 from eerld.daemon.drains import Drain, DrainStore, utc_text
 from eerld.daemon.inventory import Inventory
+from eerld.daemon.jobmode import IncarnationBook
 from eerld.daemon.views import (
     DrainOutcome,
     GpuPinView,
@@ -59,6 +60,7 @@ class Admin:
         wall_clock: Callable[[], float],
         close: CloseSession,
         notify: Notify,
+        incarnations: IncarnationBook,
     ) -> None:
         self._inventory = inventory
         self._arbiter = arbiter
@@ -69,6 +71,7 @@ class Admin:
         self._wall = wall_clock
         self._close = close
         self._notify = notify
+        self._incarnations = incarnations
         self._drains = DrainStore()
 
     # -- pins ---------------------------------------------------------------------------------------
@@ -337,8 +340,10 @@ class Admin:
         return RevokeOutcome(tuple(g.name for g in removed), tuple(clocks), tuple(closed))
 
     def close_granted(self, grants: Sequence[Grant], *, reason: str) -> tuple[list[str], list[AppliedClock]]:
-        """Close every session whose authority came from these grants, and return their GPUs to default."""
+        """Close every session whose authority came from these grants, and return their GPUs to default; the
+        grants' job incarnations are forgotten (the next grant of a name is another tenant's)."""
         sessions = self._sessions.of_grants({g.name for g in grants})
+        self._incarnations.forget_sockets({g.name for g in grants})
         for session in sessions:
             self._notify(session.gpu_indices, f"session closed: {reason}")
             self._close(session, reason)

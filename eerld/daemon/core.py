@@ -56,6 +56,7 @@ from eerld.daemon.status import DEFAULT_DECISIONS_LIMIT, StatusReader
 from eerld.daemon.timebase import PhaseTimebase
 from eerld.daemon.views import (
     BeganPhase,
+    ClaimView,
     ClosedSession,
     DaemonView,
     DecisionView,
@@ -84,7 +85,15 @@ from eerld.energy import CounterReading, phase_energy, read_counters
 from eerld.errors import Conflict, NotFound, Unavailable, ValidationError
 from eerld.gpu.base import GpuBackend
 from eerld.grants import SHARED_NAME, GrantSpec
-from eerld.sessions import ActivePhase, GpuSelector, Session, SessionRegistry, SessionSpec, short_id
+from eerld.sessions import (
+    DEFAULT_MAX_LEASE_TTL_S,
+    ActivePhase,
+    GpuSelector,
+    Session,
+    SessionRegistry,
+    SessionSpec,
+    short_id,
+)
 
 log = structlog.get_logger("eerld.daemon")
 _T = TypeVar("_T")
@@ -120,6 +129,7 @@ class Daemon:
         fixed_clocks_mhz: Mapping[PhaseKind, int] | None = None,
         dry_run: bool = False,
         default_lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+        max_lease_ttl_s: float = DEFAULT_MAX_LEASE_TTL_S,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         phase_clock: Callable[[], float] | None = None,
@@ -135,7 +145,8 @@ class Daemon:
         """``backend`` is used as given (under ``dry_run`` the composition root wraps it observe-only);
         ``dry_run`` makes the arbiter skip actuation. ``phase_clock`` times phases (the backend's own
         clock where it has one, so durations and energy agree); leases and pins stay on ``clock`` and
-        ``wall_clock``. ``job_policy`` is the admin's envelope for job mode (default: allowed, auto floor)."""
+        ``wall_clock``. ``job_policy`` is the admin's envelope for job mode (default: allowed, auto floor).
+        No session's lease is longer than ``max_lease_ttl_s``, whatever it asks for."""
         self._backend = backend
         self._job_policy = job_policy if job_policy is not None else JobPolicy()
         self._incarnations = IncarnationBook()
@@ -143,6 +154,7 @@ class Daemon:
         self._controller_factory = controller_factory
         self._fixed_clocks_mhz = dict(fixed_clocks_mhz or {})
         self._default_lease_ttl_s = default_lease_ttl_s
+        self._max_lease_ttl_s = max_lease_ttl_s
         self._clock = clock
         self._wall = wall_clock
         # every phase-clock reading is paired with the wall clock: decisions are shown in UTC
@@ -185,6 +197,7 @@ class Daemon:
             wall_clock=wall_clock,
             close=lambda session, reason: self._close(session, reason=reason),
             notify=self._notify,
+            incarnations=self._incarnations,
         )
         self._status = StatusReader(
             backend,
@@ -356,6 +369,8 @@ class Daemon:
             throughput_threshold=threshold,
             fixed_clocks_mhz={k: v for k, v in self._fixed_clocks_mhz.items() if k in kinds},
         )
+        asked_lease_s = spec.lease_ttl_s or self._default_lease_ttl_s
+        lease_ttl_s = min(asked_lease_s, self._max_lease_ttl_s)
         now_s = self._clock()
         try:
             # job mode: the job-level controller decides; the session's own controller stays off
@@ -370,7 +385,7 @@ class Daemon:
             controller,
             supported_sm_clocks_mhz=supported,
             throughput_threshold=threshold,
-            lease_ttl_s=spec.lease_ttl_s or self._default_lease_ttl_s,
+            lease_ttl_s=lease_ttl_s,
             opened_at_unix_s=self._wall(),
             now_s=now_s,
             grant=grant,
@@ -381,6 +396,11 @@ class Daemon:
             self._check_running()
             self._check_not_drained(indices)  # again, under the lock a drain is recorded under
             self._sessions.add(session)
+            try:
+                self.access.redeem(authorization)  # only an open that holds its GPUs uses its tickets up
+            except BaseException:
+                self._sessions.remove(session)
+                raise
             if spec.job is not None:  # only a session that opened raises the job's incarnation
                 self._incarnations.accept(job_key, spec.job.incarnation)
                 self._jobs.add(session.session_id, JobState(job_key, spec.job))
@@ -399,7 +419,18 @@ class Daemon:
             job_mode=spec.job is not None,
             incarnation=spec.job.incarnation if spec.job is not None else None,
             node_rank=spec.job.node_rank if spec.job is not None else None,
+            lease_ttl_s=lease_ttl_s,
         )
+        if lease_ttl_s < asked_lease_s:
+            log.info(
+                "lease_capped",
+                session_id=short_id(session.session_id),
+                job_id=spec.job_id,
+                asked_s=asked_lease_s,
+                granted_s=lease_ttl_s,
+                reason="--max-lease-ttl: without an Attach stream, a session ends this long after its last "
+                "heartbeat or phase event",
+            )
         gpus = tuple(self._inventory.info(i) for i in indices)
         if spec.job is not None:  # the clocks a directive may name: on the grid, at or above the floor
             floor = self._job_policy.floor_mhz(supported)
@@ -456,6 +487,25 @@ class Daemon:
         """End a session at its client's request and reset its GPUs."""
         session = self._sessions.get(session_id)
         return self._close(session, reason="closed by client")
+
+    def claims(self) -> tuple[ClaimView, ...]:
+        """Every open session's id, job and GPUs (index, UUID), oldest first; reads no GPU."""
+        return tuple(
+            ClaimView(s.session_id, s.spec.job_id, tuple((i, self._inventory.uuid(i)) for i in s.gpu_indices))
+            for s in self._sessions.all()
+        )
+
+    def end_session(self, session_id: str, reason: str) -> bool:
+        """End a session whose tenancy ended (its GPU left its pod), as a lease expiry does: its GPUs reset,
+        its claim freed, ``reason`` logged, and its socket's job incarnations forgotten (the next tenant of
+        a per-GPU socket is another pod). False when it is no longer open (it ended meanwhile)."""
+        try:
+            session = self._sessions.get(session_id)
+        except NotFound:
+            return False
+        self._close(session, reason=reason)
+        self._incarnations.forget_sockets({session.grant})
+        return True
 
     def _close(self, session: Session, *, reason: str, reset: bool = True) -> ClosedSession:
         with session.lock:

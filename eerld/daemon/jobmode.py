@@ -177,6 +177,13 @@ class IncarnationBook:
             jobs = self._newest.get(socket)
             return jobs.get(job_id) if jobs is not None else None
 
+    def forget_sockets(self, sockets: set[str]) -> None:
+        """Forgets every job of these sockets: their tenancy ended (a grant revoked, expired or replaced; a
+        per-GPU socket's GPU left its pod), so a former tenant's incarnation fences nobody who comes next."""
+        with self._lock:
+            for socket in sockets:
+                self._newest.pop(socket, None)
+
     def accept(self, key: tuple[str, str], incarnation: int) -> None:
         """The incarnation of a session that opened, or of an accepted directive: the newest, if newer."""
         socket, job_id = key

@@ -112,6 +112,15 @@ class SessionView:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimView:
+    """An open session's claim, cheaply: whose it is and which GPUs (index, UUID) it holds."""
+
+    session_id: str
+    job_id: str
+    gpus: tuple[tuple[int, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class DaemonView:
     """The daemon itself."""
 

@@ -171,6 +171,13 @@ class TestOpening:
         node.daemon.close_session(node.open(0, incarnation=3))
         node.open(0, incarnation=4)
 
+    def test_a_session_whose_tenancy_ended_takes_its_incarnations_with_it(self, node: Node) -> None:
+        """A GPU that left its pod ends its session (the pod watcher): the next tenant of the socket may
+        open the same job id at any incarnation."""
+        sid = node.open(0, incarnation=2**63 - 1)
+        assert node.daemon.end_session(sid, "GPU 0 left pod rl/pod1")
+        node.daemon.close_session(node.open(0, incarnation=1))
+
     def test_incarnations_are_kept_per_job(self, node: Node) -> None:
         """(Per worker socket too: tests/security/test_job_mode_attacks.py, over real grant sockets.)"""
         node.open(0, job_id="a", incarnation=9)

@@ -26,7 +26,7 @@ from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
 from eerld.csi.grant import grant_name
-from eerld.csi.mounts import is_mount_point
+from eerld.csi.mounts import is_mount_point, mount_points
 from eerld.csi.records import RECORDS_FILE
 from eerld.testing import DaemonHandle
 from tests.conftest import short_socket_dir
@@ -272,13 +272,84 @@ class TestTheTargetPath:
         assert records(plugin.state_dir) == []
 
 
+COMPONENTS = ("pods", "the pod's directory", "volumes", "kubernetes.io~csi", "the volume's directory")
+
+
+def redirect(kubelet: FakeKubelet, target: Path, component: int, to: Path) -> Path:
+    """Replace ``component`` (0: ``pods`` … 4: the volume's directory) of the target path under the
+    kubelet's root with a symlink to the same tail under ``to``; the directory the mount would land in."""
+    parts = target.relative_to(kubelet.kubelet_dir).parts
+    real = to.joinpath(*parts[component:-1])
+    real.mkdir(parents=True, mode=0o755)
+    link = kubelet.kubelet_dir.joinpath(*parts[: component + 1])
+    os.rename(link, to.parent / f"moved-{component}")  # kept: a directory the test made
+    link.symlink_to(to / parts[component], target_is_directory=True)
+    return real / parts[-1]
+
+
+def mounts_under(path: Path) -> list[Path]:
+    real = Path(os.path.realpath(path))
+    return [p for p in mount_points() if p == real or real in p.parents]
+
+
+class TestATargetPathThroughASymlink:
+    """Only root or the kubelet can plant a symlink in the kubelet's pod directories, but a mount made
+    through one lands outside the pod's volume (before: wherever the link pointed). Every component of the
+    target path is opened without following a symlink, from ``/``; the mount is made on the directory so
+    opened (``/proc/self/fd/N``), and an unmount goes through the opened parent, never through a link."""
+
+    @pytest.mark.parametrize("component", range(len(COMPONENTS)), ids=COMPONENTS)
+    def test_a_symlink_at_any_component_refuses_the_volume_with_no_mount_grant_or_record(
+        self, world: tuple[DaemonHandle, FakeKubelet, CsiPlugin], component: int
+    ) -> None:
+        node, kubelet, plugin = world
+        pod = Pod("rl", "job", (uuids(node)[0],))
+        kubelet.pods = [pod]
+        target = kubelet.target_path(pod)
+        elsewhere = kubelet.kubelet_dir / "elsewhere"  # under the kubelet's root: unmounted at the end if hit
+        landing = redirect(kubelet, target, component, elsewhere)
+        code, message = publish_error(plugin, publish_request(pod, target))
+        assert code is grpc.StatusCode.FAILED_PRECONDITION
+        assert "is a symlink; refusing to mount through it" in message
+        assert mounts_under(elsewhere) == []
+        assert not landing.exists()
+        assert nothing_granted(node, target)
+        assert records(plugin.state_dir) == []
+
+    def test_an_unpublish_through_a_symlink_unmounts_nothing_it_points_to(
+        self, world: tuple[DaemonHandle, FakeKubelet, CsiPlugin]
+    ) -> None:
+        """Pod a's ``volumes`` directory swapped for a link to pod b's: a's unpublish (the same tail, volume
+        ``e``) would unmount b's socket. After: b's mount and socket stay; a's grant is revoked all the same
+        (the grant, not the mount, is what serves a's GPUs)."""
+        node, kubelet, plugin = world
+        gpu = uuids(node)
+        a, b = Pod("rl", "a", (gpu[0],)), Pod("rl", "b", (gpu[1],))
+        kubelet.pods = [a, b]
+        target_a, target_b = kubelet.target_path(a), kubelet.target_path(b)
+        assert plugin.publish(publish_request(a, target_a)) is grpc.StatusCode.OK
+        assert plugin.publish(publish_request(b, target_b)) is grpc.StatusCode.OK
+        volumes_a = target_a.parents[2]
+        os.rename(volumes_a, kubelet.kubelet_dir / "moved-a")
+        volumes_a.symlink_to(target_b.parents[2], target_is_directory=True)
+        code = plugin.unpublish(volume_id(a), target_a)
+        b_mounted = is_mount_point(target_b)
+        b_serves = run_as(
+            f"unix:{target_b / 'eerld.sock'}", [open_call(job_id=b.uid)], uid=POD_USER, gid=POD_USER
+        )[0]
+        assert code is grpc.StatusCode.OK
+        assert b_mounted
+        assert b_serves.code == "OK"
+        assert grant_names(node) == [grant_name(volume_id(b))]
+
+
 def records(state_dir: Path) -> list[dict[str, Any]]:
     """eerl-csi's volume records, as on disk."""
     path = state_dir / RECORDS_FILE
     return list(json.loads(path.read_text())["volumes"]) if path.exists() else []
 
 
-CORRUPT_RECORDS = ("not json", "a list of garbage", "a symlink", "a directory")
+CORRUPT_RECORDS = ("not json", "a list of garbage", "a symlink", "a directory", "another owner", "mode 0666")
 
 
 def corrupt(state_dir: Path, kind: str) -> Path:
@@ -294,6 +365,12 @@ def corrupt(state_dir: Path, kind: str) -> Path:
         path.write_text(json.dumps({"version": 1, "volumes": [{"volume_id": 7}]}))
     elif kind == "a symlink":
         path.symlink_to(outside)
+    elif kind in ("another owner", "mode 0666"):  # well-formed, but not a file only root could write
+        path.write_text('{"version": 1, "volumes": []}')
+        if kind == "another owner":
+            os.chown(path, NOBODY_UID, NOBODY_UID)
+        else:
+            path.chmod(0o666)
     else:
         path.mkdir()
     return outside

@@ -44,6 +44,7 @@ def slurm(script: str, handle: DaemonHandle) -> subprocess.CompletedProcess[str]
         "SLURM_JOB_ID": JOB_ID,
         "SLURM_JOB_UID": str(JOB_UID),
         "SLURM_JOB_GPUS": "1",
+        "EERL_JOBS_DIR": str(handle.admin_socket_path.parent / "jobs"),
     }
     return subprocess.run(["bash", str(SLURM / script)], env=env, capture_output=True, text=True, check=False)
 
