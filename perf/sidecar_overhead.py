@@ -13,22 +13,25 @@ over ``--events`` phase events (begins and ends alternating, spaced by ``--gap-m
   path); the caller's thread only.
 * ``HTTP, kept-alive``: one synchronous ``POST`` per event on a kept-alive connection (what a job in another
   language pays per event with an HTTP library); the sidecar answers after the daemon did.
-* ``HTTP, a connection per event``: the same with a fresh TCP connection each time.
-* ``curl, a process per event``: ``curl -s --max-time 1 -d … URL`` from a shell loop, fork and exec included.
+* ``HTTP, a connection per event``: the same with a fresh connection each time.
+* ``curl, a process per event``: ``curl -s --max-time 1 --unix-socket … -d … URL`` from a shell loop, fork
+  and exec included.
+
+The sidecar listens where it does by default, on a private Unix socket; ``--tcp`` puts it on loopback TCP
+with its secret instead.
 * ``eerl phase CLI``: ``python -m eerl.cli phase begin|end`` per event (interpreter start-up included; fewer
   samples, ``--cli-events``).
 
 Then ``--kills`` times: a sidecar with a phase open (the GPUs locked) is SIGKILLed, and the admin socket's
 Status is polled every 5 ms until both GPUs are back on the default governor.
 
-    .venv/bin/python -m perf.sidecar_overhead [--events 1000] [--gap-ms 2] [--kills 10]
+    .venv/bin/python -m perf.sidecar_overhead [--events 1000] [--gap-ms 2] [--kills 10] [--tcp]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import http.client
 import json
 import logging
 import os
@@ -43,6 +46,9 @@ from pathlib import Path
 
 import eerl
 from eerl import ClientConfig
+from eerl.sidecar._address import parse_address
+from eerl.sidecar._owner import job_environment
+from eerl.sidecar.client import SidecarHttp
 
 from eerld.ctl_client import AdminClient
 from perf.stats import percentile
@@ -57,14 +63,20 @@ def work(duration_s: float) -> None:
 
 
 class Sidecar:
-    """``python -m eerl.sidecar.server`` on a free loopback port, until :meth:`stop` or :meth:`kill`."""
+    """``python -m eerl.sidecar.server`` where it listens by default (a private Unix socket under
+    ``directory``), or with ``tcp`` on a free loopback port with a secret; until :meth:`stop` or
+    :meth:`kill`."""
 
-    def __init__(self, socket_path: Path, job_id: str) -> None:
-        env = {k: v for k, v in os.environ.items() if k != "EERL_SIDECAR"}
+    def __init__(self, socket_path: Path, job_id: str, directory: Path, *, tcp: bool = False) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EERL_SIDECAR")}
+        env["TMPDIR"] = str(directory)
+        env.pop("XDG_RUNTIME_DIR", None)
+        token_file = directory / f"token-{job_id}"
+        listen = ["--listen", "127.0.0.1:0", "--token-file", str(token_file)] if tcp else []
         self.proc = subprocess.Popen(
             [
                 sys.executable, "-m", "eerl.sidecar.server", "--job-id", job_id, "--gpus", "0,1",
-                "--listen", "127.0.0.1:0", "--socket", str(socket_path), "--log-level", "error",
+                *listen, "--socket", str(socket_path), "--log-level", "error",
             ],
             env=env,
             stdout=subprocess.PIPE,
@@ -76,24 +88,24 @@ class Sidecar:
             self.kill()
             raise RuntimeError(f"the sidecar did not start: {line!r}")
         self.url = line.removeprefix("eerl-sidecar: listening on ")
-        host, port = self.url.removeprefix("http://").rsplit(":", 1)
-        self.host, self.port = host, int(port)
+        self.address = parse_address(self.url)
+        self.token = token_file.read_text().strip() if tcp else None
 
-    def post(
-        self, connection: http.client.HTTPConnection, path: str, body: dict[str, object]
-    ) -> dict[str, object]:
-        connection.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
-        reply = connection.getresponse()
-        value: dict[str, object] = json.loads(reply.read())
-        return value
+    @property
+    def client_env(self) -> dict[str, str]:
+        """``EERL_SIDECAR`` (and the secret on TCP), as ``-- command`` would give a job."""
+        return job_environment(self.url, self.token)
+
+    def connection(self) -> SidecarHttp:
+        """A kept-alive connection of the job's (the product's client: owner checked, secret sent)."""
+        return SidecarHttp(self.address, 5, token=self.token)
 
     def wait_connected(self, timeout_s: float = 30) -> None:
         deadline_s = time.monotonic() + timeout_s
         while time.monotonic() < deadline_s:
-            connection = http.client.HTTPConnection(self.host, self.port, timeout=5)
+            connection = self.connection()
             try:
-                connection.request("GET", "/v1/status")
-                if json.loads(connection.getresponse().read()).get("connected"):
+                if connection.request("GET", "/v1/status")[1].get("connected"):
                     return
             finally:
                 connection.close()
@@ -147,18 +159,16 @@ def time_session(config: ClientConfig, count: int, gap_s: float, *, answered: bo
 def time_http(sidecar: Sidecar, count: int, gap_s: float, *, keep_alive: bool) -> list[int]:
     clock = time.perf_counter_ns
     costs: list[int] = []
-    connection = http.client.HTTPConnection(sidecar.host, sidecar.port, timeout=5)
+    connection = sidecar.connection()
     try:
         for begin, kind, iteration in events(count):
             body: dict[str, object] = {"kind": kind, "iteration": iteration}
             if not begin:
                 body.update(tokens=100, valid_tokens=80, sequences=4)
             start_ns = clock()
+            connection.request("POST", "/v1/phases/begin" if begin else "/v1/phases/end", body)
             if not keep_alive:
-                connection = http.client.HTTPConnection(sidecar.host, sidecar.port, timeout=5)
-            sidecar.post(connection, "/v1/phases/begin" if begin else "/v1/phases/end", body)
-            if not keep_alive:
-                connection.close()
+                connection.close()  # the next request opens a new one
             costs.append(clock() - start_ns)
             work(gap_s)
     finally:
@@ -184,16 +194,16 @@ def locks(admin: AdminClient) -> list[int | None]:
     ]
 
 
-def time_kills(socket_path: Path, admin_path: Path, kills: int) -> list[float]:
+def time_kills(socket_path: Path, admin_path: Path, directory: Path, kills: int) -> list[float]:
     """Seconds from SIGKILL of a sidecar with a phase open to both GPUs back at the default governor."""
     resets: list[float] = []
     with AdminClient(admin_path) as admin:
         for k in range(kills):
-            sidecar = Sidecar(socket_path, f"bench-kill-{k}")
+            sidecar = Sidecar(socket_path, f"bench-kill-{k}", directory)
             try:
                 sidecar.wait_connected()
-                connection = http.client.HTTPConnection(sidecar.host, sidecar.port, timeout=5)
-                sidecar.post(connection, "/v1/phases/begin", {"kind": "generation", "iteration": 0})
+                connection = sidecar.connection()
+                connection.request("POST", "/v1/phases/begin", {"kind": "generation", "iteration": 0})
                 connection.close()
                 if locks(admin) != [1200, 1200]:
                     raise RuntimeError(f"the GPUs are not locked: {locks(admin)}")
@@ -227,6 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cli-events", type=int, default=40, help="events for the eerl CLI row")
     parser.add_argument("--gap-ms", type=float, default=2.0)
     parser.add_argument("--kills", type=int, default=10)
+    parser.add_argument(
+        "--tcp",
+        action="store_true",
+        help="the sidecar on loopback TCP with its secret (default: its Unix socket)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     gap_s = args.gap_ms / 1000
@@ -238,42 +253,43 @@ def main(argv: list[str] | None = None) -> int:
             direct = dataclasses.replace(ClientConfig.uds(socket_path), close_timeout_s=5)
             row("direct client, caller", time_session(direct, args.events, gap_s, answered=False))
             row("direct client, answered", time_session(direct, args.events, gap_s, answered=True))
-            sidecar = Sidecar(socket_path, "bench-sidecar")
+            sidecar = Sidecar(socket_path, "bench-sidecar", directory, tcp=args.tcp)
             try:
                 sidecar.wait_connected()
-                via = dataclasses.replace(ClientConfig.sidecar(sidecar.url), close_timeout_s=5)
+                via = dataclasses.replace(
+                    ClientConfig.sidecar(sidecar.url, token=sidecar.token), close_timeout_s=5
+                )
                 row("EERL_SIDECAR client, caller", time_session(via, args.events, gap_s, answered=False))
                 row("HTTP, kept-alive", time_http(sidecar, args.events, gap_s, keep_alive=True))
                 row("HTTP, a connection per event", time_http(sidecar, args.events, gap_s, keep_alive=False))
-                env = {k: v for k, v in os.environ.items() if k != "EERL_SIDECAR"}
+                env = {k: v for k, v in os.environ.items() if not k.startswith("EERL_SIDECAR")}
+                env.update(sidecar.client_env)
                 curl = shutil.which("curl")
                 if curl is not None:
+                    if sidecar.address.path:
+                        where = ["--unix-socket", sidecar.address.path]
+                        base = "http://localhost"
+                    else:
+                        where = ["-H", f"Authorization: Bearer {sidecar.token}"]
+                        base = sidecar.url
 
                     def curl_command(begin: bool, kind: str, iteration: int) -> list[str]:
                         body = {"kind": kind, "iteration": iteration}
                         path = "begin" if begin else "end"
-                        return [
-                            curl,
-                            "-s",
-                            "--max-time",
-                            "1",
-                            "-d",
-                            json.dumps(body),
-                            f"{sidecar.url}/v1/phases/{path}",
-                        ]
+                        return [curl, "-s", "--max-time", "1", *where, "-d", json.dumps(body),
+                                f"{base}/v1/phases/{path}"]  # fmt: skip
 
                     row("curl, a process per event", time_commands(curl_command, args.process_events, env))
 
                 def cli_command(begin: bool, kind: str, iteration: int) -> list[str]:
                     edge = "begin" if begin else "end"
-                    return [sys.executable, "-m", "eerl.cli", "phase", edge, kind, "-i", str(iteration),
-                            "--sidecar", sidecar.url]  # fmt: skip
+                    return [sys.executable, "-m", "eerl.cli", "phase", edge, kind, "-i", str(iteration)]
 
                 row("eerl phase CLI, a process per event", time_commands(cli_command, args.cli_events, env))
             finally:
                 sidecar.stop()
             if args.kills:
-                resets = time_kills(socket_path, admin_path, args.kills)
+                resets = time_kills(socket_path, admin_path, directory, args.kills)
                 median_ms, max_ms = percentile(resets, 0.5) * 1000, max(resets) * 1000
                 print(
                     f"SIGKILL -> GPUs at default (n={len(resets)}): "

@@ -4,13 +4,16 @@
     eerl phase end generation --iteration 3 --tokens 123456 --sequences 64
     eerl status
 
-The sidecar is ``EERL_SIDECAR`` (``http://127.0.0.1:9479`` or ``unix:/path``), else ``--sidecar``, else
-``http://127.0.0.1:9479``. Fail-open: whatever happens to the sidecar (absent, slow, refusing the event),
-the command exits 0 after at most ``--timeout`` seconds (default 1), with one line on stderr when the
-sidecar refused the event or when the ``EERL_SIDECAR`` it was given cannot be reached; ``--strict`` makes
-those exit 1 instead. ``EERL_DISABLE=1``: does nothing. Usage errors (an unknown option, a count that is not
-a number) exit 2, as the Python client raises ``ConfigError`` only for invalid arguments. ``--json`` prints
-the sidecar's answer (the clock now applied; the phase's duration and energy) on stdout.
+The sidecar is ``--sidecar``, else ``EERL_SIDECAR`` (``unix:/path`` or ``http://127.0.0.1:PORT``), else the
+sidecar's default socket for the job (``EERL_JOB_ID`` or ``SLURM_JOB_ID``; :mod:`eerl.sidecar._paths`). A
+TCP sidecar's secret comes from ``EERL_SIDECAR_TOKEN`` or ``EERL_SIDECAR_TOKEN_FILE``; a Unix socket is used
+only when the kernel says its sidecar runs as this user (or root). Fail-open: whatever happens to the
+sidecar (absent, slow, refusing the event, another user's), the command exits 0 after at most ``--timeout``
+seconds (default 1), with one line on stderr when the sidecar refused the event, when the socket is another
+user's, or when a sidecar it was given cannot be reached; ``--strict`` makes those exit 1 instead.
+``EERL_DISABLE=1``: does nothing. Usage errors (an unknown option, a count that is not a number) exit 2,
+as the Python client raises ``ConfigError`` only for invalid arguments. ``--json`` prints the sidecar's
+answer (the clock now applied; the phase's duration and energy) on stdout.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from eerl.errors import ConfigError
-from eerl.sidecar._address import DEFAULT_URL, parse_address
+from eerl.sidecar._address import SidecarAddress, parse_address
 from eerl.sidecar._api import WORKLOAD_FIELDS
-from eerl.sidecar.client import SidecarHttp, SidecarUnreachable
+from eerl.sidecar._owner import token_from_env
+from eerl.sidecar._paths import default_address, env_job_id
+from eerl.sidecar.client import SidecarForeign, SidecarHttp, SidecarUnreachable
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _COUNTS = tuple(name for name, _ in WORKLOAD_FIELDS)
@@ -33,7 +38,10 @@ _COUNTS = tuple(name for name, _ in WORKLOAD_FIELDS)
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--sidecar", help=f"the sidecar (default: EERL_SIDECAR, else {DEFAULT_URL})")
+    common.add_argument(
+        "--sidecar",
+        help="the sidecar (default: EERL_SIDECAR, else the job's default socket; docs/sidecar.md)",
+    )
     common.add_argument("--timeout", type=float, default=1.0, help="seconds to wait at most (default 1)")
     common.add_argument("--strict", action="store_true", help="exit 1 when the event did not get through")
     common.add_argument("--json", action="store_true", help="print the sidecar's answer")
@@ -60,19 +68,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.environ.get("EERL_DISABLE", "").strip().lower() in _TRUE:
         return 0
     given = args.sidecar or os.environ.get("EERL_SIDECAR", "").strip()
-    try:
-        address = parse_address(given or DEFAULT_URL, what="--sidecar" if args.sidecar else "EERL_SIDECAR")
-    except ConfigError as e:
-        parser.error(str(e))
     if args.timeout <= 0:
         parser.error("--timeout: must be positive")
+    try:
+        address = _address(given, "--sidecar" if args.sidecar else "EERL_SIDECAR")
+        token = token_from_env(os.environ)
+    except ConfigError as e:
+        if given:
+            parser.error(str(e))
+        # The default socket's directory is not usable (another user's): say so, never fail the job.
+        print(f"eerl: {e}; the job goes on", file=sys.stderr)
+        return 1 if args.strict else 0
+    if address is None:  # no sidecar named and no job id to find one by: eerl is not deployed here
+        if args.strict:
+            print("eerl: no sidecar (EERL_SIDECAR, --sidecar) and no job id to find one by", file=sys.stderr)
+        return 1 if args.strict else 0
     if args.command == "status":
         method, path, body = "GET", "/v1/status", None
     else:
         method, path, body = "POST", f"/v1/phases/{args.edge}", _body(args)
-    client = SidecarHttp(address, args.timeout)
+    client = SidecarHttp(address, args.timeout, token=token)
     try:
         code, reply = client.request(method, path, body)
+    except SidecarForeign as e:
+        print(f"eerl: {e}; the job goes on", file=sys.stderr)  # always said: someone took the job's path
+        return 1 if args.strict else 0
     except SidecarUnreachable as e:
         if given or args.strict:  # no sidecar at the default address: eerl is simply not deployed here
             print(f"eerl: cannot reach the sidecar at {address.url} ({e}); the job goes on", file=sys.stderr)
@@ -85,6 +105,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         print(json.dumps(reply, separators=(",", ":")))
     return 0
+
+
+def _address(given: str, what: str) -> SidecarAddress | None:
+    """The sidecar named (``given``), else the job's default socket, else None; raises ConfigError."""
+    if given:
+        return parse_address(given, what=what)
+    job_id = env_job_id(os.environ)
+    return default_address(job_id, os.environ, create=False) if job_id else None
 
 
 def _body(args: argparse.Namespace) -> dict[str, Any]:

@@ -10,8 +10,10 @@ Environment variables read by :meth:`ClientConfig.from_env`:
                     the first, and each other one gives a claim ticket for its GPUs (default: discovered
                     under ``EERL_RUN_DIR``, see :func:`discover_sockets`).
 ``EERL_RUN_DIR``    where the daemon's sockets live (default ``/run/eerld``).
-``EERL_SIDECAR``    the job's sidecar (``http://127.0.0.1:9479`` or ``unix:/path``): phase events go to
+``EERL_SIDECAR``    the job's sidecar (``unix:/path``, or ``http://127.0.0.1:PORT``): phase events go to
                     it, and it holds the daemon session (docs/sidecar.md); wins over the three below.
+``EERL_SIDECAR_TOKEN``, ``EERL_SIDECAR_TOKEN_FILE``
+                    the secret a TCP sidecar demands (``-- command`` sets the first), or a file holding it.
 ``EERL_ADDRESS``    ``host:port`` of the daemon over TCP (mutual TLS); wins over ``EERL_SOCKET``.
 ``EERL_TLS_CA``, ``EERL_TLS_CERT``, ``EERL_TLS_KEY``
                     PEM files for TCP: the CA that signed the daemon's certificate, and this client's
@@ -25,13 +27,14 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from eerl.errors import ConfigError
 from eerl.gpus import GpuId, parse_gpu_list
 from eerl.sidecar._address import parse_address
+from eerl.sidecar._owner import token_from_env
 
 DEFAULT_SOCKET_PATH = "/run/eerld/eerld.sock"
 """Where the daemon's shared worker socket lives unless configured otherwise."""
@@ -85,6 +88,7 @@ class ClientConfig:
     ticket_socket_paths: tuple[str, ...] = ()
     scoped: bool = False
     sidecar_url: str | None = None
+    sidecar_token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.transport == "uds" and not self.socket_path:
@@ -175,10 +179,10 @@ class ClientConfig:
         )
 
     @classmethod
-    def sidecar(cls, url: str) -> ClientConfig:
-        """The job's sidecar (``eerl-sidecar``), which holds the daemon session: ``http://127.0.0.1:9479``
-        or ``unix:/path/to/sidecar.sock`` (docs/sidecar.md)."""
-        return cls(transport="sidecar", sidecar_url=url)
+    def sidecar(cls, url: str, *, token: str | None = None) -> ClientConfig:
+        """The job's sidecar (``eerl-sidecar``), which holds the daemon session: ``unix:/path/to/it.sock``,
+        or ``http://127.0.0.1:PORT`` with ``token``, the secret a TCP sidecar demands (docs/sidecar.md)."""
+        return cls(transport="sidecar", sidecar_url=url, sidecar_token=token)
 
     @classmethod
     def disabled_config(cls) -> ClientConfig:
@@ -199,8 +203,8 @@ class ClientConfig:
         if disable in _TRUE:
             base = cls.disabled_config()
         elif env.get("EERL_SIDECAR", "").strip():
-            base = cls(
-                transport="sidecar", sidecar_url=parse_address(env["EERL_SIDECAR"], default_port=None).url
+            base = cls.sidecar(
+                parse_address(env["EERL_SIDECAR"], default_port=None).url, token=token_from_env(env)
             )
         elif env.get("EERL_ADDRESS"):
             missing = [name for name in ("EERL_TLS_CA", "EERL_TLS_CERT", "EERL_TLS_KEY") if not env.get(name)]
@@ -232,6 +236,7 @@ class ClientConfig:
             ticket_socket_paths=base.ticket_socket_paths,
             scoped=base.scoped,
             sidecar_url=base.sidecar_url,
+            sidecar_token=base.sidecar_token,
         )
 
 

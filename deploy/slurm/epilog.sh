@@ -6,4 +6,5 @@ set -u
 # shellcheck source=deploy/slurm/reset-gpus.sh
 source "$(dirname "${BASH_SOURCE[0]}")/reset-gpus.sh"
 eerl_reset_job_gpus epilog
+eerl_remove_job_dir
 exit 0

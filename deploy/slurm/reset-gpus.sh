@@ -18,9 +18,14 @@
 # Never fails the job: Slurm drains a node whose prolog or epilog fails, and a clock left at its default
 # is no reason for that. Problems are logged to syslog (tag eerl-slurm) and stderr.
 #
+# The job's directory (eerl_make_job_dir, eerl_remove_job_dir): the prolog makes $EERL_JOBS_DIR/<job id>
+# (default /run/eerl-jobs), owned by the job's user, mode 0700, in a directory of root's that only root may
+# write, so that no other user can make it (or a socket in it) first; eerl-sidecar listens there by default
+# and `eerl phase` looks there, both by the job id. The epilog removes it.
+#
 # Environment (all optional): EERLCTL (path of eerlctl), EERLD (path of eerld), EERLCTL_SOCKET,
 # EERL_STATE_DIR (default /var/lib/eerld), EERL_SLURM_TIMEOUT_S (default 10), EERL_SLURM_GRANT
-# (default 1; 0 on nodes whose daemon runs --tenancy single and needs no grants).
+# (default 1; 0 on nodes whose daemon runs --tenancy single and needs no grants), EERL_JOBS_DIR.
 
 eerl_job_gpus() {
     if [[ -n "${SLURM_JOB_GPUS+set}" ]]; then
@@ -97,6 +102,42 @@ eerl_revoke_job_grant() {
             *"no grant for job"*) ;;  # the prolog made none (grants off, or it failed): nothing to undo
             *) eerl_log "eerlctl revoke --job-id ${SLURM_JOB_ID} failed: ${output}" ;;
         esac
+    fi
+    return 0
+}
+
+eerl_job_dir() {
+    local jobs="${EERL_JOBS_DIR:-/run/eerl-jobs}"
+    if [[ -z "${SLURM_JOB_ID:-}" || ! "${SLURM_JOB_ID}" =~ ^[A-Za-z0-9_.-]+$ || "${SLURM_JOB_ID}" == .* ]]; then
+        return 1
+    fi
+    printf '%s/%s' "${jobs}" "${SLURM_JOB_ID}"
+}
+
+eerl_make_job_dir() {
+    local jobs="${EERL_JOBS_DIR:-/run/eerl-jobs}"
+    local dir gid output
+    if [[ -z "${SLURM_JOB_UID:-}" ]] || ! dir="$(eerl_job_dir)"; then
+        return 0
+    fi
+    gid="${SLURM_JOB_GID:-$(id -g "${SLURM_JOB_UID}" 2>/dev/null || printf '%s' "${SLURM_JOB_UID}")}"
+    # root's, mode 0755: nobody else may make a job's directory in it.
+    if ! output="$(install -d -m 0755 -o 0 -g 0 "${jobs}" 2>&1)"; then
+        eerl_log "cannot make ${jobs}: ${output}"
+        return 0
+    fi
+    rm -rf --one-file-system -- "${dir}"  # left by a job whose epilog never ran: never reused
+    if ! output="$(mkdir -m 0700 -- "${dir}" 2>&1 && chown -- "${SLURM_JOB_UID}:${gid}" "${dir}" 2>&1)"; then
+        eerl_log "cannot make ${dir} for the job's sidecar: ${output}"
+        rm -rf --one-file-system -- "${dir}"
+    fi
+    return 0
+}
+
+eerl_remove_job_dir() {
+    local dir
+    if dir="$(eerl_job_dir)"; then
+        rm -rf --one-file-system -- "${dir}"
     fi
     return 0
 }

@@ -271,6 +271,7 @@ def run_slurm(
         "PATH": f"{fake_tools}:/usr/bin:/bin",
         "SLURM_JOB_ID": "1234",
         "EERLCTL_SOCKET": str(socket_path),
+        "EERL_JOBS_DIR": str(fake_tools.parent / "jobs"),
         **env,
     }
     done = subprocess.run(
@@ -318,6 +319,25 @@ class TestSlurm:
             f"eerlctl --socket {sock} --timeout 10 grant --gpus 2,3 --uid 1001 --job-id 1234 --replace "
             "--reason slurm prolog job 1234",
         ]
+
+    def test_prolog_makes_the_job_s_private_directory_in_root_s_and_the_epilog_removes_it(
+        self, fake_tools: Path
+    ) -> None:
+        """The sidecar's default socket directory: the job user's, 0700, in a 0755 directory of root's."""
+        jobs = fake_tools.parent / "jobs"
+        (jobs / "1234").mkdir(parents=True)
+        (jobs / "1234" / "left-by-an-old-job").touch()  # a job whose epilog never ran: not reused
+        assert run_slurm("prolog.sh", fake_tools, SLURM_JOB_GPUS="0", SLURM_JOB_UID="1001")[0] == 0
+        made = os.lstat(jobs / "1234")
+        assert (stat.S_IMODE(made.st_mode), made.st_uid) == (0o700, 1001)
+        parent = os.lstat(jobs)
+        assert (stat.S_IMODE(parent.st_mode), parent.st_uid) == (0o755, 0)
+        assert not list((jobs / "1234").iterdir())
+        assert run_slurm("epilog.sh", fake_tools, SLURM_JOB_GPUS="0", SLURM_JOB_UID="1001")[0] == 0
+        assert not (jobs / "1234").exists()
+        odd = {"SLURM_JOB_GPUS": "0", "SLURM_JOB_UID": "1001", "SLURM_JOB_ID": "../x"}
+        assert run_slurm("prolog.sh", fake_tools, **odd)[0] == 0
+        assert not (jobs.parent / "x").exists()  # a job id that is not a plain name makes nothing
 
     def test_prolog_grants_nothing_when_grants_are_off_or_the_uid_is_unknown(self, fake_tools: Path) -> None:
         """EERL_SLURM_GRANT=0 (a single-tenant node) or no SLURM_JOB_UID: reset only."""

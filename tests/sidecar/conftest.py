@@ -6,18 +6,19 @@ import json
 import os
 import selectors
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from eerl.sidecar._address import parse_address
+from eerl.sidecar.client import SidecarHttp
 from eerl.v1 import eerl_pb2
 
 from soak.daemon import DaemonProcess, stop_process
@@ -78,17 +79,29 @@ def eerld_sim() -> Iterator[SimEerld]:
 
 
 class SidecarProcess:
-    """``python -m eerl.sidecar.server ...`` (what ``eerl-sidecar`` runs), started and read to its URL."""
+    """``python -m eerl.sidecar.server ...`` (what ``eerl-sidecar`` runs), started and read to its URL.
+
+    Its requests go through the product's client (:class:`SidecarHttp`: a Unix socket's owner checked, a TCP
+    sidecar's secret sent from ``--token-file`` when the args name one).
+    """
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
         command = [sys.executable, "-m", "eerl.sidecar.server", *args]
         environment = {**os.environ, **(env or {})}
-        environment.pop("EERL_SIDECAR", None)
+        for name in ("EERL_SIDECAR", "EERL_SIDECAR_TOKEN", "EERL_SIDECAR_TOKEN_FILE", "XDG_RUNTIME_DIR"):
+            if env is None or name not in env:
+                environment.pop(name, None)
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the fixture
         self.process: subprocess.Popen[bytes] = subprocess.Popen(
             command, env=environment, stdout=subprocess.PIPE, stderr=self.log
         )
         self.url = self._read_url()
+        self.token: str | None = None
+        self.token_file: Path | None = None
+        if "--token-file" in args:
+            self.token_file = Path(args[args.index("--token-file") + 1])
+            self.token = self.token_file.read_text().strip()
+        self._http: SidecarHttp | None = None
 
     def _read_url(self) -> str:
         assert self.process.stdout is not None
@@ -110,14 +123,22 @@ class SidecarProcess:
         return text.removeprefix("eerl-sidecar: listening on ")
 
     def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, dict[str, Any]]:
-        assert self.url.startswith("http://")
-        request = urllib.request.Request(self.url + path, data=body, method=method)
-        request.add_header("Content-Type", "application/json")
+        """One request on a connection of its own (the answer's status and JSON)."""
+        client = SidecarHttp(parse_address(self.url), 10, token=self.token)
         try:
-            with urllib.request.urlopen(request, timeout=10) as reply:
-                return reply.status, json.loads(reply.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
+            return client.request(method, path, body)
+        finally:
+            client.close()
+
+    def connect(self, timeout_s: float = 10) -> socket.socket:
+        """A raw connection to the sidecar (its Unix socket or TCP port), for requests written by hand."""
+        address = parse_address(self.url)
+        if address.path:
+            raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            raw.settimeout(timeout_s)
+            raw.connect(address.path)
+            return raw
+        return socket.create_connection((address.host, address.port), timeout=timeout_s)
 
     def post(self, path: str, value: object) -> tuple[int, dict[str, Any]]:
         return self.request("POST", path, json.dumps(value).encode())
@@ -148,18 +169,25 @@ class SidecarProcess:
 
 @pytest.fixture
 def start_sidecar() -> Iterator[Callable[..., SidecarProcess]]:
-    """Starts sidecars; stops (SIGTERM) whatever is still running at the end of the test."""
+    """Starts sidecars, each with ``TMPDIR`` a short directory of the test's (where a sidecar without
+    ``--listen`` makes its private directory); a TCP ``--listen`` without ``-- command`` gets a
+    ``--token-file`` there. Stops (SIGTERM) whatever is still running at the end."""
     started: list[SidecarProcess] = []
+    with short_socket_dir("eerl-sct-") as tmp:
 
-    def start(*args: str, env: dict[str, str] | None = None) -> SidecarProcess:
-        sidecar = SidecarProcess(list(args), env)
-        started.append(sidecar)
-        return sidecar
+        def start(*args: str, env: dict[str, str] | None = None) -> SidecarProcess:
+            flags = list(args)
+            listen = flags[flags.index("--listen") + 1] if "--listen" in flags else "unix:"
+            if not listen.startswith("unix:") and "--token-file" not in flags and "--" not in flags:
+                flags += ["--token-file", str(tmp / f"token-{len(started)}")]
+            sidecar = SidecarProcess(flags, {"TMPDIR": str(tmp), **(env or {})})
+            started.append(sidecar)
+            return sidecar
 
-    yield start
-    for sidecar in started:
-        sidecar.stop()
-        sidecar.log.close()
+        yield start
+        for sidecar in started:
+            sidecar.stop()
+            sidecar.log.close()
 
 
 def sidecar_for(
@@ -168,13 +196,16 @@ def sidecar_for(
     job_id: str,
     *extra: str,
     gpus: str = "0,1",
-    listen: str = "127.0.0.1:0",
+    listen: str | None = None,
     env: dict[str, str] | None = None,
 ) -> SidecarProcess:
     """A sidecar (started by ``start``, the :func:`start_sidecar` fixture) holding ``job_id``'s session on
-    ``gpus`` of the daemon at ``socket_path``, listening on ``listen``; ``extra`` flags after those."""
-    args = ["--job-id", job_id, "--gpus", gpus, "--listen", listen, "--socket", str(socket_path), *extra]
-    return start(*args, env=env)
+    ``gpus`` of the daemon at ``socket_path``, listening on ``listen`` (None: the default, a private Unix
+    socket under the fixture's own ``TMPDIR``); ``extra`` flags after those."""
+    args = ["--job-id", job_id, "--gpus", gpus, "--socket", str(socket_path)]
+    if listen is not None:
+        args += ["--listen", listen]
+    return start(*args, *extra, env=env)
 
 
 @pytest.fixture

@@ -3,13 +3,14 @@
 # to the job's eerl sidecar with curl (no Python). It never fails because of eerl: a call that gets no
 # answer within a second is logged with code 000 and the job goes on.
 #
-#   EERL_SIDECAR=http://127.0.0.1:9479 ITERATIONS=3 bash job.sh
+#   EERL_SIDECAR=unix:/path/to/sidecar.sock ITERATIONS=3 bash job.sh
+#   EERL_SIDECAR=http://127.0.0.1:PORT EERL_SIDECAR_TOKEN=... ITERATIONS=3 bash job.sh   (a TCP sidecar)
 #
 # One line per call on stdout: "<begin|end> <kind> <iteration> <HTTP code> <seconds> <answer JSON>".
 # HOLD_AT=i HOLD_FILE=f: inside the generation phase of iteration i, wait until f exists (for a test that
 # kills the sidecar mid-phase). WORK_S: seconds of "work" in each phase (default 0.05).
 set -u
-url=${EERL_SIDECAR:-http://127.0.0.1:9479}
+url=${EERL_SIDECAR:?EERL_SIDECAR: the sidecar (eerl-sidecar -- command sets it)}
 iterations=${ITERATIONS:-3}
 work_s=${WORK_S:-0.05}
 body=$(mktemp)
@@ -21,6 +22,13 @@ if [[ $url == unix:* ]]; then
 else
   where=()
   base=$url
+fi
+# A TCP sidecar demands its secret; curl reads the header from a file, so it never shows in `ps`.
+if [[ -n ${EERL_SIDECAR_TOKEN:-} ]]; then
+  auth=$(mktemp)
+  trap 'rm -f "$body" "$auth"' EXIT
+  printf 'Authorization: Bearer %s\n' "$EERL_SIDECAR_TOKEN" >"$auth"
+  where+=(-H "@$auth")
 fi
 
 # post EDGE JSON: one phase event; prints its line.

@@ -6,7 +6,6 @@ from __future__ import annotations
 import http.client
 import json
 import select
-import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -104,14 +103,13 @@ class TestRefusals:
         code, reply = api_sidecar.request("GET", "/v1/nothing")
         assert code == 404
         assert reply["error"].startswith("path:")
-        host, port = api_sidecar.url.removeprefix("http://").rsplit(":", 1)
         too_large = b"POST /v1/phases/begin HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n"
         chunked = (
             b"POST /v1/phases/begin HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
             b'16\r\n{"kind": "generation"}\r\n0\r\n\r\n'
         )
         for request, status in ((too_large, 413), (chunked, 411)):
-            with socket.create_connection((host, int(port)), timeout=10) as raw:
+            with api_sidecar.connect() as raw:
                 raw.sendall(request)  # all at once: the sidecar answers without reading a body, and closes
                 reply = http.client.HTTPResponse(raw)
                 reply.begin()
@@ -122,9 +120,9 @@ class TestRefusals:
         assert api_sidecar.request("GET", "/healthz") == (200, {"ok": True})
 
     def test_connections_beyond_the_bound_get_a_503_at_once(self, api_sidecar: SidecarProcess) -> None:
-        host, port = api_sidecar.url.removeprefix("http://").rsplit(":", 1)
-        address = (host, int(port))
-        idle = [socket.create_connection(address, timeout=5) for _ in range(3)]
+        # The job's own connections (its user's, on the private Unix socket) fill the table: a fourth one
+        # is turned away at once, never left waiting.
+        idle = [api_sidecar.connect(5) for _ in range(3)]
 
         def fourth_request() -> tuple[int, Any]:
             # A connection the sidecar turned away (the fixture's status request may still hold its slot
@@ -132,12 +130,10 @@ class TestRefusals:
             for i, connection in enumerate(idle):
                 if select.select([connection], [], [], 0)[0]:
                     connection.close()
-                    idle[i] = socket.create_connection(address, timeout=5)
+                    idle[i] = api_sidecar.connect(5)
             return api_sidecar.request("GET", "/healthz")
 
         try:
-            # Once the sidecar has accepted the three (its threads wait IDLE_TIMEOUT_S for a request), a
-            # fourth gets its 503 while they are still held: it never waits for a slot.
             code, reply = wait_until(
                 "all three connections accepted",
                 lambda: (answer := fourth_request())[0] == 503 and answer,

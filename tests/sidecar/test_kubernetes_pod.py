@@ -113,12 +113,14 @@ class TestSidecarPod:
         (sidecar,) = spec["initContainers"]
         assert sidecar["restartPolicy"] == "Always"
         assert sidecar["command"] == ["eerl-sidecar"]
-        (volume,) = spec["volumes"]
+        volume, listening = spec["volumes"]
         assert volume["csi"]["driver"] == "csi.eerl.dev"
-        assert volume["csi"]["volumeAttributes"] == {"uid": "65532", "gid": "65532"}
-        assert [(m["name"], m["readOnly"]) for m in sidecar["volumeMounts"]] == [(volume["name"], True)]
-        for container in spec["containers"]:
-            assert not container.get("volumeMounts")
+        assert volume["csi"]["volumeAttributes"] == {"uid": "1000", "gid": "1000"}
+        assert listening["emptyDir"]["medium"] == "Memory"
+        mounts = [(m["name"], m.get("readOnly", False)) for m in sidecar["volumeMounts"]]
+        assert mounts == [(volume["name"], True), (listening["name"], False)]
+        for container in spec["containers"]:  # the trainer sees the sidecar's socket, never eerld's
+            assert [m["name"] for m in container["volumeMounts"]] == [listening["name"]]
         assert sidecar["securityContext"]["runAsUser"] == int(volume["csi"]["volumeAttributes"]["uid"])
         assert sidecar["securityContext"]["runAsGroup"] == int(volume["csi"]["volumeAttributes"]["gid"])
         assert "nvidia.com/gpu" not in sidecar.get("resources", {}).get("limits", {})
@@ -131,15 +133,34 @@ class TestSidecarPod:
 
     def test_the_trainer_requests_gpus_and_speaks_only_to_the_sidecar(self, pod: dict[str, Any]) -> None:
         (trainer,) = pod["spec"]["containers"]
+        (sidecar,) = pod["spec"]["initContainers"]
         assert int(trainer["resources"]["limits"]["nvidia.com/gpu"]) > 0
         env = {e["name"]: e.get("value") for e in trainer["env"]}
-        assert env["EERL_SIDECAR"] == "http://127.0.0.1:9479"
+        listen = sidecar_parser().parse_args(expand(sidecar["args"], sidecar["env"])).listen
+        assert env["EERL_SIDECAR"] == listen
+        assert listen.startswith("unix:/run/eerl-sidecar/")
         assert "EERL_SOCKET" not in env
+
+    def test_the_trainer_and_the_sidecar_are_one_user_since_the_sidecar_serves_only_its_own(
+        self, pod: dict[str, Any]
+    ) -> None:
+        spec = pod["spec"]
+        (trainer,) = spec["containers"]
+        (sidecar,) = spec["initContainers"]
+
+        def uid(container: dict[str, Any]) -> int:
+            return int(
+                container.get("securityContext", {}).get("runAsUser", spec["securityContext"]["runAsUser"])
+            )
+
+        assert uid(trainer) == uid(sidecar) != 0
 
     def test_the_sidecars_flags_and_probes_are_valid(self, pod: dict[str, Any]) -> None:
         (sidecar,) = pod["spec"]["initContainers"]
         args = sidecar_parser().parse_args(expand(sidecar["args"], sidecar["env"]))
-        assert args.listen == "127.0.0.1:9479"
+        assert args.listen.startswith("unix:")
+        probe_env = {e["name"]: e.get("value") for e in sidecar["env"]}
+        assert probe_env["EERL_SIDECAR"] == args.listen  # where the probes' `eerl status` looks
         assert args.scoped
         assert args.socket == "/run/eerl/eerld.sock"  # eerld.grants.OWN_DIRECTORY_SOCKET in the mount
         assert args.socket == sidecar["volumeMounts"][0]["mountPath"] + "/eerld.sock"

@@ -75,8 +75,16 @@ def start_nodes(
             {"SLURM_NNODES": str(NODES), "SLURM_NODEID": "2", "EERL_RENDEZVOUS": f"tcp://127.0.0.1:{port}"},
         ),
     ]
-    sidecars = [
-        sidecar_for(start, daemon.socket_path, job_id, *common, *flags, env=env)
+    sidecars = [  # each "node" its own sidecar socket (one host here: the default path would be shared)
+        sidecar_for(
+            start,
+            daemon.socket_path,
+            job_id,
+            *common,
+            *flags,
+            env=env,
+            listen=f"unix:{daemon.directory}/sc.sock",
+        )
         for daemon, (flags, env) in zip(nodes, launchers, strict=True)
     ]
     for sidecar in sidecars:

@@ -44,6 +44,29 @@ class TestCommandLine:
     def test_bad_flags_are_usage_errors(self, args: list[str]) -> None:
         assert run("--job-id", "j", *args).returncode == 2
 
+    def test_a_tcp_address_with_no_way_to_hand_out_its_secret_is_a_usage_error(self) -> None:
+        result = run("--job-id", "j", "--gpus", "0", "--listen", "127.0.0.1:0")
+        assert result.returncode == 2
+        assert "--token-file" in result.stderr
+        unix = run("--job-id", "j", "--gpus", "0", "--listen", "unix:/tmp/x.sock", "--token-file", "/tmp/t")
+        assert unix.returncode == 2
+        assert "only a TCP --listen takes a secret" in unix.stderr
+
+    def test_without_listen_the_job_gets_a_private_unix_socket_and_no_secret(self, sock_dir: Path) -> None:
+        env = {**os.environ, "TMPDIR": str(sock_dir), "EERL_SIDECAR_TOKEN": "stale"}
+        env.pop("XDG_RUNTIME_DIR", None)
+        done = subprocess.run(
+            sidecar_command("--job-id", "j/1", "--gpus", "0", "--socket", "/nonexistent", "--",
+                            "bash", "-c", 'echo "$EERL_SIDECAR ${EERL_SIDECAR_TOKEN:-none}"'),
+            env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        first, child = done.stdout.splitlines()
+        path = f"{sock_dir}/eerl-{os.geteuid()}/sidecar-j_1-"
+        assert first.startswith(f"eerl-sidecar: listening on unix:{path}")
+        assert child.startswith(f"unix:{path}")
+        assert child.endswith(" none")  # a stale secret in the environment is not handed on
+
     def test_a_busy_port_is_an_error(self, start_sidecar: Callable[..., SidecarProcess]) -> None:
         first = sidecar_for(start_sidecar, Path("/nonexistent"), "j", gpus="0")
         result = run("--job-id", "j", "--gpus", "0", "--listen", first.url, "--socket", "/nonexistent")

@@ -1,7 +1,8 @@
-"""Where a sidecar listens: ``http://127.0.0.1:9479`` (loopback TCP) or ``unix:/path/to/sidecar.sock``.
+"""Where a sidecar listens: ``unix:/path/to/sidecar.sock`` or ``http://127.0.0.1:PORT`` (loopback TCP).
 
 Pure parsing, shared by the sidecar (``--listen``), its HTTP client (``EERL_SIDECAR``, ``eerl phase``) and
-:class:`eerl.ClientConfig`; it imports nothing but the standard library and :mod:`eerl.errors`.
+:class:`eerl.ClientConfig`; it imports nothing but the standard library and :mod:`eerl.errors`. Where a
+sidecar listens when nobody says is :mod:`eerl.sidecar._paths`'s.
 """
 
 from __future__ import annotations
@@ -10,11 +11,6 @@ import ipaddress
 from dataclasses import dataclass
 
 from eerl.errors import ConfigError
-
-DEFAULT_PORT = 9479
-"""The sidecar's port unless told otherwise (next to eerld's metrics port, 9478)."""
-DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
-"""Where ``eerl phase`` looks for a sidecar when ``EERL_SIDECAR`` is unset."""
 
 
 @dataclass(frozen=True, slots=True)

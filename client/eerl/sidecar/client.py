@@ -27,6 +27,7 @@ from eerl.config import ClientConfig
 from eerl.phases import ControllerState, Workload
 from eerl.sidecar._address import SidecarAddress, parse_address
 from eerl.sidecar._api import WORKLOAD_FIELDS
+from eerl.sidecar._owner import SidecarNotOurs, check_sidecar_peer
 
 logger = logging.getLogger("eerl")
 
@@ -38,7 +39,14 @@ class SidecarUnreachable(Exception):
     """The sidecar did not answer: not there, not listening, or past the deadline."""
 
 
+class SidecarForeign(SidecarUnreachable):
+    """The Unix socket is served by another user: not this job's sidecar, so nothing was sent there."""
+
+
 class _UnixConnection(http.client.HTTPConnection):
+    """HTTP over a Unix socket, to a peer the kernel says runs as our user or root (else
+    :class:`eerl.sidecar._owner.SidecarNotOurs`, before a byte is sent)."""
+
     def __init__(self, path: str, timeout: float) -> None:
         super().__init__("localhost", timeout=timeout)
         self._path = path
@@ -48,6 +56,7 @@ class _UnixConnection(http.client.HTTPConnection):
         sock.settimeout(self.timeout)
         try:
             sock.connect(self._path)
+            check_sidecar_peer(sock, self._path)
         except OSError:
             sock.close()
             raise
@@ -55,24 +64,33 @@ class _UnixConnection(http.client.HTTPConnection):
 
 
 class SidecarHttp:
-    """One kept-alive HTTP connection to a sidecar; not thread-safe (one per thread)."""
+    """One kept-alive HTTP connection to a sidecar; not thread-safe (one per thread).
 
-    def __init__(self, address: SidecarAddress, timeout_s: float) -> None:
+    On a Unix socket it talks only to a sidecar of its own user (or root); ``token``: the secret a TCP
+    sidecar demands (sent with every request; never to a Unix socket, whose peer the kernel names).
+    """
+
+    def __init__(self, address: SidecarAddress, timeout_s: float, *, token: str | None = None) -> None:
         self.address = address
         self.timeout_s = timeout_s
+        self._token = token if not address.path else None
         self._connection: http.client.HTTPConnection | None = None
 
     def request(
-        self, method: str, path: str, body: dict[str, Any] | None = None
+        self, method: str, path: str, body: dict[str, Any] | bytes | None = None
     ) -> tuple[int, dict[str, Any]]:
-        """The status and JSON body of one request; raises :class:`SidecarUnreachable`.
+        """The status and JSON body of one request (``body``: a JSON object, or bytes sent as they are);
+        raises :class:`SidecarUnreachable`.
 
         A kept-alive connection that the sidecar closed meanwhile is reopened once, for that request.
         """
-        data = json.dumps(body, separators=(",", ":")).encode() if body is not None else None
+        data = json.dumps(body, separators=(",", ":")).encode() if isinstance(body, dict) else body
         reused = self._connection is not None
         try:
             return self._once(method, path, data)
+        except SidecarNotOurs as e:
+            self.close()
+            raise SidecarForeign(str(e)) from None
         except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as e:
             self.close()
             if not reused:
@@ -82,6 +100,9 @@ class SidecarHttp:
             raise SidecarUnreachable(_describe(e)) from None
         try:
             return self._once(method, path, data)
+        except SidecarNotOurs as e:
+            self.close()
+            raise SidecarForeign(str(e)) from None
         except (OSError, http.client.HTTPException, ValueError) as e:
             self.close()
             raise SidecarUnreachable(_describe(e)) from None
@@ -97,6 +118,8 @@ class SidecarHttp:
                 )
             self._connection = connection
         headers = {"Content-Type": "application/json"} if data is not None else {}
+        if self._token is not None:
+            headers["Authorization"] = f"Bearer {self._token}"
         connection.request(method, path, body=data, headers=headers)
         response = connection.getresponse()
         payload = response.read()
@@ -125,7 +148,9 @@ class SidecarSender(BackgroundSender[PhaseAnswer]):
         assert config.sidecar_url is not None
         super().__init__(config)
         self._url = config.sidecar_url
-        self._http = SidecarHttp(parse_address(config.sidecar_url), config.rpc_timeout_s)
+        self._http = SidecarHttp(
+            parse_address(config.sidecar_url), config.rpc_timeout_s, token=config.sidecar_token
+        )
         self._poll_now = threading.Event()
         self._begun: set[int] = set()
         self._reachable = False
@@ -197,10 +222,12 @@ class SidecarSender(BackgroundSender[PhaseAnswer]):
         try:
             code, body = self._http.request("GET", "/v1/status")
         except SidecarUnreachable as e:
-            self._unreachable(str(e))
+            self._unreachable(e)
             return
         if code == 200:
             self._reached(body)
+        elif code in (401, 403):
+            self._refused_owner(code, body)
 
     def _handle(self, event: Event) -> None:
         try:
@@ -234,7 +261,11 @@ class SidecarSender(BackgroundSender[PhaseAnswer]):
             )
         except SidecarUnreachable as e:
             self._counters.failed += 1
-            self._unreachable(str(e))
+            self._unreachable(e)
+            return
+        if code in (401, 403):
+            self._counters.failed += 1
+            self._refused_owner(code, reply)
             return
         if code != 200:
             self._counters.failed += 1
@@ -273,16 +304,34 @@ class SidecarSender(BackgroundSender[PhaseAnswer]):
         else:
             self._connected.clear()
 
-    def _unreachable(self, why: str) -> None:
+    def _unreachable(self, error: SidecarUnreachable) -> None:
+        self._back_off()
+        if isinstance(error, SidecarForeign):
+            self._warn_once(
+                f"{error}; the job runs on without clock control (eerl checks again now and then)",
+                "foreign",
+            )
+            return
+        self._warn_once(
+            f"cannot reach the sidecar at {self._url} ({error}); the job runs on without clock control and "
+            "eerl keeps retrying"
+        )
+
+    def _refused_owner(self, code: int, reply: dict[str, Any]) -> None:
+        """The sidecar will not take this process's events (no or a wrong secret, another user)."""
+        self._back_off()
+        self._warn_once(
+            f"the sidecar at {self._url} refused this process ({code}: {reply.get('error', '?')}); the job "
+            "runs on without clock control",
+            f"refused:{code}",
+        )
+
+    def _back_off(self) -> None:
         self._reachable = False
         self._connected.clear()
         self._counters.connect_failures += 1
         self._retry_at_s = time.monotonic() + self._backoff_s
         self._backoff_s = min(self._backoff_s * 2, self._config.reconnect_max_s)
-        self._warn_once(
-            f"cannot reach the sidecar at {self._url} ({why}); the job runs on without clock control and "
-            "eerl keeps retrying"
-        )
 
 
 def _workload_fields(workload: Workload) -> dict[str, int]:

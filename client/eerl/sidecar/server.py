@@ -14,11 +14,13 @@ GPUs. The job talks to it in plain HTTP/1.1 with JSON bodies, from any language:
 A begin answers the clock now applied and an end what the daemon metered, each waiting at most
 ``--answer-timeout-s`` (default 0.5 s) for the daemon, and only while a session is open: with the daemon
 absent every call answers at once (``"clock": "unknown"``, ``"metered": false``). A request that is not
-right gets a 4xx and a one-line JSON error naming the field, and nothing is forwarded. The threads that
-serve connections are bounded (``--max-connections``); a connection beyond them gets a 503 at once.
+right gets a 4xx and a one-line JSON error naming the field, and nothing is forwarded. Connections are
+bounded (``--max-connections``) and served by one event loop (:mod:`eerl.sidecar._http`).
 
-The API has no authentication: it listens on a loopback address (inside a pod, the pod's own) or on a
-Unix socket of mode 0600 (``--socket-mode`` to share it with another user of a shared volume).
+The API belongs to the job's user. By default it listens on a Unix socket in a directory only that user may
+use (:mod:`eerl.sidecar._paths`), serves only peers the kernel says run as that user (or root), and the
+clients check the same of the sidecar (:mod:`eerl.sidecar._owner`). A TCP address (loopback only) must be
+asked for, and then every request must carry the sidecar's secret.
 
 With ``--job-nodes`` the sidecar is one node of a multi-node job: the same API, served by
 :class:`eerl.sidecar.job.JobSidecar` through the job-level control instead of a session of its own.
@@ -29,12 +31,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import http.server
 import logging
 import os
 import signal
 import socket
-import socketserver
 import stat
 import subprocess
 import sys
@@ -49,30 +49,29 @@ from eerl.config import ClientConfig
 from eerl.errors import ConfigError
 from eerl.gpus import GpuId, parse_gpu_list
 from eerl.session import Phase, Session
-from eerl.sidecar._address import DEFAULT_PORT, SidecarAddress, parse_address
+from eerl.sidecar._address import SidecarAddress, parse_address
 from eerl.sidecar._api import (
-    MAX_BODY_BYTES,
     ApiError,
     BeginRequest,
     EndRequest,
     begin_answer,
-    encode,
     end_answer,
     parse_begin,
     parse_end,
     stats_fields,
 )
 from eerl.sidecar._book import OpenPhases, Tallies
+from eerl.sidecar._http import HttpServer, Request, Response
+from eerl.sidecar._owner import TOKEN_ENV, job_environment, new_token, read_token_file, write_token_file
+from eerl.sidecar._paths import default_address, env_job_id, make_socket_dir
 from eerl.sidecar.job import add_job_arguments, job_sidecar
 
 logger = logging.getLogger("eerl.sidecar")
 
 DEFAULT_ANSWER_TIMEOUT_S = 0.5
 """How long a begin or an end waits at most for the daemon's answer (only while a session is open)."""
-DEFAULT_MAX_CONNECTIONS = 16
-"""Connections served at once; one beyond gets a 503 and is closed."""
-IDLE_TIMEOUT_S = 30.0
-"""A kept-alive connection idle this long is closed (its thread is freed)."""
+DEFAULT_MAX_CONNECTIONS = 64
+"""Connections open at once (:mod:`eerl.sidecar._http`: a stranger's is closed to make room for the job's)."""
 CONNECT_WAIT_S = 2.0
 """With ``-- command``: how long the job's start waits at most for the daemon session."""
 JOB_CONNECT_WAIT_S = 60.0
@@ -198,155 +197,32 @@ def _forget_on_this_thread(session: Session, phase: Phase) -> None:
 
 # -- HTTP ----------------------------------------------------------------------------------------------------
 
+_PHASE_PATHS = ("/v1/phases/begin", "/v1/phases/end")
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = f"eerl-sidecar/{__version__}"
-    sys_version = ""
-    timeout = IDLE_TIMEOUT_S
-    server: _Serving
 
-    def setup(self) -> None:
-        super().setup()
-        if self.connection.family in (socket.AF_INET, socket.AF_INET6):
-            # The headers and the body go out in two writes: without this, Nagle holds the body back until
-            # the client's delayed ACK (40 ms on Linux) of the headers.
-            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
+def route(sidecar: PhaseService, request: Request) -> Response:
+    """The API's answer to one request (on a worker thread of the server; a begin or an end may wait for the
+    daemon, bounded)."""
+    path = request.path
+    if request.method == "GET":
         if path == "/healthz":
-            self._reply(200, {"ok": True})
-        elif path == "/v1/status":
-            self._reply(200, self.server.sidecar.status())
-        elif path in ("/v1/phases/begin", "/v1/phases/end"):
-            self._reply(405, {"error": f"method: {path} takes POST"}, allow="POST")
-        else:
-            self._reply(404, {"error": f"path: {path} is not an endpoint of the sidecar"})
-
-    def do_POST(self) -> None:
-        path = self.path.split("?", 1)[0]
-        sidecar = self.server.sidecar
-        if path not in ("/v1/phases/begin", "/v1/phases/end"):
-            self._discard_body()
-            if path in ("/healthz", "/v1/status"):
-                self._reply(405, {"error": f"method: {path} takes GET"}, allow="GET")
-            else:
-                self._reply(404, {"error": f"path: {path} is not an endpoint of the sidecar"})
-            return
-        try:
-            body = self._body()
-            if path == "/v1/phases/begin":
-                reply = sidecar.begin(parse_begin(body))
-            else:
-                reply = sidecar.end(parse_end(body))
-        except ApiError as e:
-            sidecar.refused()
-            self._reply(e.status, {"error": e.message})
-            return
-        self._reply(200, reply)
-
-    def _body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding"):
-            self.close_connection = True
-            raise ApiError(411, "body: send it with a Content-Length (no chunked encoding)")
-        length_text = self.headers.get("Content-Length")
-        if length_text is None:
-            raise ApiError(411, "body: a Content-Length is required")
-        try:
-            length = int(length_text)
-        except ValueError:
-            self.close_connection = True
-            raise ApiError(400, f"body: Content-Length {length_text!r} is not a number") from None
-        if length < 0 or length > MAX_BODY_BYTES:
-            self.close_connection = True  # the body is not read: the connection cannot go on
-            raise ApiError(413, f"body: {length} bytes, more than {MAX_BODY_BYTES}")
-        return self.rfile.read(length)
-
-    def _discard_body(self) -> None:
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = -1
-        if 0 <= length <= MAX_BODY_BYTES:
-            self.rfile.read(length)
-        else:
-            self.close_connection = True
-
-    def _reply(self, status: int, value: dict[str, Any], *, allow: str = "") -> None:
-        data = encode(value)
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("Cache-Control", "no-store")
-        if allow:
-            self.send_header("Allow", allow)
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(data)
-
-    def address_string(self) -> str:
-        address = self.client_address
-        return str(address[0]) if isinstance(address, tuple) and address else "unix"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        logger.debug("eerl-sidecar: %s %s", self.address_string(), format % args)
-
-
-class _Serving(socketserver.BaseServer):
-    """What the handler needs of its server (both kinds below)."""
-
-    sidecar: PhaseService
-
-
-class _BoundedThreads:
-    """One thread per connection, at most ``max_connections`` at once; one more gets a 503 and is closed."""
-
-    daemon_threads = True
-    sidecar: PhaseService
-    _slots: threading.BoundedSemaphore
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            with contextlib.suppress(OSError):
-                request.settimeout(0.5)
-                body = encode({"error": "connections: the sidecar serves too many at once, try again"})
-                request.sendall(
-                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                    + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-                    + body
-                )
-            self.shutdown_request(request)  # type: ignore[attr-defined]
-            return
-        thread = threading.Thread(
-            target=self._serve_one, args=(request, client_address), name="eerl-sidecar-conn", daemon=True
-        )
-        thread.start()
-
-    def _serve_one(self, request: Any, client_address: Any) -> None:
-        try:
-            self.finish_request(request, client_address)  # type: ignore[attr-defined]
-        except Exception:
-            self.handle_error(request, client_address)
-        finally:
-            self.shutdown_request(request)  # type: ignore[attr-defined]
-            self._slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        logger.debug("eerl-sidecar: a connection failed", exc_info=True)
-
-
-class _TcpServer(_BoundedThreads, socketserver.TCPServer):
-    allow_reuse_address = True
-
-
-class _Tcp6Server(_TcpServer):
-    address_family = socket.AF_INET6
-
-
-class _UnixServer(_BoundedThreads, socketserver.UnixStreamServer):
-    pass
+            return Response(200, {"ok": True})
+        if path == "/v1/status":
+            return Response(200, sidecar.status())
+        if path in _PHASE_PATHS:
+            return Response(405, {"error": f"method: {path} takes POST"}, allow="POST")
+        return Response(404, {"error": f"path: {path} is not an endpoint of the sidecar"})
+    if path in ("/healthz", "/v1/status"):
+        return Response(405, {"error": f"method: {path} takes GET"}, allow="GET")
+    if path not in _PHASE_PATHS:
+        return Response(404, {"error": f"path: {path} is not an endpoint of the sidecar"})
+    try:
+        if path == "/v1/phases/begin":
+            return Response(200, sidecar.begin(parse_begin(request.body)))
+        return Response(200, sidecar.end(parse_end(request.body)))
+    except ApiError as e:
+        sidecar.refused()
+        return Response(e.status, {"error": e.message})
 
 
 def serve(
@@ -355,46 +231,19 @@ def serve(
     *,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
     socket_mode: int = 0o600,
-) -> tuple[socketserver.BaseServer, SidecarAddress]:
+    token: str | None = None,
+) -> tuple[HttpServer, SidecarAddress]:
     """Binds the API on ``address`` (port 0: any free one) and returns the server (not yet serving: call
-    ``serve_forever``) and the address it is bound to. Raises OSError if it cannot bind."""
-    server: _TcpServer | _UnixServer
-    if address.path:
-        _remove_stale_socket(address.path)
-        old_umask = os.umask(0o777 & ~socket_mode)
-        try:
-            server = _UnixServer(address.path, _Handler)
-        finally:
-            os.umask(old_umask)
-        os.chmod(address.path, socket_mode)
-        bound = address
-    else:
-        server_type = _Tcp6Server if ":" in address.host else _TcpServer
-        server = server_type((address.host, address.port), _Handler)
-        bound = SidecarAddress(host=address.host, port=int(server.server_address[1]))
-    server.sidecar = sidecar
-    server._slots = threading.BoundedSemaphore(max_connections)
+    ``serve_forever``) and the address it is bound to. ``token``: the secret a TCP address demands (see
+    :mod:`eerl.sidecar._http`). Raises OSError if it cannot bind."""
+    server = HttpServer(
+        lambda request: route(sidecar, request),
+        max_connections=max_connections,
+        token=token,
+        socket_mode=socket_mode,
+    )
+    bound = server.bind(address)
     return server, bound
-
-
-def _remove_stale_socket(path: str) -> None:
-    """Removes a socket file left by an earlier sidecar; refuses to touch anything else."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(mode):
-        raise OSError(f"{path} exists and is not a socket")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.settimeout(0.5)
-        probe.connect(path)
-    except OSError:
-        os.unlink(path)  # nobody listens: stale
-        return
-    finally:
-        probe.close()
-    raise OSError(f"{path}: another sidecar listens there")
 
 
 # -- the command ---------------------------------------------------------------------------------------------
@@ -414,8 +263,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--listen",
-        default=f"127.0.0.1:{DEFAULT_PORT}",
-        help=f"host:port (loopback only) or unix:/path (default 127.0.0.1:{DEFAULT_PORT}; port 0: any)",
+        help="unix:/path, or host:port on loopback (port 0: any; a TCP sidecar demands a secret: "
+        "--token-file or -- command). Default: a Unix socket in a directory only you may use "
+        "($EERL_JOBS_DIR/<job>/, $XDG_RUNTIME_DIR, else $TMPDIR/eerl-<uid>/); stdout's first line says "
+        "where",
+    )
+    parser.add_argument(
+        "--token-file",
+        help="with a TCP --listen: the file that holds the secret every request must carry (a file of yours "
+        "there is used, else a new secret is written there, mode 0600); clients read EERL_SIDECAR_TOKEN_FILE",
     )
     parser.add_argument(
         "--socket",
@@ -447,7 +303,10 @@ def build_parser() -> argparse.ArgumentParser:
         f"{JOB_CONNECT_WAIT_S:g}; the job starts anyway)",
     )
     parser.add_argument(
-        "--socket-mode", default="0600", help="mode of a unix: socket, octal (default 0600: this user only)"
+        "--socket-mode",
+        default="0600",
+        help="mode of a unix: socket, octal (default 0600: this user only; with group or other bits, the "
+        "users the mode admits are served too)",
     )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_job_arguments(parser)
@@ -466,15 +325,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command[:1] == ["--"]:
         command = command[1:]
     try:
-        address = parse_address(args.listen, what="--listen")
         gpus = parse_gpu_list(args.gpus, source="--gpus") if args.gpus is not None else None
         socket_mode = int(args.socket_mode, 8)
+        address = parse_address(args.listen, what="--listen") if args.listen is not None else None
     except (ConfigError, ValueError) as e:
         parser.error(str(e))
-    if not address.loopback:
-        parser.error(f"--listen: {args.listen!r} is not a loopback address (the API has no authentication)")
+    if address is not None and not address.loopback:
+        parser.error(f"--listen: {args.listen!r} is not a loopback address (the API is for this node's job)")
+    if not 0 <= socket_mode <= 0o777:
+        parser.error(f"--socket-mode: {args.socket_mode!r} is not a file mode (0600, 0660, ...)")
     if args.answer_timeout_s < 0 or args.max_connections < 1:
         parser.error("--answer-timeout-s must not be negative, --max-connections must be positive")
+    tcp = address is not None and not address.path
+    if args.token_file is not None and not tcp:
+        parser.error("--token-file: only a TCP --listen takes a secret (a Unix socket's peers are checked)")
+    if tcp and args.token_file is None and not command:
+        parser.error(
+            "--listen host:port: any local user reaches a TCP port, so a TCP sidecar demands a secret: give "
+            "--token-file PATH (the job's processes read it through EERL_SIDECAR_TOKEN_FILE), or run the job "
+            "with -- command (it gets EERL_SIDECAR_TOKEN); or leave --listen out for a private Unix socket"
+        )
     config = _client_config(args)
     try:
         job = job_sidecar(args, config, gpus, os.environ)
@@ -483,15 +353,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     sidecar: PhaseService = job or Sidecar(
         _connect(args, gpus, config), answer_timeout_s=args.answer_timeout_s
     )
+    where = args.listen or "the default address"
     try:
-        server, bound = serve(sidecar, address, max_connections=args.max_connections, socket_mode=socket_mode)
-    except OSError as e:
+        if address is None:
+            address = default_address(_address_job_id(args, sidecar), os.environ, create=True)
+            where = address.url
+        elif address.path:
+            make_socket_dir(address.path)
+        token = _token(args.token_file) if tcp else None
+        server, bound = serve(
+            sidecar, address, max_connections=args.max_connections, socket_mode=socket_mode, token=token
+        )
+    except (OSError, ConfigError) as e:
         sidecar.close()
         if not command:
-            print(f"eerl-sidecar: cannot listen on {args.listen}: {e}", file=sys.stderr)
+            print(f"eerl-sidecar: cannot listen on {where}: {e}", file=sys.stderr)
             return 1
-        logger.warning("eerl-sidecar: cannot listen on %s (%s); the job runs without eerl", args.listen, e)
+        logger.warning("eerl-sidecar: cannot listen on %s (%s); the job runs without eerl", where, e)
         return subprocess.call(command)
+    if bound.path:
+        _warn_if_shared_directory(bound.path)
     print(f"eerl-sidecar: listening on {bound.url}", flush=True)
     if job is not None:
         job.agent.start()  # the side group forms in the background
@@ -515,7 +396,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if wait_s is None:
                 wait_s = CONNECT_WAIT_S if job is None else JOB_CONNECT_WAIT_S
             sidecar.wait_until_ready(max(0.0, wait_s))  # bounded: fail-open
-            env = {**os.environ, "EERL_SIDECAR": bound.url}
+            env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}  # never a stale secret
+            env.update(job_environment(bound.url, token))
             if sidecar.job_id:
                 env.setdefault("EERL_JOB_ID", sidecar.job_id)
             try:
@@ -535,6 +417,39 @@ def main(argv: Sequence[str] | None = None) -> int:
             with contextlib.suppress(OSError):
                 os.unlink(bound.path)
     return code if code >= 0 else 128 - code
+
+
+def _address_job_id(args: argparse.Namespace, sidecar: PhaseService) -> str:
+    """The job id that names the default socket: the one the sidecar serves, else the environment's."""
+    return sidecar.job_id or args.job_id or env_job_id(os.environ) or f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _token(token_file: str | None) -> str:
+    """A TCP sidecar's secret: the one in ``--token-file`` if that is a file of ours, else a new one (written
+    there when a file is named)."""
+    if token_file is None:
+        return new_token()
+    try:
+        info = os.lstat(token_file)
+    except FileNotFoundError:
+        info = None
+    if info is not None and stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid():
+        return read_token_file(token_file, what="--token-file")
+    token = new_token()
+    write_token_file(token_file, token)
+    return token
+
+
+def _warn_if_shared_directory(path: str) -> None:
+    """One warning for a socket in a directory other users may write (``/tmp``): one of them could take the
+    path before this sidecar does, next time (the client would then refuse to talk to it)."""
+    with contextlib.suppress(OSError):
+        if os.stat(os.path.dirname(path)).st_mode & 0o002:
+            logger.warning(
+                "eerl-sidecar: %s is in a directory every user may write: another user could take the path "
+                "first next time; leave --listen out for a private directory",
+                path,
+            )
 
 
 def _client_config(args: argparse.Namespace) -> ClientConfig:
