@@ -389,7 +389,9 @@ class ClockArbiter:
         except (GpuError, OSError, ConfigError) as e:
             self._degrade(slot, error_reason(e))
             return self._result(slot, target_sm, source, None)
-        if to_default:
+        if to_default and slot.session_id is None:
+            # A GPU its session still holds stays listed between phases: its next phase's lock then needs
+            # no ledger write, and no release waits for one (a crash meanwhile resets it again: harmless).
             self._unlist(slot)
         if slot.degraded_reason:
             log.info("gpu_recovered", gpu_index=index, gpu_uuid=uuid)

@@ -11,6 +11,10 @@ retry writes again instead of finding the GPU "already listed"); :meth:`Ledger.r
 keeps the GPU listed (the safe direction) and retries the removal with the next write or
 :meth:`Ledger.retry_removals`.
 
+The arbiter unlists a GPU when no session holds it any more, not at the end of each phase: a job's GPU
+stays listed between its phases, so a job's phase changes write nothing and take no lock here (a crash in
+between leaves a reset GPU listed, which the next start resets again: harmless).
+
 A ledger that cannot be read (not JSON, wrong types, unreadable) says nothing about which GPUs are locked.
 It is opened anyway (so the daemon can start), marked :attr:`Ledger.corrupt`; :meth:`Ledger.entries` and
 every change refuse it with ConfigError until the caller has reset every GPU and called

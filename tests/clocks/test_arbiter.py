@@ -91,6 +91,22 @@ class TestSessions:
         assert fake.locked() == {}
         assert listed(state) == {}
 
+    def test_between_its_phases_a_held_gpu_stays_listed_so_the_next_lock_writes_nothing(
+        self, arbiter_on: ArbiterFactory, fake: FakeGpuBackend, state: Path
+    ) -> None:
+        """A phase's end takes the clock back while the session still holds the GPU: the ledger keeps it, so
+        neither that reset nor the next phase's lock waits for a write; the session's end unlists it."""
+        arbiter = arbiter_on(fake, state)
+        arbiter.set_session([0], "s", 1200)
+        arbiter.set_session([0], "s", None)  # the phase ended
+        assert fake.locked() == {}
+        assert list(listed(state)) == [0]
+        arbiter.set_session([0], "s", 1500)  # the next phase
+        assert fake.locked() == {0: 1500}
+        assert list(listed(state)) == [0]
+        arbiter.set_session([0], None, None)
+        assert listed(state) == {}
+
     def test_a_session_without_a_clock_leaves_its_gpu_at_the_default(
         self, arbiter_on: ArbiterFactory, fake: FakeGpuBackend, state: Path
     ) -> None:
