@@ -60,8 +60,8 @@ proto: $(STAMP)
 check-proto: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py --check
 
-# The Python of the repository: the daemon, the client, the tests and the tools (demo, benchmarks, soak).
-PY_PATHS := eerld client/eerl tests demo perf soak scripts
+# The Python of the repository: the daemon, eerlctl, the client, the tests and the tools (demo, benchmarks, soak).
+PY_PATHS := eerld eerlctl client/eerl tests demo perf soak scripts
 
 fmt: $(STAMP)
 	$(BIN)/ruff format $(PY_PATHS)
