@@ -620,7 +620,7 @@ class TestConfig:
     @pytest.mark.parametrize(
         ("flag", "value", "message"),
         [
-            ("--job-mode", "maybe", "--job-mode: expected allow or deny"),
+            ("--job-mode", "maybe", "--job-mode: expected one of allow, deny"),
             ("--job-clock-floor-mhz", "-1", "--job-clock-floor-mhz: must be between 0 and 10000"),
             ("--job-clock-floor-mhz", "low", "--job-clock-floor-mhz: expected an integer"),
             ("--job-max-trials", "-1", "--job-max-trials: must be between 0 and 100000"),
