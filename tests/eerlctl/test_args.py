@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eerld.ctl_args import GpuSelection, parse_duration_s, parse_gpus, parse_sm_mhz
+from eerlctl.args import GpuSelection, parse_duration_s, parse_gpus, parse_sm_mhz
 from eerld.errors import ValidationError
 
 
