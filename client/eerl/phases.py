@@ -2,7 +2,7 @@
 
 The one definition of these nouns: the client, the pure controller (:mod:`eerl.control`) and the daemon
 (eerld) all import them from here, so a phase kind is the same type on every side. Their wire values are
-in :mod:`eerl._pb_enums`; this module imports no protobuf.
+in :mod:`eerl.wire.enums`; this module imports no protobuf.
 """
 
 from __future__ import annotations

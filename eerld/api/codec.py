@@ -11,7 +11,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from eerl._pb_enums import (
+from eerl.directives import DirectiveVerdict
+from eerl.phases import ControllerState, ExecutionMode, GpuRole, PhaseKind, Workload
+from eerl.v1 import eerl_pb2 as pb
+from eerl.wire.enums import (
     KIND_FROM_PB,
     KIND_TO_PB,
     MODE_FROM_PB,
@@ -24,10 +27,7 @@ from eerl._pb_enums import (
     VERDICT_TO_PB,
     workload_from_pb,
 )
-from eerl._validate import MAX_ITERATION, WORKLOAD_LIMITS
-from eerl.directives import DirectiveVerdict
-from eerl.phases import ControllerState, ExecutionMode, GpuRole, PhaseKind, Workload
-from eerl.v1 import eerl_pb2 as pb
+from eerl.wire.limits import MAX_ITERATION, WORKLOAD_LIMITS
 
 from eerld.clocks.arbiter import AppliedClock, ClockSource
 from eerld.clocks.pins import Pin
