@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TypeVar
 
 import structlog
+from eerl.clocks import nearest_supported_mhz
 from eerl.control.base import ControllerFactory, ControllerSettings, Decision, PhaseObservation
-from eerl.control.clocks import nearest_supported_mhz
 from eerl.control.simple import create_off_controller
 from eerl.directives import DirectiveVerdict
 from eerl.errors import ValidationError as ControllerSettingsError
