@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 from eerl.control.base import Controller, Decision
 from eerl.directives import DirectiveVerdict
+from eerl.errors import ValidationError as RefusedReference
+from eerl.gpus import GpuId, parse_gpu_ref
 from eerl.phases import ExecutionMode, GpuRole, PhaseKind
 
 from eerld.energy import CounterReading
@@ -38,6 +40,16 @@ class GpuSelector:
     field: str
     index: int | None = None
     uuid: str | None = None
+
+    @classmethod
+    def parse(cls, field: str, value: int | str, *, part: str = "") -> GpuSelector:
+        """The selector for a reference, by the one rule (:func:`eerl.gpus.parse_gpu_ref`); a value it refuses
+        is a :class:`~eerld.errors.ValidationError` on ``field`` + ``part`` (``gpus[1]`` + ``.uuid``)."""
+        try:
+            ref: GpuId = parse_gpu_ref(value, field=field + part)
+        except RefusedReference as e:
+            raise ValidationError(e.field, e.problem) from None
+        return cls(field, index=ref) if isinstance(ref, int) else cls(field, uuid=ref)
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,7 +51,6 @@ MAX_SESSION_ID_CHARS = 128
 MAX_TEXT_CHARS = 256
 MAX_REASON_CHARS = 1024
 MAX_GPUS_PER_REQUEST = 64
-MAX_GPU_INDEX = 1023
 MAX_LEASE_TTL_S = 3600.0
 MIN_LEASE_TTL_S = 1.0
 MAX_PIN_DURATION_S = 366 * 24 * 3600.0
@@ -161,11 +160,12 @@ def gpu_refs(refs: Sequence[pb.GpuRef], field: str = "gpus") -> tuple[GpuSelecto
         name = f"{field}[{i}]"
         which = ref.WhichOneof("ref")
         if which == "index":
-            if ref.index > MAX_GPU_INDEX:
-                raise ValidationError(f"{name}.index", f"{ref.index} is out of range")
-            selectors.append(GpuSelector(name, index=ref.index))
+            selectors.append(GpuSelector.parse(name, ref.index, part=".index"))
         elif which == "uuid":
-            selectors.append(GpuSelector(name, uuid=_text(ref.uuid, f"{name}.uuid", 96, required=True)))
+            selector = GpuSelector.parse(name, ref.uuid, part=".uuid")
+            if selector.uuid is None:  # digits in the uuid field: an index sent as a UUID
+                raise ValidationError(f"{name}.uuid", f"{ref.uuid!r} is not a GPU UUID (GPU-… or MIG-…)")
+            selectors.append(selector)
         else:
             raise ValidationError(name, "set index or uuid")
     return tuple(selectors)
