@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from eerl.control.registry import CONTROLLER_NAMES, DEFAULT_CONTROLLER
+from eerl.job.admission import DEFAULT_MAX_TRIALS, DEFAULT_TRIAL_WINDOW_S
 from eerl.phases import PhaseKind
 
 from eerld import files
 from eerld.clocks.ratelimit import DEFAULT_MAX_CHANGES_PER_S
-from eerld.daemon.jobmode import DEFAULT_MAX_TRIALS, DEFAULT_TRIAL_WINDOW_S
 from eerld.errors import ConfigError
 from eerld.podresources import DEFAULT_POD_RESOURCES_SOCKET, REFRESH_S
 from eerld.sessions import DEFAULT_MAX_LEASE_TTL_S

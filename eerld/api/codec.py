@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from eerl.directives import DirectiveVerdict
+from eerl.job.admission import ReceivedDirective
 from eerl.phases import ControllerState, ExecutionMode, GpuRole, PhaseKind, Workload
 from eerl.v1 import eerl_pb2 as pb
 from eerl.wire.enums import (
@@ -42,7 +43,6 @@ from eerld.daemon import (
     SessionView,
 )
 from eerld.daemon.drains import Drain
-from eerld.daemon.jobmode import ReceivedDirective
 from eerld.errors import ValidationError
 from eerld.grants import MAX_UNIX_ID, NAME_RULE, GrantSpec, is_grant_name
 from eerld.sessions import GpuSelector, JobModeSpec, SessionSpec

@@ -30,6 +30,7 @@ from eerl.control.base import ControllerFactory, ControllerSettings, Decision, P
 from eerl.control.simple import create_off_controller
 from eerl.directives import DirectiveVerdict
 from eerl.errors import ValidationError as ControllerSettingsError
+from eerl.job.admission import JobPolicy, ReceivedDirective, Ruling, judge, rate_limited, to_default
 from eerl.phases import ControllerState, ExecutionMode, PhaseKind, Workload
 
 from eerld import files
@@ -40,18 +41,7 @@ from eerld.clocks.pins import PinStore
 from eerld.clocks.ratelimit import DEFAULT_MAX_CHANGES_PER_S, ClockChangeLimiter
 from eerld.daemon.admin import Admin
 from eerld.daemon.inventory import Inventory
-from eerld.daemon.jobmode import (
-    IncarnationBook,
-    JobDecision,
-    JobPolicy,
-    JobSessions,
-    JobState,
-    ReceivedDirective,
-    Ruling,
-    judge,
-    rate_limited,
-    to_default,
-)
+from eerld.daemon.jobmode import IncarnationBook, JobDecision, JobSessions, JobState
 from eerld.daemon.status import DEFAULT_DECISIONS_LIMIT, StatusReader
 from eerld.daemon.timebase import PhaseTimebase
 from eerld.daemon.views import (
@@ -403,7 +393,9 @@ class Daemon:
                 raise
             if spec.job is not None:  # only a session that opened raises the job's incarnation
                 self._incarnations.accept(job_key, spec.job.incarnation)
-                self._jobs.add(session.session_id, JobState(job_key, spec.job))
+                self._jobs.add(
+                    session.session_id, JobState(job_key, spec.job, self._job_policy.trial_window_s)
+                )
         self._arbiter.set_session(indices, session.session_id, None)
         log.info(
             "session_open",
@@ -669,10 +661,10 @@ class Daemon:
         back), so that the GPUs never stay at an earlier trial clock.
         """
         ruling = judge(
+            directive,
             job,
             self._job_policy,
-            self._incarnations,
-            directive,
+            newest_incarnation=self._incarnations.newest(job.key),
             kind=kind,
             iteration=iteration,
             supported_mhz=session.supported_sm_clocks_mhz,

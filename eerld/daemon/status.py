@@ -17,13 +17,14 @@ from typing import TypeVar
 import structlog
 from eerl.control.base import Decision, PhaseSnapshot
 from eerl.directives import DirectiveVerdict
+from eerl.job.admission import ReceivedDirective
 from eerl.phases import ControllerState, PhaseKind
 
 from eerld.access import Access
 from eerld.clocks.arbiter import ClockArbiter
 from eerld.daemon.drains import Drain
 from eerld.daemon.inventory import Inventory
-from eerld.daemon.jobmode import JobDecision, JobSessions, JobState, ReceivedDirective
+from eerld.daemon.jobmode import JobDecision, JobSessions, JobState
 from eerld.daemon.timebase import PhaseTimebase
 from eerld.daemon.views import (
     DaemonView,
