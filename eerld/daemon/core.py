@@ -79,7 +79,7 @@ from eerld.sessions import (
     DEFAULT_MAX_LEASE_TTL_S,
     ActivePhase,
     GpuSelector,
-    Session,
+    HeldSession,
     SessionRegistry,
     SessionSpec,
     short_id,
@@ -368,7 +368,7 @@ class Daemon:
             controller = factory(settings)
         except ControllerSettingsError as e:  # the controller's own error tree, in the daemon's words
             raise ValidationError(e.field, e.problem) from e
-        session = Session(
+        session = HeldSession(
             SessionRegistry.new_session_id(),
             spec,
             indices,
@@ -499,7 +499,7 @@ class Daemon:
         self._incarnations.forget_sockets({session.grant})
         return True
 
-    def _close(self, session: Session, *, reason: str, reset: bool = True) -> ClosedSession:
+    def _close(self, session: HeldSession, *, reason: str, reset: bool = True) -> ClosedSession:
         with session.lock:
             if session.closed:
                 return _totals(session)
@@ -583,7 +583,7 @@ class Daemon:
 
     def _begin_job_phase(
         self,
-        session: Session,
+        session: HeldSession,
         job: JobState,
         kind: PhaseKind,
         iteration: int,
@@ -647,7 +647,7 @@ class Daemon:
 
     def _rule(
         self,
-        session: Session,
+        session: HeldSession,
         job: JobState,
         *,
         kind: PhaseKind,
@@ -681,7 +681,7 @@ class Daemon:
         return ruling
 
     def _decide(
-        self, session: Session, kind: PhaseKind, iteration: int, hints: Workload | None, now_s: float
+        self, session: HeldSession, kind: PhaseKind, iteration: int, hints: Workload | None, now_s: float
     ) -> Decision:
         try:
             decision = session.controller.decide(kind, iteration, hints, now_s)
@@ -787,13 +787,13 @@ class Daemon:
             gpus=len(session.gpu_indices),
         )
 
-    def _observe(self, session: Session, observation: PhaseObservation, now_s: float) -> None:
+    def _observe(self, session: HeldSession, observation: PhaseObservation, now_s: float) -> None:
         try:
             session.controller.observe(observation, now_s)
         except Exception:
             log.exception("controller_error", session_id=short_id(session.session_id))
 
-    def _state_of(self, session: Session, kind: PhaseKind) -> ControllerState:
+    def _state_of(self, session: HeldSession, kind: PhaseKind) -> ControllerState:
         try:
             state = session.controller.state_of(kind)
         except Exception:
@@ -917,14 +917,14 @@ def _without(observers: tuple[_T, ...], observer: _T | None) -> tuple[_T, ...]:
     return observers[:index] + observers[index + 1 :]
 
 
-def _totals(session: Session) -> ClosedSession:
+def _totals(session: HeldSession) -> ClosedSession:
     return ClosedSession(
         energy_mj=sum(t.energy_mj for t in session.totals.values()),
         valid_tokens=sum(t.valid_tokens for t in session.totals.values()),
     )
 
 
-def _check_begin(session: Session, kind: PhaseKind, iteration: int) -> ActivePhase | None:
+def _check_begin(session: HeldSession, kind: PhaseKind, iteration: int) -> ActivePhase | None:
     """Under the session's lock: NotFound for a closed session, the order checks of a BeginPhase; the phase
     it abandons (one that began and never ended), logged, else None."""
     if session.closed:
@@ -942,7 +942,7 @@ def _check_begin(session: Session, kind: PhaseKind, iteration: int) -> ActivePha
     return abandoned
 
 
-def _gap(session: Session, begin: CounterReading) -> float:
+def _gap(session: HeldSession, begin: CounterReading) -> float:
     """Time since the session's previous EndPhase on the backend clock (0 for its first phase)."""
     last = session.last_end_time_s
     return max(0.0, begin.time_s - last) if last is not None else 0.0
