@@ -30,7 +30,15 @@ from eerl.control.base import ControllerFactory, ControllerSettings, Decision, P
 from eerl.control.simple import create_off_controller
 from eerl.directives import DirectiveVerdict
 from eerl.errors import ValidationError as ControllerSettingsError
-from eerl.job.admission import JobPolicy, ReceivedDirective, Ruling, judge, rate_limited, to_default
+from eerl.job.admission import (
+    JobPolicy,
+    ReceivedDirective,
+    Ruling,
+    judge,
+    rate_limited,
+    refuse_session,
+    to_default,
+)
 from eerl.phases import ControllerState, ExecutionMode, PhaseKind, Workload
 
 from eerld import files
@@ -337,14 +345,12 @@ class Daemon:
         self._check_running()
         job_key = (grant, spec.job_id)
         if spec.job is not None:
-            if not self._job_policy.allowed:
-                raise Conflict("job_mode: this node's eerld does not allow job mode (--job-mode deny)")
             newest = self._incarnations.newest(job_key)
-            if newest is not None and spec.job.incarnation < newest:
-                raise Conflict(
-                    f"job_mode.incarnation: incarnation {spec.job.incarnation} is older than incarnation "
-                    f"{newest}, already seen for job {spec.job_id!r} (a stale job-level controller)"
-                )
+            refusal = refuse_session(
+                self._job_policy, spec.job_id, spec.job.incarnation, newest_incarnation=newest
+            )
+            if refusal is not None:
+                raise Conflict(refusal)
         requested = self._inventory.resolve(spec.gpus) if spec.gpus else ()
         authorization = self.access.authorize(grant, spec.job_id, requested, spec.claim_tickets)
         indices = authorization.gpu_indices

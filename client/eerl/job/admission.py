@@ -1,8 +1,9 @@
 """Job admission: which directive of a job-level controller a daemon applies, and what runs instead.
 
 A session opened in job mode takes its clock per phase from the directive its BeginPhase carries; its own
-controller stays off. The daemon stays the only actuator and judges every directive with :func:`judge`, in
-this order (the first check that fails is the verdict):
+controller stays off. Such a session opens only where the admin allows job mode and with an incarnation no
+older than the job's newest (:func:`refuse_session`). The daemon stays the only actuator and judges every
+directive with :func:`judge`, in this order (the first check that fails is the verdict):
 
 1. ``MISSING``: no directive;
 2. ``STALE_INCARNATION``: older than the newest incarnation accepted for the job (per worker socket and job
@@ -189,6 +190,21 @@ def fallback(
     return Ruling(verdict, detail, got, committed.sm_clock_mhz, committed.epoch, ControllerState.COMMITTED)
 
 
+def refuse_session(
+    policy: JobPolicy, job_id: str, incarnation: int, *, newest_incarnation: int | None
+) -> str | None:
+    """Why a job-mode session of ``job_id`` may not open, in words (None: it may): job mode denied on this
+    node, or an incarnation older than the newest accepted for the job (a stale job-level controller)."""
+    if not policy.allowed:
+        return "job_mode: this node's eerld does not allow job mode (--job-mode deny)"
+    if newest_incarnation is not None and incarnation < newest_incarnation:
+        return (
+            f"job_mode.incarnation: incarnation {incarnation} is older than incarnation "
+            f"{newest_incarnation}, already seen for job {job_id!r} (a stale job-level controller)"
+        )
+    return None
+
+
 def judge(
     got: ReceivedDirective | None,
     accepted: Accepted,
@@ -285,6 +301,7 @@ __all__ = [
     "fallback",
     "judge",
     "rate_limited",
+    "refuse_session",
     "to_default",
     "trials_in_window",
 ]

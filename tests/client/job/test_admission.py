@@ -22,6 +22,7 @@ from eerl.job.admission import (
     fallback,
     judge,
     rate_limited,
+    refuse_session,
     to_default,
     trials_in_window,
 )
@@ -69,6 +70,27 @@ def rule(
         supported_mhz=supported,
         now_s=now_s,
     )
+
+
+class TestOpening:
+    def test_a_session_opens_where_job_mode_is_allowed_at_the_newest_incarnation_or_later(self) -> None:
+        """No refusal for the job's first session, its newest incarnation again, or a newer one."""
+        for newest in (None, 2, 1):
+            assert refuse_session(JobPolicy(), "job-a", 2, newest_incarnation=newest) is None
+
+    def test_denied_job_mode_refuses_every_session(self) -> None:
+        """--job-mode deny: refused, saying which flag."""
+        refusal = refuse_session(JobPolicy(allowed=False), "job-a", 1, newest_incarnation=None)
+        assert refusal is not None
+        assert "--job-mode deny" in refusal
+
+    def test_an_older_incarnation_is_refused_naming_the_job(self) -> None:
+        """A stale job-level controller cannot reopen the job's session."""
+        refusal = refuse_session(JobPolicy(), "job-a", 2, newest_incarnation=3)
+        assert refusal == (
+            "job_mode.incarnation: incarnation 2 is older than incarnation 3, already seen for job 'job-a' "
+            "(a stale job-level controller)"
+        )
 
 
 class TestAccepted:
