@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import grpc
-from eerl._pb_enums import STATE_FROM_PB
 from eerl.phases import ControllerState, PhaseKind
 from eerl.v1 import eerl_pb2 as pb
+from eerl.wire.enums import STATE_FROM_PB
 
 from demo.daemon import PARENT_ENV
 from demo.plot import preload_plotting, timeline_plot

@@ -66,7 +66,7 @@ from eerlctl.replies import (
     session_dict,
     status_dict,
 )
-from eerld.errors import EerlError, ValidationError
+from eerld.errors import DaemonError, ValidationError
 
 __all__ = ["DEFAULT_ADMIN_SOCKET", "main"]
 
@@ -74,7 +74,7 @@ DEFAULT_ADMIN_SOCKET = "/run/eerld/admin.sock"
 _EXIT_OK, _EXIT_ERROR, _EXIT_USAGE = 0, 1, 2
 
 
-class CtlError(EerlError):
+class CtlError(DaemonError):
     """A failure eerlctl reports as one ``Error: …`` line."""
 
 
@@ -518,7 +518,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
         message = _explain_rpc_error(e, socket, args.timeout)
         if args.debug:
             traceback.print_exc(file=err)
-    except EerlError as e:
+    except DaemonError as e:
         message = str(e)
         if args.debug:
             traceback.print_exc(file=err)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from eerl.control.registry import CONTROLLER_NAMES, DEFAULT_CONTROLLER
+from eerl.job.admission import DEFAULT_MAX_TRIALS, DEFAULT_TRIAL_WINDOW_S
 from eerl.phases import PhaseKind
 
 from eerld.access import TENANCIES
@@ -37,7 +38,6 @@ from eerld.config.values import (
     value_rule,
 )
 from eerld.daemon.core import DEFAULT_LEASE_TTL_S
-from eerld.daemon.jobmode import DEFAULT_MAX_TRIALS, DEFAULT_TRIAL_WINDOW_S
 from eerld.errors import ConfigError
 from eerld.podresources import DEFAULT_POD_RESOURCES_SOCKET, REFRESH_S
 from eerld.sessions import DEFAULT_MAX_LEASE_TTL_S

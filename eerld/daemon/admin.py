@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import structlog
-from eerl.control.clocks import nearest_supported_text
+from eerl.clocks import nearest_supported_text
 
 from eerld.access import Access
 from eerld.clocks.arbiter import AppliedClock, ClockArbiter
@@ -35,11 +35,11 @@ from eerld.daemon.views import (
 )
 from eerld.errors import Conflict, Exhausted, ValidationError
 from eerld.grants import Grant, GrantSpec
-from eerld.sessions import GpuSelector, Session, SessionRegistry
+from eerld.sessions import GpuSelector, HeldSession, SessionRegistry
 
 log = structlog.get_logger("eerld.daemon")
 
-CloseSession = Callable[[Session, str], object]
+CloseSession = Callable[[HeldSession, str], object]
 """Close a session for the given reason and return its GPUs to default (the daemon's ``_close``)."""
 Notify = Callable[[Sequence[int], str], None]
 """Tell the attached clients of the sessions holding these GPUs (the daemon's ``_notify``)."""

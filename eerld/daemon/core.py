@@ -25,11 +25,20 @@ from pathlib import Path
 from typing import TypeVar
 
 import structlog
+from eerl.clocks import nearest_supported_mhz
 from eerl.control.base import ControllerFactory, ControllerSettings, Decision, PhaseObservation
-from eerl.control.clocks import nearest_supported_mhz
 from eerl.control.simple import create_off_controller
 from eerl.directives import DirectiveVerdict
 from eerl.errors import ValidationError as ControllerSettingsError
+from eerl.job.admission import (
+    JobPolicy,
+    ReceivedDirective,
+    Ruling,
+    judge,
+    rate_limited,
+    refuse_session,
+    to_default,
+)
 from eerl.phases import ControllerState, ExecutionMode, PhaseKind, Workload
 
 from eerld import files
@@ -40,18 +49,7 @@ from eerld.clocks.pins import PinStore
 from eerld.clocks.ratelimit import DEFAULT_MAX_CHANGES_PER_S, ClockChangeLimiter
 from eerld.daemon.admin import Admin
 from eerld.daemon.inventory import Inventory
-from eerld.daemon.jobmode import (
-    IncarnationBook,
-    JobDecision,
-    JobPolicy,
-    JobSessions,
-    JobState,
-    ReceivedDirective,
-    Ruling,
-    judge,
-    rate_limited,
-    to_default,
-)
+from eerld.daemon.jobmode import IncarnationBook, JobDecision, JobSessions, JobState
 from eerld.daemon.status import DEFAULT_DECISIONS_LIMIT, StatusReader
 from eerld.daemon.timebase import PhaseTimebase
 from eerld.daemon.views import (
@@ -89,7 +87,7 @@ from eerld.sessions import (
     DEFAULT_MAX_LEASE_TTL_S,
     ActivePhase,
     GpuSelector,
-    Session,
+    HeldSession,
     SessionRegistry,
     SessionSpec,
     short_id,
@@ -347,14 +345,12 @@ class Daemon:
         self._check_running()
         job_key = (grant, spec.job_id)
         if spec.job is not None:
-            if not self._job_policy.allowed:
-                raise Conflict("job_mode: this node's eerld does not allow job mode (--job-mode deny)")
             newest = self._incarnations.newest(job_key)
-            if newest is not None and spec.job.incarnation < newest:
-                raise Conflict(
-                    f"job_mode.incarnation: incarnation {spec.job.incarnation} is older than incarnation "
-                    f"{newest}, already seen for job {spec.job_id!r} (a stale job-level controller)"
-                )
+            refusal = refuse_session(
+                self._job_policy, spec.job_id, spec.job.incarnation, newest_incarnation=newest
+            )
+            if refusal is not None:
+                raise Conflict(refusal)
         requested = self._inventory.resolve(spec.gpus) if spec.gpus else ()
         authorization = self.access.authorize(grant, spec.job_id, requested, spec.claim_tickets)
         indices = authorization.gpu_indices
@@ -378,7 +374,7 @@ class Daemon:
             controller = factory(settings)
         except ControllerSettingsError as e:  # the controller's own error tree, in the daemon's words
             raise ValidationError(e.field, e.problem) from e
-        session = Session(
+        session = HeldSession(
             SessionRegistry.new_session_id(),
             spec,
             indices,
@@ -403,7 +399,9 @@ class Daemon:
                 raise
             if spec.job is not None:  # only a session that opened raises the job's incarnation
                 self._incarnations.accept(job_key, spec.job.incarnation)
-                self._jobs.add(session.session_id, JobState(job_key, spec.job))
+                self._jobs.add(
+                    session.session_id, JobState(job_key, spec.job, self._job_policy.trial_window_s)
+                )
         self._arbiter.set_session(indices, session.session_id, None)
         log.info(
             "session_open",
@@ -507,7 +505,7 @@ class Daemon:
         self._incarnations.forget_sockets({session.grant})
         return True
 
-    def _close(self, session: Session, *, reason: str, reset: bool = True) -> ClosedSession:
+    def _close(self, session: HeldSession, *, reason: str, reset: bool = True) -> ClosedSession:
         with session.lock:
             if session.closed:
                 return _totals(session)
@@ -591,7 +589,7 @@ class Daemon:
 
     def _begin_job_phase(
         self,
-        session: Session,
+        session: HeldSession,
         job: JobState,
         kind: PhaseKind,
         iteration: int,
@@ -655,7 +653,7 @@ class Daemon:
 
     def _rule(
         self,
-        session: Session,
+        session: HeldSession,
         job: JobState,
         *,
         kind: PhaseKind,
@@ -669,10 +667,10 @@ class Daemon:
         back), so that the GPUs never stay at an earlier trial clock.
         """
         ruling = judge(
+            directive,
             job,
             self._job_policy,
-            self._incarnations,
-            directive,
+            newest_incarnation=self._incarnations.newest(job.key),
             kind=kind,
             iteration=iteration,
             supported_mhz=session.supported_sm_clocks_mhz,
@@ -689,7 +687,7 @@ class Daemon:
         return ruling
 
     def _decide(
-        self, session: Session, kind: PhaseKind, iteration: int, hints: Workload | None, now_s: float
+        self, session: HeldSession, kind: PhaseKind, iteration: int, hints: Workload | None, now_s: float
     ) -> Decision:
         try:
             decision = session.controller.decide(kind, iteration, hints, now_s)
@@ -795,13 +793,13 @@ class Daemon:
             gpus=len(session.gpu_indices),
         )
 
-    def _observe(self, session: Session, observation: PhaseObservation, now_s: float) -> None:
+    def _observe(self, session: HeldSession, observation: PhaseObservation, now_s: float) -> None:
         try:
             session.controller.observe(observation, now_s)
         except Exception:
             log.exception("controller_error", session_id=short_id(session.session_id))
 
-    def _state_of(self, session: Session, kind: PhaseKind) -> ControllerState:
+    def _state_of(self, session: HeldSession, kind: PhaseKind) -> ControllerState:
         try:
             state = session.controller.state_of(kind)
         except Exception:
@@ -925,14 +923,14 @@ def _without(observers: tuple[_T, ...], observer: _T | None) -> tuple[_T, ...]:
     return observers[:index] + observers[index + 1 :]
 
 
-def _totals(session: Session) -> ClosedSession:
+def _totals(session: HeldSession) -> ClosedSession:
     return ClosedSession(
         energy_mj=sum(t.energy_mj for t in session.totals.values()),
         valid_tokens=sum(t.valid_tokens for t in session.totals.values()),
     )
 
 
-def _check_begin(session: Session, kind: PhaseKind, iteration: int) -> ActivePhase | None:
+def _check_begin(session: HeldSession, kind: PhaseKind, iteration: int) -> ActivePhase | None:
     """Under the session's lock: NotFound for a closed session, the order checks of a BeginPhase; the phase
     it abandons (one that began and never ended), logged, else None."""
     if session.closed:
@@ -950,7 +948,7 @@ def _check_begin(session: Session, kind: PhaseKind, iteration: int) -> ActivePha
     return abandoned
 
 
-def _gap(session: Session, begin: CounterReading) -> float:
+def _gap(session: HeldSession, begin: CounterReading) -> float:
     """Time since the session's previous EndPhase on the backend clock (0 for its first phase)."""
     last = session.last_end_time_s
     return max(0.0, begin.time_s - last) if last is not None else 0.0

@@ -16,6 +16,7 @@ import grpc
 import pytest
 from eerl.control.simple import create_fixed_controller
 from eerl.directives import Directive, DirectivePurpose, DirectiveVerdict
+from eerl.job.admission import AUTO_FLOOR_FRACTION, JobPolicy, ReceivedDirective
 from eerl.phases import ControllerState, ExecutionMode, GpuRole, PhaseKind, Workload
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
@@ -25,12 +26,7 @@ from eerlctl.replies import decision_dict, session_dict
 from eerld.clocks.arbiter import ClockSource
 from eerld.config import Config, load_config
 from eerld.daemon import Daemon, DirectiveRecord
-from eerld.daemon.jobmode import (
-    AUTO_FLOOR_FRACTION,
-    IncarnationBook,
-    JobPolicy,
-    ReceivedDirective,
-)
+from eerld.daemon.jobmode import IncarnationBook
 from eerld.errors import ConfigError, Conflict
 from eerld.metrics import EerlMetrics
 from eerld.metrics.source import DaemonMetricsSource, subscribe
