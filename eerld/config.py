@@ -28,7 +28,6 @@ from eerld.daemon.jobmode import DEFAULT_MAX_TRIALS, DEFAULT_TRIAL_WINDOW_S
 from eerld.errors import ConfigError
 from eerld.podresources import DEFAULT_POD_RESOURCES_SOCKET, REFRESH_S
 from eerld.sessions import DEFAULT_MAX_LEASE_TTL_S
-from eerld.sim.profiles import builtin_profile
 
 DEFAULT_SOCKET = Path("/run/eerld/eerld.sock")
 DEFAULT_ADMIN_SOCKET = Path("/run/eerld/admin.sock")
@@ -363,7 +362,6 @@ def validate(values: Mapping[str, Any]) -> Config:
         out["backend"] = backend
     profile = text("sim_profile", "--sim-profile")
     if profile is not None:
-        builtin_profile(profile)
         out["sim_profile"] = profile
     if values.get("sim_gpus") is not None:
         out["sim_gpus"] = _int(values["sim_gpus"], "--sim-gpus", minimum=1, maximum=64)

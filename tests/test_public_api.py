@@ -14,6 +14,7 @@ import types
 from pathlib import Path
 
 import eerl
+import eerl_sim
 import pytest
 
 import eerld
@@ -29,8 +30,8 @@ PACKAGES = [
     "eerld.csi",
     "eerld.daemon",
     "eerld.gpu",
-    "eerld.gpu.sim",
     "eerld.metrics",
+    "eerl_sim.gpu",
 ]
 
 ACCIDENTAL_EXPORTS: dict[str, pytest.MarkDecorator] = {}
@@ -83,7 +84,11 @@ def declared_all(name: str) -> list[str]:
 
 
 def test_every_package_that_declares_all_is_checked_here() -> None:
-    roots = {"eerld": Path(eerld.__file__).parent, "eerl": Path(eerl.__file__).parent}
+    roots = {
+        "eerld": Path(eerld.__file__).parent,
+        "eerl": Path(eerl.__file__).parent,
+        "eerl_sim": Path(eerl_sim.__file__).parent,
+    }
     found = set()
     for top, root in roots.items():
         for init in root.rglob("__init__.py"):
