@@ -15,14 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 from eerl.phases import PhaseKind
 
-from eerl_sim.evaluate import (
-    ProgressCallback,
-    RunResult,
-    clock_grid,
-    evaluate_phase,
-    run_fixed,
-    sample_iteration,
-)
+from eerl_sim.evaluate import ProgressCallback, RunResult, evaluate_phase, run_fixed, sample_iteration
+from eerl_sim.pricing import clock_grid
 from eerl_sim.scenario import Scenario, load_scenario
 from eerl_sim.sweep import sweep
 from eerl_sim.workload import FloatArray

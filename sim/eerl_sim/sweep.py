@@ -25,12 +25,12 @@ from eerl_sim.evaluate import (
     IterationSample,
     ProgressCallback,
     RunFigures,
-    clock_grid,
     combine_phases,
     evaluate_between,
     evaluate_phase,
     sample_iteration,
 )
+from eerl_sim.pricing import clock_grid
 from eerl_sim.scenario import Scenario
 from eerl_sim.workload import FloatArray, IntArray
 

@@ -17,7 +17,8 @@ from eerl.control.budget import KindOptions, allocate_sync
 from eerl.phases import ControllerState, PhaseKind, Workload
 from eerl_sim import physics
 from eerl_sim.bench.runner import ScenarioRun
-from eerl_sim.evaluate import clock_grid, evaluate_between, evaluate_phase, run_fixed, sample_iteration
+from eerl_sim.evaluate import evaluate_between, evaluate_phase, run_fixed, sample_iteration
+from eerl_sim.pricing import clock_grid
 from eerl_sim.scenario import BetweenSpec, load_scenario, parse_scenario
 from eerl_sim.workload import training_tokens
 

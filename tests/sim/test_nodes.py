@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from eerl.phases import PhaseKind
-from eerl_sim.evaluate import clock_grid, evaluate_phase, sample_iteration
+from eerl_sim.evaluate import evaluate_phase, sample_iteration
 from eerl_sim.meter import EnergyCounters
 from eerl_sim.nodes import (
     NodePhaseTable,
@@ -19,6 +19,7 @@ from eerl_sim.nodes import (
     price_nodes,
     uniform_job_phase,
 )
+from eerl_sim.pricing import clock_grid
 from eerl_sim.scenario import NodesSpec, Scenario, builtin_scenario_names, load_scenario, nodes_fields
 
 from eerld.errors import ConfigError

@@ -32,7 +32,7 @@ from eerl.job.controller import JobController, NodeReport
 from eerl.phases import ExecutionMode, PhaseKind, Workload
 
 from eerl_sim.bench.runner import RunTotals, best_pair
-from eerl_sim.evaluate import clock_grid, clock_index, evaluate_phase, sample_iteration
+from eerl_sim.evaluate import evaluate_phase, sample_iteration
 from eerl_sim.nodes import (
     NodeDraws,
     NodePhaseTable,
@@ -44,6 +44,7 @@ from eerl_sim.nodes import (
     price_nodes,
     uniform_job_phase,
 )
+from eerl_sim.pricing import clock_grid, clock_index
 from eerl_sim.scenario import NodesSpec, Scenario
 from eerl_sim.sweep import KINDS, pair_totals
 from eerl_sim.workload import FloatArray

@@ -32,13 +32,13 @@ from eerl_sim.evaluate import (
     IterationSample,
     PhaseOutcome,
     RunFigures,
-    clock_grid,
     combine_phases,
     evaluate_between,
     evaluate_phase,
     sample_iteration,
 )
 from eerl_sim.meter import EnergyCounters
+from eerl_sim.pricing import clock_grid
 from eerl_sim.scenario import Scenario
 from eerl_sim.sweep import KINDS, PriceTable, price_iterations, table_pair_totals
 from eerl_sim.workload import iteration_rng

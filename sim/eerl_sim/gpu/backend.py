@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from eerl_sim.gpu.clock import RealTimeClock, SimClock
 from eerl_sim.gpu.device import SimDevice
-from eerl_sim.gpu.model import GpuState
+from eerl_sim.gpu.state import GpuState
 from eerl_sim.profiles import GpuProfile, builtin_profile
 from eerld.errors import BackendFailure, GpuError, InvalidArgument, NotSupported
 from eerld.gpu.base import ClockEventReasons, GpuClocks, GpuIdentity, GpuUtilization

@@ -12,46 +12,39 @@ starts, whoever changed it; a worker only keeps the queue fed and waits for its 
 
 from __future__ import annotations
 
-import hashlib
 import math
 import threading
-import time
-import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
 import structlog
 
-from eerl_sim.gpu.clock import RealTimeClock, SimClock, VirtualClock
-from eerl_sim.gpu.model import QUEUE_COLUMNS, Fault, FloatArray, GpuModel, GpuState
-from eerl_sim.gpu.store import (
-    ClockBinding,
-    CorruptState,
-    DeviceState,
-    FileStore,
-    MemoryStore,
-    StateStore,
+from eerl_sim.gpu.clock import RealTimeClock, SimClock
+from eerl_sim.gpu.faults import FAULTABLE_METHODS, INJECTABLE_ERRORS, fault_error, take_fault
+from eerl_sim.gpu.model import GpuModel
+from eerl_sim.gpu.opening import (
+    bind_existing,
+    bind_fresh,
+    check_matches,
+    fresh_state,
+    gpu_pci_bus_id,
+    gpu_uuid,
+    rebooted,
 )
+from eerl_sim.gpu.state import QUEUE_COLUMNS, Fault, FloatArray, GpuState
+from eerl_sim.gpu.store import CorruptState, DeviceState, FileStore, MemoryStore, StateStore
+from eerl_sim.gpu.work import ArrayLike, WorkResult, WorkTicket, prune_marks, segment_column, take_result
 from eerl_sim.profiles import GpuProfile
-from eerld.errors import (
-    BackendFailure,
-    ConfigError,
-    GpuError,
-    GpuLost,
-    InvalidArgument,
-    NoPermission,
-    NotSupported,
-)
+from eerld.errors import BackendFailure, ConfigError, GpuError, InvalidArgument
 from eerld.gpu.base import GpuIdentity
 
 _log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
-ArrayLike = Sequence[float] | FloatArray | float
 
 QUEUE_CAP_SEGMENTS = 1024
 """A worker keeps at most this many segments queued on a GPU (bounds the state file's size)."""
@@ -61,101 +54,6 @@ LOOKAHEAD_WALL_S = 0.5
 
 MAX_WAIT_WALL_S = 0.5
 """A waiting worker looks at its GPU at least this often (notices a lost GPU)."""
-
-MARK_RETENTION_S = 3600.0
-"""Finished-work marks nobody collected (a killed worker's) are dropped after this much simulated time."""
-
-INJECTABLE_ERRORS: dict[str, type[GpuError]] = {
-    cls.__name__: cls for cls in (NoPermission, NotSupported, GpuLost, InvalidArgument, BackendFailure)
-}
-
-FAULTABLE_METHODS = frozenset(
-    {
-        "inventory",
-        "supported_sm_clocks_mhz",
-        "supported_mem_clocks_mhz",
-        "clocks",
-        "supports_locked_clocks",
-        "lock_sm_clock",
-        "reset_sm_clock",
-        "lock_mem_clock",
-        "reset_mem_clock",
-        "set_application_clocks",
-        "reset_application_clocks",
-        "total_energy_mj",
-        "power_w",
-        "power_limit_w",
-        "utilization",
-        "clock_event_reasons",
-        "run_segments",
-    }
-)
-"""Methods a fault can be injected into: every GpuBackend method that names a GPU, plus the worker's."""
-
-
-@dataclass(frozen=True, slots=True)
-class WorkTicket:
-    """Work queued on a GPU: its segments are ``first_seq`` … ``last_seq`` of that GPU."""
-
-    gpu_index: int
-    first_seq: int
-    last_seq: int
-    segments: int
-
-
-@dataclass(frozen=True, slots=True)
-class WorkResult:
-    """What running a list of segments took: simulated start and end, and the GPU's true energy between.
-
-    ``final`` is False for a forecast (``run_segments(..., sleep=False)``): later clock changes can still
-    change what actually happens.
-    """
-
-    gpu_index: int
-    segments: int
-    start_s: float
-    end_s: float
-    energy_j: float
-    final: bool = True
-
-    @property
-    def duration_s(self) -> float:
-        """Simulated seconds from the first segment's start to the last one's end."""
-        return self.end_s - self.start_s
-
-    @property
-    def average_power_w(self) -> float:
-        """Mean true power over the work (0 for empty work)."""
-        return self.energy_j / self.duration_s if self.duration_s > 0 else 0.0
-
-
-def gpu_uuid(seed: int, index: int) -> str:
-    """A stable fake UUID in NVML's format (``GPU-xxxxxxxx-xxxx-…``), derived from seed and index."""
-    digest = hashlib.sha256(f"eerl-sim/{seed}/{index}".encode()).digest()[:16]
-    return f"GPU-{uuid.UUID(bytes=digest, version=4)}"
-
-
-def gpu_pci_bus_id(index: int) -> str:
-    """A PCI bus id laid out like an 8-GPU HGX board (one PCI domain per 8 GPUs)."""
-    return f"{index // 8:08X}:{0x18 + 0x12 * (index % 8):02X}:00.0"
-
-
-def _boot_id() -> str | None:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
-
-
-def _column(values: ArrayLike | None, count: int, default: float, name: str) -> FloatArray:
-    if values is None:
-        return np.full(count, default, dtype=np.float64)
-    array = np.asarray(values, dtype=np.float64)
-    if array.ndim == 0:
-        return np.full(count, float(array), dtype=np.float64)
-    if array.shape != (count,):
-        raise InvalidArgument(f"{name}: expected {count} values, got shape {array.shape}")
-    return array
 
 
 class SimDevice:
@@ -219,16 +117,16 @@ class SimDevice:
         try:
             with store.transaction() as txn:
                 state = txn.state
-                if state is not None and _rebooted(state.clock):
+                if state is not None and rebooted(state.clock):
                     _log.warning("sim_state_reset_after_reboot", state_file=store.description)
                     state = None
                 if state is None:
-                    clock = _bind_fresh(clock)
-                    state = _fresh_state(profile, gpus, seed, clock)
+                    clock = bind_fresh(clock)
+                    state = fresh_state(profile, gpus, seed, clock)
                     txn.state = state
                 else:
-                    _check_matches(state, profile=profile, gpus=gpus, seed=seed, where=store.description)
-                    clock = _bind_existing(clock, state.clock, store.description)
+                    check_matches(state, profile=profile, gpus=gpus, seed=seed, where=store.description)
+                    clock = bind_existing(clock, state.clock, store.description)
                     txn.write = False
         except CorruptState as exc:
             raise ConfigError(
@@ -258,7 +156,7 @@ class SimDevice:
             if state.clock.kind != "real" or state.clock.speedup is None:
                 raise ConfigError(f"sim state file {state_file} uses a {state.clock.kind} clock; pass one")
             clock = RealTimeClock(state.clock.speedup)
-        clock = _bind_existing(clock, state.clock, str(state_file))
+        clock = bind_existing(clock, state.clock, str(state_file))
         return cls(store, clock, state)
 
     # ---- access to one GPU's state -------------------------------------------------------------------
@@ -375,7 +273,7 @@ class SimDevice:
         try:  # _transaction() written out: every simulated lock comes here, and the generator costs
             with self._order, self.store.transaction() as txn:
                 gpu = self._present(txn.state).gpu_for_change(index)
-                error = _take_fault(gpu, index, method) if method is not None else None
+                error = take_fault(gpu, index, method) if method is not None else None
                 if error is None:
                     now = self._now(gpu)
                     self.model.advance(gpu, now)
@@ -388,15 +286,15 @@ class SimDevice:
 
     def _raise_fault(self, gpu: GpuState, index: int, method: str, *, lost_raises: bool = True) -> None:
         if gpu.lost and lost_raises:
-            raise _fault_error("GpuLost", index, method)
+            raise fault_error("GpuLost", index, method)
         fault = gpu.faults.get(method)
         if fault is None:
             return
         if not fault.once:
-            raise _fault_error(fault.error, index, method)
+            raise fault_error(fault.error, index, method)
         error: GpuError | None = None
         with self._transaction() as state:  # consume it, unless another caller already did
-            error = _take_fault(state.gpu_for_change(index), index, method, lost_raises=lost_raises)
+            error = take_fault(state.gpu_for_change(index), index, method, lost_raises=lost_raises)
         if error is not None:
             raise error
 
@@ -500,10 +398,10 @@ class SimDevice:
             raise InvalidArgument("compute_mhz_s: expected one value per segment")
         columns = [
             compute,
-            _column(memory_s, count, 0.0, "memory_s"),
-            _column(mem_activity_scale, count, 1.0, "mem_activity_scale"),
-            _column(noise_duration, count, 1.0, "noise_duration"),
-            _column(noise_power, count, 1.0, "noise_power"),
+            segment_column(memory_s, count, 0.0, "memory_s"),
+            segment_column(mem_activity_scale, count, 1.0, "mem_activity_scale"),
+            segment_column(noise_duration, count, 1.0, "noise_duration"),
+            segment_column(noise_power, count, 1.0, "noise_power"),
         ]
         rows = np.column_stack([*columns, np.zeros(count)]) if count else np.zeros((0, len(QUEUE_COLUMNS)))
         if not np.all(np.isfinite(rows)) or np.any(rows < 0) or np.any(rows[:, 3:5] == 0):
@@ -577,7 +475,7 @@ class SimDevice:
             first = gpu.next_seq
             gpu.queue = np.vstack([gpu.queue, rows])
             last = gpu.next_seq - 1
-            _prune_marks(gpu, now)
+            prune_marks(gpu, now)
             gpu.marks[f"s{first}"] = None
             gpu.marks[f"e{last}"] = None
             return WorkTicket(index, first, last, int(rows.shape[0]))
@@ -587,14 +485,14 @@ class SimDevice:
     def _collect(self, ticket: WorkTicket) -> tuple[WorkResult | None, float]:
         def body(gpu: GpuState, _now: float) -> tuple[WorkResult | None, float]:
             _require_alive(gpu, ticket.gpu_index)
-            return _take_result(gpu, ticket), self.model.remaining_s(gpu)
+            return take_result(gpu, ticket), self.model.remaining_s(gpu)
 
         return self.update(ticket.gpu_index, None, body)
 
     def _forecast(self, ticket: WorkTicket) -> WorkResult:
         gpu = self.observe(ticket.gpu_index)
         for _ in range(100):
-            result = _take_result(gpu, ticket)
+            result = take_result(gpu, ticket)
             if result is not None:
                 return WorkResult(
                     result.gpu_index,
@@ -624,7 +522,7 @@ class SimDevice:
                     first = gpu.next_seq
                     gpu.queue = np.vstack([gpu.queue, rows[state.submitted : state.submitted + take]])
                     if state.submitted == 0:
-                        _prune_marks(gpu, now)
+                        prune_marks(gpu, now)
                         state.first_seq = first
                         gpu.marks[f"s{first}"] = None
                     state.submitted += take
@@ -633,7 +531,7 @@ class SimDevice:
                         gpu.marks[f"e{state.last_seq}"] = None
                 return None, self.model.remaining_s(gpu)
             ticket = WorkTicket(index, state.first_seq, state.last_seq, total)
-            return _take_result(gpu, ticket), self.model.remaining_s(gpu)
+            return take_result(gpu, ticket), self.model.remaining_s(gpu)
 
         while True:
             result, remaining_s = self.update(index, None, body)
@@ -672,101 +570,6 @@ def _energy_j(gpu: GpuState) -> float:
     return gpu.energy_j
 
 
-def _take_result(gpu: GpuState, ticket: WorkTicket) -> WorkResult | None:
-    start = gpu.marks.get(f"s{ticket.first_seq}")
-    end = gpu.marks.get(f"e{ticket.last_seq}")
-    if start is None or end is None:
-        return None
-    del gpu.marks[f"s{ticket.first_seq}"], gpu.marks[f"e{ticket.last_seq}"]
-    return WorkResult(ticket.gpu_index, ticket.segments, start[0], end[0], end[1] - start[1])
-
-
-def _prune_marks(gpu: GpuState, now: float) -> None:
-    stale = [k for k, v in gpu.marks.items() if v is not None and v[0] < now - MARK_RETENTION_S]
-    for key in stale:
-        del gpu.marks[key]
-
-
 def _require_alive(gpu: GpuState, index: int) -> None:
     if gpu.lost:
-        raise _fault_error("GpuLost", index, "run_segments")
-
-
-def _fault_error(error: str, index: int, method: str) -> GpuError:
-    cls = INJECTABLE_ERRORS.get(error, BackendFailure)
-    return cls(f"simulated {cls.__name__} on GPU {index} ({method})", gpu_index=index)
-
-
-def _take_fault(gpu: GpuState, index: int, method: str, *, lost_raises: bool = True) -> GpuError | None:
-    if gpu.lost and lost_raises:
-        return _fault_error("GpuLost", index, method)
-    fault = gpu.faults.get(method)
-    if fault is None:
-        return None
-    if fault.once:
-        del gpu.faults[method]
-    return _fault_error(fault.error, index, method)
-
-
-# ---- creating and re-opening -------------------------------------------------------------------------
-
-
-def _fresh_state(profile: GpuProfile, gpus: int, seed: int, clock: SimClock) -> DeviceState:
-    now = clock.now_s()
-    binding = ClockBinding(kind=clock.kind)
-    if isinstance(clock, RealTimeClock):
-        binding = ClockBinding("real", clock.speedup, clock.epoch_monotonic_s, _boot_id())
-    states = []
-    for index in range(gpus):
-        # A real counter counts since the driver loaded: start somewhere arbitrary but reproducible.
-        base_mj = float(np.random.default_rng([seed, index, 0]).integers(10**8, 10**10))
-        states.append(GpuState(time_s=now, counter_base_mj=base_mj))
-    return DeviceState(profile, seed, binding, states)
-
-
-def _bind_fresh(clock: SimClock) -> SimClock:
-    if isinstance(clock, RealTimeClock | VirtualClock):
-        return clock
-    raise ConfigError(f"a shared sim device needs a RealTimeClock or VirtualClock, not {clock!r}")
-
-
-def _bind_existing(clock: SimClock, binding: ClockBinding, where: str) -> SimClock:
-    if clock.kind != binding.kind:
-        raise ConfigError(f"sim state file {where} uses a {binding.kind} clock, not {clock.kind}")
-    if isinstance(clock, RealTimeClock):
-        if binding.speedup is None or binding.epoch_monotonic_s is None:
-            raise ConfigError(f"sim state file {where} has no real-time epoch")
-        if not math.isclose(clock.speedup, binding.speedup):
-            raise ConfigError(
-                f"sim state file {where} runs at speedup {binding.speedup:g}, not {clock.speedup:g} "
-                "(pass the same speedup, or remove the file to start a fresh device)"
-            )
-        return clock.with_epoch(binding.epoch_monotonic_s)
-    return clock
-
-
-def _rebooted(binding: ClockBinding) -> bool:
-    if binding.kind != "real" or binding.epoch_monotonic_s is None:
-        return False
-    boot = _boot_id()
-    if binding.boot_id is not None and boot is not None and boot != binding.boot_id:
-        return True
-    return time.monotonic() < binding.epoch_monotonic_s
-
-
-def _check_matches(state: DeviceState, *, profile: GpuProfile, gpus: int, seed: int, where: str) -> None:
-    problems = []
-    if state.profile != profile:
-        differ = [
-            f.name for f in fields(GpuProfile) if getattr(state.profile, f.name) != getattr(profile, f.name)
-        ]
-        problems.append(f"profile differs in {', '.join(differ)}")
-    if len(state.gpus) != gpus:
-        problems.append(f"it has {len(state.gpus)} GPUs, not {gpus}")
-    if state.seed != seed:
-        problems.append(f"its seed is {state.seed}, not {seed}")
-    if problems:
-        raise ConfigError(
-            f"sim state file {where} belongs to another device ({'; '.join(problems)}); "
-            "pass matching options or remove the file"
-        )
+        raise fault_error("GpuLost", index, "run_segments")

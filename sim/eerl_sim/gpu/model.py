@@ -7,188 +7,45 @@ that holds when each starts (sim-model spec: default governor = highest grid clo
 ``P(f) · noise_power ≤ power_limit_w``; locked at ``f``: ``min(f, that)``; a clock change takes
 ``clock_switch_ms`` to take effect). Because the device is advanced lazily from timestamps, a lock
 requested mid-phase takes effect exactly ``clock_switch_ms`` later, whoever queued the work, and idle
-energy between segments accrues by itself.
+energy between segments accrues by itself. The state itself, as data, is :mod:`eerl_sim.gpu.state`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
-import numpy.typing as npt
 
 from eerl_sim import physics
+from eerl_sim.gpu.state import (
+    H_CLOCK,
+    H_END,
+    H_MEMORY,
+    H_POWER,
+    H_START,
+    HISTORY_COLUMNS,
+    Q_COMPUTE,
+    Q_MEMORY,
+    Q_NOISE_DURATION,
+    Q_NOISE_POWER,
+    Q_PLIM,
+    Q_SCALE,
+    FloatArray,
+    GpuState,
+    Head,
+    PendingSwitch,
+    Row,
+    as_row,
+)
+from eerl_sim.pricing import segment_price
 from eerl_sim.profiles import GpuProfile
 from eerld.gpu.base import ClockEventReasons, GpuUtilization
 
-FloatArray = npt.NDArray[np.float64]
-
 POWER_WINDOW_S = 0.1
 """Power and utilisation reads average over this much simulated time (sim-model spec: 100 ms)."""
-
-# Columns of a queue row: the segment as given, plus its power-limited clock (computed when queued).
-Q_COMPUTE, Q_MEMORY, Q_SCALE, Q_NOISE_DURATION, Q_NOISE_POWER, Q_PLIM = range(6)
-QUEUE_COLUMNS = (
-    "compute_mhz_s",
-    "memory_s",
-    "mem_activity_scale",
-    "noise_duration",
-    "noise_power",
-    "plim_mhz",
-)
-
-# Columns of a history row: one interval of constant power (a segment, part of one, or idle).
-H_START, H_END, H_POWER, H_CLOCK, H_COMPUTE, H_MEMORY, H_CAPPED = range(7)
-HISTORY_COLUMNS = (
-    "start_s",
-    "end_s",
-    "power_w",
-    "sm_clock_mhz",
-    "compute_activity",
-    "memory_activity",
-    "power_capped",
-)
-
-
-def empty_rows(columns: int) -> FloatArray:
-    """A (0, columns) float array."""
-    return np.zeros((0, columns), dtype=np.float64)
-
-
-@dataclass(slots=True)
-class Head:
-    """The segment running at ``GpuState.time_s``; its clock, duration and power were fixed at its start."""
-
-    start_s: float
-    duration_s: float
-    power_w: float
-    sm_clock_mhz: float
-    compute_activity: float
-    memory_activity: float
-    power_capped: bool
-
-    @property
-    def end_s(self) -> float:
-        """When the segment ends."""
-        return self.start_s + self.duration_s
-
-
-@dataclass(slots=True)
-class PendingSwitch:
-    """A requested clock cap (``None``: default governor) that takes effect at ``at_s``."""
-
-    cap_mhz: int | None
-    at_s: float
-
-
-@dataclass(slots=True)
-class Fault:
-    """An injected error: the :mod:`eerld.errors` class name, and whether it fires once or every time."""
-
-    error: str
-    once: bool
-
-
-@dataclass(slots=True)
-class GpuState:
-    """Everything one simulated GPU remembers, materialised up to ``time_s`` (simulated seconds)."""
-
-    time_s: float
-    energy_j: float = 0.0
-    step_energy_j: float = 0.0
-    counter_base_mj: float = 0.0
-    sm_lock_mhz: int | None = None
-    app_sm_clock_mhz: int | None = None
-    app_mem_clock_mhz: int | None = None
-    mem_lock_mhz: int | None = None
-    cap_mhz: int | None = None
-    pending: PendingSwitch | None = None
-    queue: FloatArray = field(default_factory=lambda: empty_rows(len(QUEUE_COLUMNS)))
-    head_seq: int = 0
-    head: Head | None = None
-    history: FloatArray = field(default_factory=lambda: empty_rows(len(HISTORY_COLUMNS)))
-    """The power history but its last row (see :meth:`full_history`), oldest first."""
-    history_tail: Row | None = None
-    """The history's last row, as plain floats: most advances only move its end (an idle GPU, a read
-    while a segment runs), and doing that without numpy saves ~20 µs per advance on cold CPU caches —
-    three advances per BeginPhase + EndPhase on the sim backend. ``None`` only when there is no history."""
-    marks: dict[str, list[float] | None] = field(default_factory=dict)
-    lost: bool = False
-    faults: dict[str, Fault] = field(default_factory=dict)
-
-    def copy_for_advance(self) -> GpuState:
-        """A copy that :meth:`GpuModel.advance` may move on without changing this one.
-
-        Cheaper than :meth:`clone`: advancing only rebinds fields (arrays are sliced or rebuilt, never
-        written in place) except ``marks``, which gets its own dict.
-        """
-        return GpuState(
-            time_s=self.time_s,
-            energy_j=self.energy_j,
-            step_energy_j=self.step_energy_j,
-            counter_base_mj=self.counter_base_mj,
-            sm_lock_mhz=self.sm_lock_mhz,
-            app_sm_clock_mhz=self.app_sm_clock_mhz,
-            app_mem_clock_mhz=self.app_mem_clock_mhz,
-            mem_lock_mhz=self.mem_lock_mhz,
-            cap_mhz=self.cap_mhz,
-            pending=self.pending,
-            queue=self.queue,
-            head_seq=self.head_seq,
-            head=self.head,
-            history=self.history,
-            history_tail=self.history_tail,
-            marks=dict(self.marks),
-            lost=self.lost,
-            faults=self.faults,
-        )
-
-    def copy_for_change(self) -> GpuState:
-        """A copy that a transaction may change without changing this (stored, shared) one.
-
-        Shares what is never changed in place — the arrays (rebuilt, see :meth:`copy_for_advance`), the
-        running :class:`Head` and the :class:`PendingSwitch` (both replaced, never edited) — and gives
-        the two dicts that are edited in place (``marks``, ``faults``) their own copies.
-        """
-        copy = self.copy_for_advance()
-        copy.faults = dict(self.faults)
-        return copy
-
-    def clone(self) -> GpuState:
-        """A deep copy (reads advance a private copy and never write it back).
-
-        Starts from :meth:`copy_for_advance`, so a new field needs listing only there, then gives every
-        mutable field its own copy.
-        """
-        copy = self.copy_for_advance()
-        if self.pending is not None:
-            copy.pending = PendingSwitch(self.pending.cap_mhz, self.pending.at_s)
-        copy.queue = self.queue.copy()
-        if self.head is not None:
-            copy.head = Head(**{s: getattr(self.head, s) for s in Head.__slots__})
-        copy.history = self.history.copy()
-        copy.marks = {k: None if v is None else list(v) for k, v in self.marks.items()}
-        copy.faults = {k: Fault(f.error, f.once) for k, f in self.faults.items()}
-        return copy
-
-    def full_history(self) -> FloatArray:
-        """Every history row (``HISTORY_COLUMNS``), oldest first, the tail included (a new array)."""
-        if self.history_tail is None:
-            return self.history
-        return np.vstack([self.history, np.array((self.history_tail,), dtype=np.float64)])
-
-    @property
-    def queued_segments(self) -> int:
-        """Segments not finished yet (the running one included)."""
-        return int(self.queue.shape[0])
-
-    @property
-    def next_seq(self) -> int:
-        """Sequence number the next queued segment gets."""
-        return self.head_seq + self.queued_segments
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,17 +92,17 @@ class GpuModel:
         return self._grid[index]
 
     def price(self, rows: FloatArray, cap_mhz: int | None) -> Priced:
-        """Clock, duration, power and activities of each row when it starts under ``cap_mhz``."""
+        """Clock, duration, power and activities of each row when it starts under ``cap_mhz`` (each
+        segment priced as the evaluator prices it: :func:`eerl_sim.pricing.segment_price`)."""
         cap = float(self.max_clock_mhz if cap_mhz is None else cap_mhz)
         clock = np.minimum(cap, rows[:, Q_PLIM])
         compute = rows[:, Q_COMPUTE]
         memory = rows[:, Q_MEMORY]
-        clean_s = physics.segment_duration_s(compute, memory, clock)
-        power = physics.segment_power_given_w(
+        clean_s, power = segment_price(
             self.profile,
             compute,
             memory,
-            clean_s,
+            clock,
             physics.voltage_ratio(self.profile, clock),
             mem_activity_scale=rows[:, Q_SCALE],
         )
@@ -511,10 +368,6 @@ class GpuModel:
         return ClockEventReasons.NONE
 
 
-Row = tuple[float, float, float, float, float, float, float]
-"""One history row as plain floats (``HISTORY_COLUMNS``)."""
-
-
 def _interval(start_s: float, end_s: float, head: Head) -> Row:
     return (
         start_s,
@@ -582,12 +435,6 @@ def _in_window(rows: FloatArray, lo_s: float) -> FloatArray:
     if rows.shape[0] and rows[0, H_END] <= lo_s:
         return rows[rows[:, H_END] > lo_s]
     return rows
-
-
-def as_row(values: FloatArray) -> Row:
-    """One history row of an array, as plain floats."""
-    start, end, power, clock, compute, memory, capped = values.tolist()
-    return (start, end, power, clock, compute, memory, capped)
 
 
 def _continues(last: Row, row: Row) -> bool:

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from eerl_sim.gpu.model import (
+from eerl_sim.gpu.state import (
     HISTORY_COLUMNS,
     QUEUE_COLUMNS,
     Fault,
@@ -47,7 +47,7 @@ from eerl_sim.profiles import GpuProfile
 STATE_FORMAT = "eerl-sim-device"
 STATE_VERSION = 1
 FAULT_ERRORS = frozenset({"NoPermission", "NotSupported", "GpuLost", "InvalidArgument", "BackendFailure"})
-"""The error kinds a fault may name (``eerl_sim.gpu.device.INJECTABLE_ERRORS``)."""
+"""The error kinds a fault may name (``eerl_sim.gpu.faults.INJECTABLE_ERRORS``)."""
 CLOCK_KINDS = frozenset({"real", "virtual"})
 
 

@@ -10,8 +10,9 @@ from eerl.control.base import Controller, ControllerSettings, Decision, PhaseObs
 from eerl.phases import PhaseKind, Workload
 from eerl_sim.bench.runner import OnlineRun, ScenarioRun
 from eerl_sim.bench.wrapped import WrappedController
-from eerl_sim.evaluate import clock_grid, evaluate_phase, sample_iteration
+from eerl_sim.evaluate import evaluate_phase, sample_iteration
 from eerl_sim.meter import EnergyCounters
+from eerl_sim.pricing import clock_grid
 from eerl_sim.scenario import Scenario, load_scenario
 from eerl_sim.sweep import KINDS
 
