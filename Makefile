@@ -6,9 +6,10 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 # Exact versions of every runtime dependency and of the build backend (the Dockerfile's too): `make constraints`.
 CONSTRAINTS := constraints.txt
-DEPS := pyproject.toml client/pyproject.toml $(CONSTRAINTS)
+DEPS := pyproject.toml client/pyproject.toml sim/pyproject.toml $(CONSTRAINTS)
 # Two stamps that compose: the full install (make test, lint, bench, soak…) is a superset of the demo's, so it
-# marks both; `make demo` alone installs only eerld, eerl-client and matplotlib (no torch, TRL, transformers).
+# marks both; `make demo` alone installs only eerld, eerl-client, eerl-sim (the simulator, sim/) and matplotlib
+# (no torch, TRL, transformers).
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 # `make demo-multinode`: the demo's install plus Ray (eerl-client[ray]).
@@ -32,19 +33,19 @@ $(BIN)/python:
 	$(PIP) install --quiet --upgrade pip
 
 $(DEMO_STAMP): $(DEPS) | $(BIN)/python
-	@echo "setup: installing eerl-client, eerld and matplotlib at the versions of $(CONSTRAINTS) (about 225 MB)"
-	$(PIP) install --constraint $(CONSTRAINTS) -e ./client -e '.[demo]'
+	@echo "setup: installing eerl-client, eerld, eerl-sim and matplotlib at the versions of $(CONSTRAINTS) (about 225 MB)"
+	$(PIP) install --constraint $(CONSTRAINTS) -e ./client -e '.[demo]' -e ./sim
 	@touch $(DEMO_STAMP)
 
 $(STAMP): $(DEPS) | $(BIN)/python
-	@echo "setup: installing everything make test needs: dev tools, bench, and torch, TRL and transformers"
+	@echo "setup: installing everything make test needs: dev tools, eerl-sim with its bench, and torch, TRL and transformers"
 	@echo "       for the end-to-end test, and Ray for the multi-node tests (about 2 GB; runtime dependencies at the versions of $(CONSTRAINTS))"
-	$(PIP) install --constraint $(CONSTRAINTS) -e './client[e2e,ray]' -e '.[dev]'
+	$(PIP) install --constraint $(CONSTRAINTS) -e './client[e2e,ray]' -e '.[dev]' -e './sim[dev]'
 	@touch $(STAMP) $(DEMO_STAMP) $(MULTINODE_STAMP)
 
 $(MULTINODE_STAMP): $(DEPS) | $(BIN)/python
-	@echo "setup: installing eerl-client with Ray, eerld and matplotlib (Ray is about 240 MB more)"
-	$(PIP) install --constraint $(CONSTRAINTS) -e './client[ray]' -e '.[demo]'
+	@echo "setup: installing eerl-client with Ray, eerld, eerl-sim and matplotlib (Ray is about 240 MB more)"
+	$(PIP) install --constraint $(CONSTRAINTS) -e './client[ray]' -e '.[demo]' -e ./sim
 	@touch $(MULTINODE_STAMP) $(DEMO_STAMP)
 
 setup: $(STAMP)
@@ -65,8 +66,8 @@ check-proto: $(STAMP)
 options-doc: $(STAMP)
 	$(BIN)/python scripts/gen_options_doc.py
 
-# The Python of the repository: the daemon, eerlctl, the client, the tests and the tools (demo, benchmarks, soak).
-PY_PATHS := eerld eerlctl client/eerl tests demo perf soak scripts
+# The Python of the repository: the daemon, eerlctl, the client, the simulator, the tests and the tools (demo, benchmarks, soak).
+PY_PATHS := eerld eerlctl client/eerl sim/eerl_sim tests demo perf soak scripts
 
 fmt: $(STAMP)
 	$(BIN)/ruff format $(PY_PATHS)
@@ -145,7 +146,8 @@ bench: $(STAMP)
 soak: $(STAMP)
 	$(BIN)/python -m soak
 
-# A clean resolve of what the image and the demo install (eerld, eerl-client, the bench extra) and of the
+# A clean resolve of what the image and the demo install (eerld, eerl-client, eerl-sim with its bench extra)
+# and of the
 # wheel build backend, frozen; keeps the header comment of constraints.txt. Resolve with CPython 3.11, the
 # image's Python (PYTHON=python3.11 where python3 is another version).
 constraints:
@@ -153,8 +155,9 @@ constraints:
 	rm -rf $(LOCK_VENV)
 	$(PYTHON) -m venv $(LOCK_VENV)
 	$(LOCK_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(LOCK_VENV)/bin/python -m pip install --quiet ./client '.[bench]' hatchling
-	{ grep '^#' $(CONSTRAINTS); $(LOCK_VENV)/bin/python -m pip freeze --exclude eerld --exclude eerl-client; } \
+	$(LOCK_VENV)/bin/python -m pip install --quiet ./client . './sim[bench]' hatchling
+	{ grep '^#' $(CONSTRAINTS); $(LOCK_VENV)/bin/python -m pip freeze --exclude eerld --exclude eerl-client \
+		--exclude eerl-sim; } \
 		> $(CONSTRAINTS).new
 	mv $(CONSTRAINTS).new $(CONSTRAINTS)
 	rm -rf $(LOCK_VENV)

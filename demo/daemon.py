@@ -15,12 +15,13 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from eerl_sim.gpu import create_sim_backend
+from eerl_sim.profiles import builtin_profile
+
 from eerld.api.server import create_server, serve
 from eerld.config import load_config
 from eerld.errors import ConfigError, DaemonError
-from eerld.gpu.sim import create_sim_backend
 from eerld.logging import configure_logging
-from eerld.sim.profiles import builtin_profile
 
 PARENT_ENV = "EERL_DEMO_PARENT_PID"
 """The environment variable that names the demo process (set by :mod:`demo.live` for its children)."""

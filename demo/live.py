@@ -34,6 +34,9 @@ import grpc
 from eerl.phases import ControllerState, PhaseKind
 from eerl.v1 import eerl_pb2 as pb
 from eerl.wire.enums import STATE_FROM_PB
+from eerl_sim.evaluate import evaluate_phase, sample_iteration
+from eerl_sim.gpu import SimBackend, open_sim_device
+from eerl_sim.scenario import load_scenario
 
 from demo.daemon import PARENT_ENV
 from demo.plot import preload_plotting, timeline_plot
@@ -41,9 +44,6 @@ from demo.record import PhaseView, Record, record_json
 from demo.report import HEADER, controller_lines, gpus_after_stop_line, phase_line, summary_lines
 from demo.worker import PhaseRun
 from eerlctl.client import AdminClient
-from eerld.gpu.sim import SimBackend, open_sim_device
-from eerld.sim.evaluate import evaluate_phase, sample_iteration
-from eerld.sim.scenario import load_scenario
 
 T = TypeVar("T")
 

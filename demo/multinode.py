@@ -8,7 +8,7 @@ driver) plans every phase's clock for all nodes.
 
 Per node, a worker actor pinned to the node runs the scenario's sampled iteration on that node's simulated
 GPUs, slowed by the node's own speed factor and stragglers (the ``[workload.nodes]`` model of
-``eerld.sim.nodes``); a phase ends when its slowest node is done. The job runs twice on the same draws:
+``eerl_sim.nodes``); a phase ends when its slowest node is done. The job runs twice on the same draws:
 under ``policy=off`` (every phase at the default governor: the baseline) and under the EE-RL controller.
 It ends with a summary table and ``out/demo-multinode/summary.json``: ``nodes``, ``same_clock_every_phase``
 (every node applied the same directive in every phase), ``savings``, ``throughput_ratio``,
@@ -36,14 +36,14 @@ import numpy as np
 import ray
 from eerl.phases import PhaseKind
 from eerl.ray import RayJob
+from eerl_sim.evaluate import IterationSample, sample_iteration
+from eerl_sim.gpu import SimDevice, open_sim_device
+from eerl_sim.nodes import NodeDraws, draw_nodes, phase_factors
+from eerl_sim.scenario import Scenario, load_scenario
 from ray.cluster_utils import Cluster
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from demo.daemon import PARENT_ENV
-from eerld.gpu.sim import SimDevice, open_sim_device
-from eerld.sim.evaluate import IterationSample, sample_iteration
-from eerld.sim.nodes import NodeDraws, draw_nodes, phase_factors
-from eerld.sim.scenario import Scenario, load_scenario
 from soak.daemon import DaemonProcess
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -36,13 +36,13 @@ from typing import Any, TextIO
 import eerl
 import numpy as np
 from eerl.phases import ExecutionMode, PhaseKind, Workload
+from eerl_sim.evaluate import IterationSample, sample_iteration
+from eerl_sim.gpu import SimBackend, SimDevice, WorkTicket, open_sim_device
+from eerl_sim.scenario import Scenario, load_scenario
+from eerl_sim.workload import Segments
 
 from eerld.energy import phase_energy, read_counters
 from eerld.errors import ConfigError, DaemonError
-from eerld.gpu.sim import SimBackend, SimDevice, WorkTicket, open_sim_device
-from eerld.sim.evaluate import IterationSample, sample_iteration
-from eerld.sim.scenario import Scenario, load_scenario
-from eerld.sim.workload import Segments
 
 KINDS = (PhaseKind.GENERATION, PhaseKind.TRAINING)
 DEFAULT_WAIT_FOR_CLOCK_S = 2.0

@@ -11,6 +11,7 @@ alone.
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,9 +28,15 @@ from eerld.gpu.observe_only import ObserveOnlyBackend
 from eerld.metrics import MetricsServer, start_metrics_server
 from eerld.podresources import GpuOwners
 from eerld.podwatch import PodClaimWatch
-from eerld.sim.profiles import builtin_profile
 
-__all__ = ["App", "build", "create_backend"]
+__all__ = ["SIM_BACKEND_MODULE", "SIM_MISSING_ERROR", "App", "build", "create_backend"]
+
+SIM_BACKEND_MODULE = "eerl_sim.gpu"
+"""The sim backend: a distribution of its own (eerl-sim), loaded by this name when ``--backend sim`` runs."""
+SIM_MISSING_ERROR = (
+    "--backend sim: the simulator is not installed: pip install eerl-sim "
+    "(from a checkout: pip install -e ./sim)"
+)
 
 
 @dataclass
@@ -81,8 +88,9 @@ def create_backend(config: Config, *, backend: GpuBackend | None = None) -> GpuB
     the one ``config`` names; with every wrapper, applied here and nowhere else.
 
     Only the chosen backend's module is imported (only :mod:`eerld.gpu.nvml` imports pynvml; the sim backend
-    brings the simulator). On NVML the energy counters are sampled in the background (a counter read costs
-    milliseconds on real GPUs: it stays off the phase events' path), except for ``--reset-clocks``. Under
+    is the eerl-sim distribution's :mod:`eerl_sim.gpu`, loaded by name). On NVML the energy counters are
+    sampled in the background (a counter read costs milliseconds on real GPUs: it stays off the phase
+    events' path), except for ``--reset-clocks``. Under
     ``--dry-run`` every backend is observe-only: no code path can change a clock.
     """
     if backend is None:
@@ -100,16 +108,24 @@ def create_backend(config: Config, *, backend: GpuBackend | None = None) -> GpuB
 
 
 def _sim_backend(config: Config) -> GpuBackend:
+    """The eerl-sim backend, loaded by name (eerld never imports it otherwise: its wheel holds none of it).
+
+    Missing: one ConfigError saying what to install. The simulator checks ``--sim-profile`` itself.
+    """
     try:
-        from eerld.gpu.sim import create_sim_backend  # noqa: PLC0415 - only the sim backend needs the simulator
+        sim = importlib.import_module(SIM_BACKEND_MODULE)
     except ImportError as e:
-        raise ConfigError(f"--backend: the sim backend is not available in this build ({e})") from e
-    profile = builtin_profile(config.sim_profile)
-    if config.clock_actuator == "application":
-        profile = profile.with_overrides({"locked_clocks": False}, source="--clock-actuator")
-    return create_sim_backend(
-        profile, config.sim_gpus, speedup=config.sim_speedup, state_file=config.sim_state
+        if isinstance(e, ModuleNotFoundError) and e.name in {"eerl_sim", SIM_BACKEND_MODULE}:
+            raise ConfigError(SIM_MISSING_ERROR) from e
+        raise ConfigError(f"--backend sim: the simulator cannot be loaded ({e})") from e
+    backend: GpuBackend = sim.create_daemon_backend(
+        config.sim_profile,
+        config.sim_gpus,
+        speedup=config.sim_speedup,
+        state_file=config.sim_state,
+        locked_clocks=config.clock_actuator != "application",
     )
+    return backend
 
 
 def build(

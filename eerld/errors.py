@@ -35,11 +35,6 @@ class DaemonError(Exception):
     """Root of every error eerld raises on purpose."""
 
 
-EerlError = DaemonError
-"""The root's old name, kept only while the simulator and the benchmark (``eerld.sim``, ``eerld.bench``,
-moving into their own distribution, issue #36) still import it; new code says :class:`DaemonError`."""
-
-
 class GpuError(DaemonError):
     """A GPU backend call failed; ``gpu_index`` is the GPU concerned when known."""
 

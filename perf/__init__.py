@@ -1,7 +1,7 @@
 """eerl's benchmarks (``make bench``, ``python -m perf``): figures for people, never asserted in tests.
 
 Each benchmark is its own module, run from the repository root with ``python -m perf.NAME`` (the
-``eerl-bench`` command, the virtual-time comparison of controllers, is :mod:`eerld.bench`):
+``eerl-bench`` command, the virtual-time comparison of controllers, is :mod:`eerl_sim.bench`):
 
 - :mod:`perf.phase_latency`: BeginPhase + EndPhase round trip against a no-op gRPC floor, SIGKILL to reset;
 - :mod:`perf.echo_server`: that floor, a no-op gRPC server;

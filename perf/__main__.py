@@ -19,7 +19,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "simulator speed (300 iterations, sweep)": ["-m", "perf.sim_speed", "--repeats", "3"],
     "controller vs default vs offline oracle, every scenario": [
         "-m",
-        "eerld.bench.cli",
+        "eerl_sim.bench.cli",
         "all",
         "--out-dir",
         "out/bench",

@@ -20,10 +20,9 @@ from collections.abc import Sequence
 import numpy as np
 from eerl.control.base import ControllerSettings, Decision, PhaseObservation
 from eerl.phases import PhaseKind, Workload
-
-from eerld.bench.runner import ScenarioRun
-from eerld.bench.wrapped import WrappedController
-from eerld.sim.scenario import load_scenario
+from eerl_sim.bench.runner import ScenarioRun
+from eerl_sim.bench.wrapped import WrappedController
+from eerl_sim.scenario import load_scenario
 
 CHECKPOINTS = (100, 500, 1000, 2000, 4000)
 CONTROL_CODE = tracemalloc.Filter(True, "*eerl/control/*")

@@ -44,8 +44,8 @@ from typing import Any
 import grpc
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
+from eerl_sim.gpu import open_sim_device
 
-from eerld.gpu.sim import open_sim_device
 from perf.stats import percentile
 from soak.daemon import stop_process
 

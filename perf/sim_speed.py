@@ -15,10 +15,9 @@ from collections.abc import Callable
 from functools import partial
 
 from eerl.phases import PhaseKind
-
-from eerld.sim.evaluate import run_fixed
-from eerld.sim.scenario import load_scenario
-from eerld.sim.sweep import sweep
+from eerl_sim.evaluate import run_fixed
+from eerl_sim.scenario import load_scenario
+from eerl_sim.sweep import sweep
 
 
 def _median_s(repeats: int, work: Callable[[], object]) -> tuple[float, list[float]]:

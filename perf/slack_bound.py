@@ -21,12 +21,11 @@ from collections.abc import Sequence
 
 import numpy as np
 from eerl.phases import PhaseKind
-
-from eerld.bench import multinode
-from eerld.bench.cli import parse_seeds
-from eerld.bench.runner import RunTotals
-from eerld.sim.nodes import price_nodes
-from eerld.sim.scenario import load_scenario
+from eerl_sim.bench import multinode
+from eerl_sim.bench.cli import parse_seeds
+from eerl_sim.bench.runner import RunTotals
+from eerl_sim.nodes import price_nodes
+from eerl_sim.scenario import load_scenario
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -20,12 +20,11 @@ from collections.abc import Sequence
 import numpy as np
 from eerl.control.base import Decision, PhaseObservation
 from eerl.control.eerl import create_eerl_controller
-
-from eerld.bench.cli import parse_seeds
-from eerld.bench.runner import ControllerFactory, ScenarioRun
-from eerld.bench.wrapped import WrappedController
-from eerld.sim.evaluate import evaluate_between
-from eerld.sim.scenario import Scenario, load_scenario
+from eerl_sim.bench.cli import parse_seeds
+from eerl_sim.bench.runner import ControllerFactory, ScenarioRun
+from eerl_sim.bench.wrapped import WrappedController
+from eerl_sim.evaluate import evaluate_between
+from eerl_sim.scenario import Scenario, load_scenario
 
 THRESHOLD = 0.95
 

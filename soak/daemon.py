@@ -24,10 +24,10 @@ from typing import Any, Self
 
 import grpc
 from eerl.v1 import eerl_pb2 as pb
+from eerl_sim.gpu import SimDevice, open_sim_device
 
 from eerlctl.client import AdminClient
 from eerld.clocks.ledger import LEDGER_FILE, Ledger
-from eerld.gpu.sim import SimDevice, open_sim_device
 
 REPO = Path(__file__).resolve().parents[1]
 """The checkout: every process the soak starts runs from it (``python -m eerld.main``, ``-m soak.worker``)."""

@@ -20,10 +20,10 @@ from typing import Any
 import grpc
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
+from eerl_sim.gpu import FAULTABLE_METHODS, INJECTABLE_ERRORS, SimBackend, VirtualClock, create_sim_backend
+from eerl_sim.profiles import builtin_profile
 
 from eerld.errors import GpuError
-from eerld.gpu.sim import FAULTABLE_METHODS, INJECTABLE_ERRORS, SimBackend, VirtualClock, create_sim_backend
-from eerld.sim.profiles import builtin_profile
 from eerld.testing import ManualClock, running_daemon
 
 GEN, TRAIN = pb.PHASE_KIND_GENERATION, pb.PHASE_KIND_TRAINING

@@ -20,13 +20,13 @@ from typing import Any
 
 import grpc
 from eerl.v1 import eerl_pb2 as pb
+from eerl_sim.gpu import VirtualClock, create_sim_backend
+from eerl_sim.profiles import builtin_profile
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eerld.errors import NotFound
-from eerld.gpu.sim import VirtualClock, create_sim_backend
-from eerld.sim.profiles import builtin_profile
 from eerld.testing import ManualClock, running_daemon
 
 GPUS = 4

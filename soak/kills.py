@@ -17,8 +17,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from eerl_sim.gpu import SimDevice
+
 from eerld.clocks.ledger import Ledger
-from eerld.gpu.sim import SimDevice
 from soak.daemon import REPO, STREAM_RESET_BOUND_S, DaemonProcess, locked_gpus, owned_gpus, wait_for
 
 WORKER = "soak.worker"

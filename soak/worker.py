@@ -16,8 +16,7 @@ import time
 from pathlib import Path
 
 import eerl
-
-from eerld.gpu.sim import open_sim_device
+from eerl_sim.gpu import open_sim_device
 
 WORK_MHZ_S = 2000.0
 """Compute per segment: a few simulated ms at full clock (the daemon's sim runs 10x real time)."""

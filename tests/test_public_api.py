@@ -14,6 +14,7 @@ import types
 from pathlib import Path
 
 import eerl
+import eerl_sim
 import pytest
 
 import eerlctl
@@ -31,9 +32,9 @@ PACKAGES = [
     "eerld.csi",
     "eerld.daemon",
     "eerld.gpu",
-    "eerld.gpu.sim",
     "eerld.metrics",
     "eerlctl",
+    "eerl_sim.gpu",
 ]
 
 ACCIDENTAL_EXPORTS: dict[str, pytest.MarkDecorator] = {}
@@ -90,6 +91,7 @@ def test_every_package_that_declares_all_is_checked_here() -> None:
         "eerld": Path(eerld.__file__).parent,
         "eerlctl": Path(eerlctl.__file__).parent,
         "eerl": Path(eerl.__file__).parent,
+        "eerl_sim": Path(eerl_sim.__file__).parent,
     }
     found = set()
     for top, root in roots.items():

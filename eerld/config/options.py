@@ -41,7 +41,6 @@ from eerld.daemon.core import DEFAULT_LEASE_TTL_S
 from eerld.errors import ConfigError
 from eerld.podresources import DEFAULT_POD_RESOURCES_SOCKET, REFRESH_S
 from eerld.sessions import DEFAULT_MAX_LEASE_TTL_S
-from eerld.sim.profiles import builtin_profile
 
 __all__ = [
     "CONFIG_FILE",
@@ -129,9 +128,8 @@ def option(
 
 @value_rule("NAME")
 def _sim_profile(value: object, label: str) -> str:
-    profile = text(value, label)
-    builtin_profile(profile)
-    return profile
+    """A profile's name; which names exist is the simulator's to say, where the sim backend is built."""
+    return text(value, label)
 
 
 @value_rule("PATH")

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
+from eerl_sim.gpu import VirtualClock, create_sim_backend
+from eerl_sim.profiles import builtin_profile
 
 from eerld.energy import CounterReading, phase_energy
-from eerld.gpu.sim import VirtualClock, create_sim_backend
-from eerld.sim.profiles import builtin_profile
 from eerld.testing import FakeGpuBackend, ManualClock, running_daemon
 
 from .conftest import GEN, TRAIN, begin, end, open_session

@@ -13,9 +13,10 @@ from pathlib import Path
 import grpc
 import pytest
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
+from eerl_sim.gpu import open_sim_device
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from eerld.gpu.sim import open_sim_device
+from eerld.app import SIM_MISSING_ERROR
 from eerld.testing import FakeGpuBackend, ManualClock, running_daemon
 
 from .conftest import GEN, REPO_ROOT, begin, open_session
@@ -136,6 +137,46 @@ def lock_both_gpus(tmp: Path) -> None:
         stub = pb_grpc.PhaseServiceStub(channel)
         session = open_session(stub, 0, 1)
         begin(stub, session.session_id, GEN, 0)
+
+
+class TestSimBackendLoading:
+    """eerld loads the sim backend (the eerl-sim distribution) by name, only for ``--backend sim``."""
+
+    def test_without_eerl_sim_backend_sim_stops_at_start_with_one_line_saying_what_to_install(self, sock_dir):
+        """As on a node with the daemon's wheel only: exit code 2, one line, no socket, no traceback."""
+        hide = (
+            "import sys; sys.modules['eerl_sim'] = None; "
+            "from eerld.main import main; sys.exit(main(sys.argv[1:]))"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", hide, *daemon_args(sock_dir)[3:]],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=PATIENCE_S,
+        )
+        assert (done.returncode, done.stdout) == (2, "")
+        assert done.stderr == f"Error: {SIM_MISSING_ERROR}\n"
+        assert "pip install eerl-sim" in done.stderr
+        assert "pip install -e ./sim" in done.stderr
+        assert not (sock_dir / "w.sock").exists()
+
+    def test_without_eerl_sim_the_nvml_backend_never_looks_for_it(self, sock_dir):
+        """Only ``--backend sim`` needs the simulator: eerld's own modules import none of it."""
+        probe = (
+            "import sys; sys.modules['eerl_sim'] = None; "
+            "import eerld.main, eerld.app, eerld.api.server, eerld.testing, eerlctl.main; print('ok')"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, check=False
+        )
+        assert (done.returncode, done.stdout, done.stderr) == (0, "ok\n", "")
+
+    def test_with_eerl_sim_backend_sim_serves(self, sock_dir, procs):
+        procs.append(start_daemon_process(sock_dir))
+        lock_both_gpus(sock_dir)
+        assert locks(sock_dir) == {0: 1200, 1: 1200}
 
 
 class TestDaemonProcess:

@@ -14,6 +14,8 @@ import pytest
 from eerl.phases import PhaseKind
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
+from eerl_sim.gpu import create_sim_backend
+from eerl_sim.profiles import builtin_profile
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -22,9 +24,7 @@ from eerld.app import create_backend
 from eerld.config import Config, load_config
 from eerld.errors import ConfigError
 from eerld.gpu.base import GpuBackend
-from eerld.gpu.sim import create_sim_backend
 from eerld.main import main
-from eerld.sim.profiles import builtin_profile
 from eerld.testing import FakeGpuBackend, running_daemon
 from soak.daemon import DaemonProcess, wait_for
 
@@ -131,7 +131,6 @@ class TestConfig:
             (["--backend", "cuda"], "--backend"),
             (["--sim-gpus", "0"], "--sim-gpus"),
             (["--sim-speedup", "nan"], "--sim-speedup"),
-            (["--sim-profile", "a100"], "a100"),
             (["--controller", "magic"], "--controller"),
             (["--controller", "fixed"], "--fixed-clocks"),
             (["--fixed-clocks", "decode=1200"], "--fixed-clocks"),
@@ -154,6 +153,29 @@ class TestConfig:
         assert err.startswith("Error: ")
         assert err.count("\n") == 1
         assert names in err
+
+
+class TestSimProfile:
+    """eerl-sim checks --sim-profile where the sim backend is built: one error line, exit code 2."""
+
+    @pytest.mark.parametrize("mode", [[], ["--reset-clocks"]])
+    def test_an_unknown_sim_profile_stops_the_start_with_one_error_line_and_exit_code_2(
+        self, sock_dir, capsys, mode
+    ):
+        argv = [
+            "--backend=sim",
+            "--sim-profile=a100",
+            f"--socket={sock_dir / 'w.sock'}",
+            f"--admin-socket={sock_dir / 'a.sock'}",
+            f"--state-dir={sock_dir / 'state'}",
+            "--metrics-address=off",
+            *mode,
+        ]
+        assert main(argv) == 2
+        assert capsys.readouterr().err == (
+            "Error: unknown GPU profile 'a100'; built-in profiles: gb200, h100-sxm\n"
+        )
+        assert not (sock_dir / "w.sock").exists()
 
 
 class TestResetClocks:

@@ -9,14 +9,14 @@ from eerl.control.simple import OffController
 from eerl.phases import ControllerState, ExecutionMode, GpuRole, PhaseKind, Workload
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
+from eerl_sim.gpu import VirtualClock, create_sim_backend
+from eerl_sim.profiles import builtin_profile
 
 from eerld.app import build
 from eerld.config import Config
 from eerld.daemon import Daemon
 from eerld.errors import BackendFailure
-from eerld.gpu.sim import VirtualClock, create_sim_backend
 from eerld.sessions import GpuSelector, SessionSpec
-from eerld.sim.profiles import builtin_profile
 from eerld.testing import FakeGpuBackend, ManualClock
 
 from .conftest import GEN, TRAIN, begin, end, open_session

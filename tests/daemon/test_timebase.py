@@ -15,10 +15,10 @@ import grpc
 import pytest
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
+from eerl_sim.gpu import create_sim_backend
+from eerl_sim.profiles import builtin_profile
 
 from eerld.daemon.timebase import PhaseTimebase
-from eerld.gpu.sim import create_sim_backend
-from eerld.sim.profiles import builtin_profile
 from eerld.testing import ManualClock, running_daemon
 
 

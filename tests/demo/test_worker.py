@@ -11,12 +11,12 @@ import pytest
 from eerl import ClientConfig, connect
 from eerl.phases import PhaseKind, Workload
 from eerl.testing import FakeDaemon, RecordedPhase
+from eerl_sim.evaluate import evaluate_between, sample_iteration
+from eerl_sim.gpu import VirtualClock, create_sim_backend
+from eerl_sim.scenario import load_scenario
 
 from demo.live import locked_gpus
 from demo.worker import PhaseRun, SimWorker
-from eerld.gpu.sim import VirtualClock, create_sim_backend
-from eerld.sim.evaluate import evaluate_between, sample_iteration
-from eerld.sim.scenario import load_scenario
 from tests.conftest import short_socket_dir
 
 ITERATIONS = 2

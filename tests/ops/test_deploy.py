@@ -419,16 +419,20 @@ class TestDockerfile:
 
 
 def declared_requirements() -> list[Requirement]:
-    """What eerld (base, bench and demo extras), its eerl-client (and the extras it asks for) and both wheel
-    builds require."""
+    """What eerld (base and demo extra), eerl-sim (base and bench extra), the eerl-client they ask for (and
+    its extras) and the three wheel builds require."""
     root = tomllib.loads((ROOT / "pyproject.toml").read_text())
     client = tomllib.loads((ROOT / "client/pyproject.toml").read_text())
-    extras = root["project"]["optional-dependencies"]
-    wanted = [*root["project"]["dependencies"], *extras["bench"], *extras["demo"]]
-    wanted += [*root["build-system"]["requires"], *client["build-system"]["requires"]]
+    sim = tomllib.loads((ROOT / "sim/pyproject.toml").read_text())
+    wanted = [*root["project"]["dependencies"], *root["project"]["optional-dependencies"]["demo"]]
+    wanted += [*sim["project"]["dependencies"], *sim["project"]["optional-dependencies"]["bench"]]
+    wanted += [build for project in (root, client, sim) for build in project["build-system"]["requires"]]
     requirements = []
     for requirement in map(Requirement, wanted):
-        if canonicalize_name(requirement.name) != "eerl-client":
+        name = canonicalize_name(requirement.name)
+        if name == "eerld":  # the checkout's own, whose requirements are listed above
+            continue
+        if name != "eerl-client":
             requirements.append(requirement)
             continue
         requirements += map(Requirement, client["project"]["dependencies"])
@@ -449,7 +453,7 @@ class TestConstraints:
         return pins
 
     def test_every_declared_dependency_is_pinned_within_its_range(self) -> None:
-        """Every requirement of the two pyproject files has an exact pin in constraints.txt that it accepts
+        """Every requirement of the three pyproject files has an exact pin in constraints.txt that it accepts
         (tests/ops/test_packaging.py proves that the indirect ones are pinned too)."""
         pins = self.pins()
         for requirement in declared_requirements():
@@ -459,5 +463,5 @@ class TestConstraints:
             assert accepted, f"{requirement} does not accept the pin {pins[name]}: run `make constraints`"
 
     def test_the_local_projects_are_not_pinned(self) -> None:
-        """eerld and eerl-client come from the checkout's wheels, never from an index."""
-        assert {"eerld", "eerl-client"}.isdisjoint(self.pins())
+        """eerld, eerl-client and eerl-sim come from the checkout's wheels, never from an index."""
+        assert {"eerld", "eerl-client", "eerl-sim"}.isdisjoint(self.pins())

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from eerl_sim.bench.cli import MISSING_EXTRA_ERROR
 
-from eerld.bench.cli import MISSING_EXTRA_ERROR
+from eerld.app import SIM_MISSING_ERROR
 
 pytestmark = pytest.mark.slow
 
@@ -84,12 +85,12 @@ class Installed:
 
 @pytest.fixture(scope="module")
 def installed(wheelhouse: Path, tmp_path_factory: pytest.TempPathFactory) -> Installed:
-    """eerl-client and eerld built with the pinned backend and installed without their extras."""
+    """eerl-client, eerld and eerl-sim built with the pinned backend; eerld installed alone, no extras."""
     work = tmp_path_factory.mktemp("packaging")
     wheels = work / "wheels"
     # Build isolation takes hatchling and its dependencies from the wheelhouse: the pinned backend, offline.
     pip("wheel", "--quiet", "--no-deps", "--no-index", "--find-links", wheelhouse, "--wheel-dir", wheels,
-        ROOT / "client", ROOT)  # fmt: skip
+        ROOT / "client", ROOT, ROOT / "sim")  # fmt: skip
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(work / "venv")], check=True)
     away = work / "away"
     away.mkdir()
@@ -99,7 +100,7 @@ def installed(wheelhouse: Path, tmp_path_factory: pytest.TempPathFactory) -> Ins
 
 
 class TestInstalledWheels:
-    """In file order (pytest's): the base install first; the last test adds the bench extra to it."""
+    """In file order (pytest's): the daemon alone first; then eerl-sim, then its bench extra, added to it."""
 
     def test_the_code_comes_from_the_venv_not_the_checkout(self, installed: Installed) -> None:
         """eerld and eerl import from the fresh venv's site-packages."""
@@ -115,16 +116,36 @@ class TestInstalledWheels:
         assert (done.returncode, done.stderr) == (0, "")
         assert done.stdout.startswith(f"usage: {command}")
 
-    def test_the_wheel_holds_the_daemon_with_its_sim_backend_and_none_of_the_checkouts_tools(
+    def test_the_daemons_wheel_holds_neither_the_simulator_nor_the_checkouts_tools(
         self, installed: Installed
     ) -> None:
-        """eerld.gpu.sim imports from the wheel; demo, perf and soak (the checkout's tools) are not in it."""
+        """eerl_sim (simulator and bench), demo, perf and soak are not in the daemon's wheel."""
         probe = (
-            "import importlib.util as u, eerld.gpu.sim as s; "
-            "print(s.create_sim_backend.__module__, [n for n in ('demo', 'perf', 'soak') if u.find_spec(n)])"
+            "import importlib.util as u; "
+            "print([n for n in ('eerl_sim', 'demo', 'perf', 'soak') if u.find_spec(n)])"
         )
         done = installed.run("python", "-c", probe)
-        assert (done.returncode, done.stdout.strip()) == (0, "eerld.gpu.sim.backend []"), done.stderr
+        assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr
+        assert not (installed.venv / "bin" / "eerl-bench").exists()
+
+    def test_backend_sim_without_eerl_sim_says_what_to_install(self, installed: Installed) -> None:
+        """``eerld --backend sim`` on the daemon's wheel alone: one line naming eerl-sim, exit code 2."""
+        away = installed.away
+        done = installed.run(
+            "eerld", "--backend=sim", f"--socket={away / 'w.sock'}", f"--admin-socket={away / 'a.sock'}",
+            f"--state-dir={away / 'state'}", "--metrics-address=off",
+        )  # fmt: skip
+        assert (done.returncode, done.stdout, done.stderr) == (2, "", f"Error: {SIM_MISSING_ERROR}\n")
+
+    def test_eerl_sim_installs_the_sim_backend_and_eerl_bench(self, installed: Installed) -> None:
+        """With eerl-sim, the sim backend loads from its wheel (no checkout's tools in it either)."""
+        installed.install("eerl-sim")
+        probe = (
+            "import importlib.util as u, eerl_sim.gpu as s; print(s.create_daemon_backend.__module__, "
+            "[n for n in ('demo', 'perf', 'soak') if u.find_spec(n)])"
+        )
+        done = installed.run("python", "-c", probe)
+        assert (done.returncode, done.stdout.strip()) == (0, "eerl_sim.gpu.backend []"), done.stderr
 
     def test_bench_without_its_extra_says_which_to_install(self, installed: Installed) -> None:
         """Without the bench extra, eerl-bench prints one line naming the extra and exits 2, no traceback."""
@@ -132,8 +153,8 @@ class TestInstalledWheels:
         assert (done.returncode, done.stdout, done.stderr) == (2, "", MISSING_EXTRA_ERROR + "\n")
 
     def test_bench_with_its_extra_runs_a_packaged_scenario(self, installed: Installed) -> None:
-        """With eerld[bench], eerl-bench finds sync-h100 inside the installed package and runs it."""
-        installed.install("eerld[bench]")
+        """With eerl-sim[bench], eerl-bench finds sync-h100 inside the installed package and runs it."""
+        installed.install("eerl-sim[bench]")
         done = installed.run("eerl-bench", "controller", "--scenario", "sync-h100", "--iterations", "20")
         assert done.returncode == 0, done.stderr
         assert done.stdout.startswith("scenario sync-h100, 20 iterations")

@@ -28,12 +28,12 @@ import pytest
 import structlog
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
+from eerl_sim.gpu import SimBackend, create_sim_backend, open_sim_device
+from eerl_sim.profiles import builtin_profile
 
 from eerld.clocks.ledger import LEDGER_FILE
 from eerld.clocks.pins import PINS_FILE
 from eerld.errors import NoPermission
-from eerld.gpu.sim import SimBackend, create_sim_backend, open_sim_device
-from eerld.sim.profiles import builtin_profile
 from eerld.testing import FakeGpuBackend, ManualClock, running_daemon
 from soak.daemon import DaemonProcess
 

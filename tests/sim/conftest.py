@@ -6,9 +6,8 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-
-from eerld.sim.scenario import Scenario, load_scenario
-from eerld.sim.sweep import SweepResult, sweep
+from eerl_sim.scenario import Scenario, load_scenario
+from eerl_sim.sweep import SweepResult, sweep
 
 CALIBRATION_ITERATIONS = 12
 """Iterations per calibration run: enough for stable ratios (common random numbers), quick enough."""

@@ -15,19 +15,14 @@ import pytest
 from eerl.control.base import Controller, ControllerSettings, Decision, PhaseObservation, PhaseSnapshot
 from eerl.control.budget import KindOptions, allocate_sync
 from eerl.phases import ControllerState, PhaseKind, Workload
+from eerl_sim import physics
+from eerl_sim.bench.runner import ScenarioRun
+from eerl_sim.evaluate import evaluate_between, evaluate_phase, run_fixed, sample_iteration
+from eerl_sim.pricing import clock_grid
+from eerl_sim.scenario import BetweenSpec, load_scenario, parse_scenario
+from eerl_sim.workload import training_tokens
 
-from eerld.bench.runner import ScenarioRun
 from eerld.errors import ConfigError
-from eerld.sim import physics
-from eerld.sim.evaluate import (
-    clock_grid,
-    evaluate_between,
-    evaluate_phase,
-    run_fixed,
-    sample_iteration,
-)
-from eerld.sim.scenario import BetweenSpec, load_scenario, parse_scenario
-from eerld.sim.workload import training_tokens
 
 ITERATIONS = 12
 GEN_MHZ, TRAIN_MHZ = 1200, 1500

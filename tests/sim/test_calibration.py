@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 from eerl.phases import PhaseKind
-
-from eerld.sim.evaluate import clock_grid, evaluate_phase, sample_iteration
-from eerld.sim.scenario import Scenario, load_scenario
-from eerld.sim.sweep import SweepResult
+from eerl_sim.evaluate import evaluate_phase, sample_iteration
+from eerl_sim.pricing import clock_grid
+from eerl_sim.scenario import Scenario, load_scenario
+from eerl_sim.sweep import SweepResult
 
 from .conftest import CALIBRATION_ITERATIONS
 

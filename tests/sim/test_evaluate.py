@@ -7,10 +7,10 @@ import dataclasses
 import numpy as np
 import pytest
 from eerl.phases import PhaseKind
+from eerl_sim.evaluate import evaluate_phase, iteration_totals, run_fixed, sample_iteration
+from eerl_sim.scenario import Scenario
 
 from eerld.errors import InvalidArgument
-from eerld.sim.evaluate import evaluate_phase, iteration_totals, run_fixed, sample_iteration
-from eerld.sim.scenario import Scenario
 
 GEN, TRAIN = PhaseKind.GENERATION, PhaseKind.TRAINING
 

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import pytest
-
-from eerld.sim.fixed_report import (
+from eerl_sim.fixed_report import (
     FixedSetting,
     calibration_figures,
     compare_fixed,
     format_calibration,
     format_table,
 )
-from eerld.sim.scenario import Scenario
+from eerl_sim.scenario import Scenario
 
 
 class TestCompareFixed:

@@ -1,4 +1,4 @@
-"""The multi-node model (eerld.sim.nodes) and its scenario table ([workload.nodes])."""
+"""The multi-node model (eerl_sim.nodes) and its scenario table ([workload.nodes])."""
 
 from __future__ import annotations
 
@@ -8,11 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from eerl.phases import PhaseKind
-
-from eerld.errors import ConfigError
-from eerld.sim.evaluate import clock_grid, evaluate_phase, sample_iteration
-from eerld.sim.meter import EnergyCounters
-from eerld.sim.nodes import (
+from eerl_sim.evaluate import evaluate_phase, sample_iteration
+from eerl_sim.meter import EnergyCounters
+from eerl_sim.nodes import (
     NodePhaseTable,
     draw_nodes,
     meter_nodes,
@@ -21,7 +19,10 @@ from eerld.sim.nodes import (
     price_nodes,
     uniform_job_phase,
 )
-from eerld.sim.scenario import NodesSpec, Scenario, builtin_scenario_names, load_scenario, nodes_fields
+from eerl_sim.pricing import clock_grid
+from eerl_sim.scenario import NodesSpec, Scenario, builtin_scenario_names, load_scenario, nodes_fields
+
+from eerld.errors import ConfigError
 
 GEN, TRAIN = PhaseKind.GENERATION, PhaseKind.TRAINING
 MULTINODE = ("multinode-16-h100", "multinode-32-h100", "multinode-4-h100", "multinode-8-gb200")

@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from eerl.phases import PhaseKind
+from eerl_sim import physics
+from eerl_sim.evaluate import evaluate_phase, sample_iteration
+from eerl_sim.pricing import clock_grid, power_capped_index
+from eerl_sim.profiles import BUILTIN_PROFILES, GB200, H100_SXM, GpuProfile
+from eerl_sim.scenario import Scenario
+from eerl_sim.workload import Segments
 from hypothesis import given
 from hypothesis import strategies as st
-
-from eerld.sim import physics
-from eerld.sim.evaluate import clock_grid, evaluate_phase, power_capped_index, sample_iteration
-from eerld.sim.profiles import BUILTIN_PROFILES, GB200, H100_SXM, GpuProfile
-from eerld.sim.scenario import Scenario
-from eerld.sim.workload import Segments
 
 PROFILES = sorted(BUILTIN_PROFILES.values(), key=lambda p: p.name)
 

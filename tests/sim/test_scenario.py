@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 from eerl.phases import ExecutionMode, PhaseKind
+from eerl_sim.scenario import builtin_scenario_names, load_scenario, scenario_fields
 
 from eerld.errors import ConfigError
-from eerld.sim.scenario import builtin_scenario_names, load_scenario, scenario_fields
 
 WriteScenario = Callable[..., Path]
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from eerl.phases import PhaseKind
-
-from eerld.sim.evaluate import run_fixed
-from eerld.sim.scenario import Scenario
-from eerld.sim.sweep import SweepResult, sweep
+from eerl_sim.evaluate import run_fixed
+from eerl_sim.scenario import Scenario
+from eerl_sim.sweep import SweepResult, sweep
 
 GEN, TRAIN = PhaseKind.GENERATION, PhaseKind.TRAINING
 

@@ -7,10 +7,9 @@ import dataclasses
 import numpy as np
 import pytest
 from eerl.phases import PhaseKind
-
-from eerld.sim.evaluate import evaluate_phase, sample_iteration
-from eerld.sim.scenario import Scenario
-from eerld.sim.workload import draw_rollout
+from eerl_sim.evaluate import evaluate_phase, sample_iteration
+from eerl_sim.scenario import Scenario
+from eerl_sim.workload import draw_rollout
 
 from .conftest import quiet
 

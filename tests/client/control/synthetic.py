@@ -13,9 +13,8 @@ import numpy as np
 from eerl.control.base import Controller, PhaseObservation
 from eerl.control.eerl import PROBE_REASON
 from eerl.phases import ControllerState, PhaseKind, Workload
-
-from eerld.sim import physics
-from eerld.sim.profiles import H100_SXM
+from eerl_sim import physics
+from eerl_sim.profiles import H100_SXM
 
 GRID_MHZ: tuple[int, ...] = H100_SXM.sm_clock_grid_mhz()
 KINDS = (PhaseKind.GENERATION, PhaseKind.TRAINING)

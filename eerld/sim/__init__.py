@@ -1,1 +1,0 @@
-"""The simulated GPU and RL workload of docs/simulator.md (the shared sim-model spec)."""
