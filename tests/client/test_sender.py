@@ -10,7 +10,7 @@ import eerl
 import pytest
 from eerl import ClientConfig, Session, Workload
 from eerl.link import Code
-from eerl.link.memory import MemoryDaemon
+from eerl.testing import MemoryDaemon
 from eerl.v1 import eerl_pb2
 
 from .conftest import fast, wait_until

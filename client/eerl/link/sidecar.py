@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eerl._pb_enums import KIND_FROM_PB, STATE_TO_PB
-from eerl.link.base import Code, LinkError
+from eerl.link.base import AttachStream, Code, LinkError
 from eerl.phases import WORKLOAD_FIELDS, ControllerState
 from eerl.sidecar._address import SidecarAddress
 from eerl.sidecar._owner import SidecarNotOurs, check_sidecar_peer
@@ -237,7 +237,7 @@ class SidecarLink:
     def close_session(self, session_id: str, timeout_s: float) -> None:
         """Nothing: the sidecar's session outlives this process."""
 
-    def attach(self, session_id: str) -> Any:
+    def attach(self, session_id: str) -> AttachStream:
         raise SidecarLinkError(Code.UNIMPLEMENTED, "a sidecar holds the session's stream itself")
 
     def issue_claim_ticket(self, timeout_s: float) -> str:
