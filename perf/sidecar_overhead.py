@@ -46,9 +46,9 @@ from pathlib import Path
 
 import eerl
 from eerl import ClientConfig
+from eerl.link.sidecar import SidecarHttp
 from eerl.sidecar._address import parse_address
 from eerl.sidecar._owner import job_environment
-from eerl.sidecar.client import SidecarHttp
 
 from eerlctl.client import AdminClient
 from perf.stats import percentile

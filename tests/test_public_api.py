@@ -24,6 +24,7 @@ PACKAGES = [
     "eerl",
     "eerl.integrations",
     "eerl.job",
+    "eerl.link",
     "eerl.ray",
     "eerld",
     "eerld.api.csi",

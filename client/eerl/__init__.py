@@ -11,7 +11,7 @@ Importing ``eerl`` needs only grpcio and protobuf; the framework hooks live in `
 and are imported only when asked for.
 """
 
-from eerl._sender import ClientStats
+from eerl._pump import ClientStats
 from eerl._version import __version__
 from eerl.config import DEFAULT_SOCKET_PATH, ClientConfig
 from eerl.errors import ClientError, ConfigError

@@ -1,8 +1,6 @@
-"""Builds the gRPC channel to the daemon from a :class:`ClientConfig`, and tells a refused socket apart."""
+"""Builds the gRPC channel to the daemon from a :class:`ClientConfig` (for :class:`eerl.link.GrpcLink`)."""
 
 from __future__ import annotations
-
-import socket
 
 import grpc
 
@@ -24,7 +22,6 @@ _CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.enable_retries", 0),
     ("grpc.use_local_subchannel_pool", 1),
 ]
-_PROBE_TIMEOUT_S = 0.5
 
 
 def make_channel(config: ClientConfig, *, socket_path: str | None = None) -> grpc.Channel:
@@ -41,22 +38,3 @@ def make_channel(config: ClientConfig, *, socket_path: str | None = None) -> grp
         return grpc.secure_channel(config.target, credentials, options=_CHANNEL_OPTIONS)
     target = config.target if socket_path is None else uds_target(socket_path)
     return grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
-
-
-def refused_by_kernel(path: str) -> bool:
-    """True when the socket at ``path`` exists but the kernel refuses this process a connection (its owner
-    and mode, or a directory on the way, keep this user out); False for any other outcome.
-
-    gRPC reports such a refusal as UNAVAILABLE, like an absent daemon; one plain connect tells them apart.
-    """
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(_PROBE_TIMEOUT_S)
-    try:
-        probe.connect(path)
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    finally:
-        probe.close()
-    return False

@@ -26,11 +26,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from eerl.errors import ConfigError
+from eerl.link.sidecar import SidecarForeign, SidecarHttp, SidecarUnreachable
 from eerl.sidecar._address import SidecarAddress, parse_address
 from eerl.sidecar._api import WORKLOAD_FIELDS
 from eerl.sidecar._owner import token_from_env
 from eerl.sidecar._paths import default_address, env_job_id
-from eerl.sidecar.client import SidecarForeign, SidecarHttp, SidecarUnreachable
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _COUNTS = tuple(name for name, _ in WORKLOAD_FIELDS)

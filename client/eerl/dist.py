@@ -11,7 +11,7 @@ the directive of another phase than its own turns job-level control off (the ran
 timeout or error on the side group turns job-level control off on that rank for the rest of the job, with
 one warning; the job goes on, and its nodes return to their default clocks.
 
-``eerl-sidecar --job-nodes`` (:mod:`eerl.sidecar._agent`) runs a ``DistJob`` too, one rank per node: the
+``eerl-sidecar --job-nodes`` (:mod:`eerl.sidecar._seat`) runs a ``DistJob`` too, one rank per node: the
 same collectives for a job that does not run its phases in Python.
 
     job = eerl.dist.DistJob(job_id="my-grpo-run")        # after torch.distributed.init_process_group

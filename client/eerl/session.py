@@ -2,7 +2,8 @@
 
 Fail-open is the first promise. :func:`connect` never raises because of the daemon, and a phase never
 waits for it: entering and leaving a phase only queue an event for the background sender
-(:mod:`eerl._sender`), which talks to the daemon on its own thread. If the daemon is absent, slow or
+(:mod:`eerl._pump`, :mod:`eerl._sender`), which talks to the daemon on its own thread over a link
+(:mod:`eerl.link`). If the daemon is absent, slow or
 dies, the job runs on at the default clocks; one warning says so, and the sender reconnects when it can.
 
 The trade-off: the daemon applies a phase's clock when it receives ``BeginPhase``, so the phase body may
@@ -23,12 +24,15 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import ParamSpec, TypeVar
 
-from eerl._sender import ClientStats, Event, EventSink, OpenRequest, PhaseAnswer, Sender, _Counters
+from eerl._answers import PhaseAnswer
+from eerl._pump import ClientStats, Event, EventSink, _Counters
+from eerl._sender import OpenRequest, Sender
 from eerl._tally import ReportsToInnermost, WorkloadTally
 from eerl._version import __version__
 from eerl.config import ClientConfig
 from eerl.errors import ConfigError
 from eerl.gpus import GpuId, parse_gpus, visible_gpus
+from eerl.link.base import Connect
 from eerl.phases import ExecutionMode, GpuRole, PhaseKind, Workload, parse_enum
 from eerl.wire.enums import MODE_TO_PB, ROLE_TO_PB
 from eerl.wire.limits import MAX_ITERATION, to_count
@@ -291,6 +295,7 @@ def connect(
     rank: int = 0,
     world_size: int = 0,
     threshold: float | None = None,
+    link: Connect | None = None,
 ) -> Session:
     """Opens a session with the node's daemon in the background and returns at once.
 
@@ -299,7 +304,8 @@ def connect(
     and the claim tickets cover.
     ``job_id``: default ``config.job_id`` (``EERL_JOB_ID``), else ``SLURM_JOB_ID``, else host and pid.
     ``config``: default :meth:`ClientConfig.from_env`. ``threshold``: the minimum throughput, as a
-    fraction of the default clocks' (daemon default when None).
+    fraction of the default clocks' (daemon default when None). ``link``: how to reach the daemon (default:
+    gRPC to ``config``'s socket); tests give :meth:`eerl.link.memory.MemoryDaemon.connect`.
 
     Raises :class:`ConfigError` only for invalid arguments; a daemon that is absent or an environment it
     cannot read gives a disabled or retrying session and one warning, never an exception.
@@ -352,6 +358,7 @@ def connect(
             throughput_threshold=threshold or 0.0,
             client_name=client_name,
         ),
+        connect=link,
     )
     sender.start()
     return Session(sender, gpus=chosen_gpus, job_id=chosen_job_id)

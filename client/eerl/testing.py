@@ -5,6 +5,9 @@ call, so a test can check what a job told the daemon without a daemon, a GPU, or
 and started again on the same socket to play a daemon that dies and comes back; a restarted fake forgets
 its sessions, as a restarted daemon does. :meth:`FakeDaemon.refuse` and :meth:`FakeDaemon.delay` play a
 daemon that refuses or stalls calls. Import it explicitly: ``from eerl.testing import FakeDaemon``.
+
+Where no socket is needed, :class:`MemoryDaemon` (:mod:`eerl.link.memory`) is faster: an in-memory daemon
+behind the client's own link seam, given as ``eerl.connect(..., link=daemon.connect)``.
 """
 
 from __future__ import annotations
@@ -21,9 +24,12 @@ from types import TracebackType
 import grpc
 
 from eerl.config import ClientConfig
+from eerl.link.memory import MemoryDaemon
 from eerl.phases import PhaseKind, Workload
 from eerl.v1 import eerl_pb2, eerl_pb2_grpc
 from eerl.wire.enums import KIND_FROM_PB, workload_from_pb
+
+__all__ = ["FakeDaemon", "MemoryDaemon", "RecordedPhase", "RecordedSession"]
 
 
 @dataclass(frozen=True, slots=True)

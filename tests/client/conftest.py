@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,16 @@ from eerl.testing import FakeDaemon
 from eerld.api.server import Server, create_server
 from eerld.config import Config
 from eerld.daemon import PhaseRecord, SessionView
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    """Polls ``predicate`` until it holds (True) or ``timeout_s`` passed (False)."""
+    deadline_s = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline_s:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def fast(config: ClientConfig, **overrides: float) -> ClientConfig:

@@ -12,7 +12,7 @@ import grpc
 import numpy as np
 import pytest
 from eerl import ClientConfig, PhaseKind, Workload
-from eerl import _sender as sender_module
+from eerl import _pump as pump_module
 from eerl._sender import Sender
 from eerl.testing import FakeDaemon
 
@@ -176,7 +176,7 @@ class TestTheSenderSurvives:
         monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture,
     ) -> None:
-        real = sender_module.check_workload
+        real = pump_module.check_workload
         calls: list[int] = []
 
         def fails_first(workload: Workload) -> Any:
@@ -185,7 +185,7 @@ class TestTheSenderSurvives:
                 raise RuntimeError("a bug")
             return real(workload)
 
-        monkeypatch.setattr(sender_module, "check_workload", fails_first)
+        monkeypatch.setattr(pump_module, "check_workload", fails_first)
         with eerl.connect(gpus=[0], config=config) as session:
             for i in range(3):
                 with session.phase("generation", iteration=i) as p:

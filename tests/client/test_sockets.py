@@ -149,7 +149,7 @@ _AS_NOBODY = """
 import json, logging, os, sys, time
 import eerl, grpc
 from eerl import ClientConfig
-from eerl._channel import refused_by_kernel  # everything imported before dropping privileges
+from eerl.link.opening import refused_by_kernel  # everything imported before dropping privileges
 grpc.insecure_channel("unix:/nonexistent").close()
 records = []
 handler = logging.Handler()

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from eerl.link.sidecar import SidecarHttp
 from eerl.sidecar._address import parse_address
-from eerl.sidecar.client import SidecarHttp
 from eerl.v1 import eerl_pb2
 
 from soak.daemon import DaemonProcess, stop_process

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from eerl.link.sidecar import SidecarHttp, SidecarUnreachable
 from eerl.sidecar._address import parse_address
-from eerl.sidecar.client import SidecarHttp, SidecarUnreachable
 
 from tests.sidecar.conftest import SidecarProcess, SimEerld, sidecar_for, wait_until
 

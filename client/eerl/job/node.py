@@ -18,20 +18,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import grpc
-
-from eerl._channel import make_channel
-from eerl._sender import _describe, _gpu_ref
 from eerl._version import __version__
 from eerl.config import ClientConfig
 from eerl.directives import Directive, DirectiveVerdict
 from eerl.gpus import GpuId, parse_gpus, visible_gpus
 from eerl.job.controller import NodeReport, common_clocks
+from eerl.link import grpc_connect
+from eerl.link.base import Code, Connect, DaemonLink, LinkError
+from eerl.link.opening import claim_tickets, gpu_ref, open_session, watch_attach
 from eerl.phases import ExecutionMode, GpuRole, PhaseKind, Workload
-from eerl.v1 import eerl_pb2, eerl_pb2_grpc
+from eerl.v1 import eerl_pb2
 from eerl.wire.enums import (
     KIND_TO_PB,
     MODE_TO_PB,
@@ -48,10 +47,6 @@ logger = logging.getLogger("eerl")
 
 DEFAULT_TIMEOUT_S = 1.0
 """The deadline of one call to the daemon (open, begin, end, close) unless given."""
-_CONNECTION_LOST = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.NOT_FOUND}
-)
-"""Codes after which the session is gone (the daemon, its socket, or the session itself)."""
 _FAILURES_BEFORE_REOPEN = 3
 
 
@@ -73,14 +68,15 @@ class NodeBegin:
 
 
 @dataclass(slots=True)
-class _Link:
-    channel: grpc.Channel
-    stub: eerl_pb2_grpc.PhaseServiceStub
+class _Held:
+    """One job-mode session: its link, id, epoch and GPUs, and the state of its Attach stream and phase."""
+
+    link: DaemonLink
     session_id: str
     epoch: int
     gpus: int
     supported: tuple[int, ...]
-    attach_call: grpc.CallIterator[eerl_pb2.SessionEvent] | None = None
+    cancel_attach: Callable[[], None] | None = None
     broken: threading.Event = field(default_factory=threading.Event)
     attached: threading.Event = field(default_factory=threading.Event)
     """Set by the first Attach event: from then on the session ends with this process."""
@@ -94,7 +90,9 @@ class NodeLink:
 
     ``config``: how to reach this node's daemon (default discovery: :meth:`ClientConfig.from_env`).
     ``gpus``: the GPUs of this node the job uses (default ``config.gpus`` / ``EERL_GPUS``, else
-    ``CUDA_VISIBLE_DEVICES``; none on a scoped socket). ``timeout_s``: every call's deadline.
+    ``CUDA_VISIBLE_DEVICES``; none on a scoped socket). ``timeout_s``: every call's deadline. ``connect``:
+    how to reach the daemon (default: gRPC to ``config``'s socket; tests give
+    :meth:`eerl.link.memory.MemoryDaemon.connect`).
     """
 
     def __init__(
@@ -109,8 +107,10 @@ class NodeLink:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         reopen_initial_s: float = 0.2,
         reopen_max_s: float = 5.0,
+        connect: Connect | None = None,
     ) -> None:
         self._config = config
+        self._connect = connect if connect is not None else grpc_connect(config)
         self._job_id = job_id
         self._node_rank = node_rank
         self._incarnation = incarnation
@@ -121,7 +121,7 @@ class NodeLink:
         self._backoff_s = reopen_initial_s
         self._next_open_s = 0.0
         self._lock = threading.RLock()
-        self._link: _Link | None = None
+        self._link: _Held | None = None
         self._epoch = 0
         self._closed = False
         self._warned: set[str] = set()
@@ -216,9 +216,7 @@ class NodeLink:
         if link is None:
             return
         try:
-            link.stub.CloseSession(
-                eerl_pb2.CloseSessionRequest(session_id=link.session_id), timeout=self._timeout_s
-            )
+            link.link.close_session(link.session_id, self._timeout_s)
         except Exception as e:
             logger.debug("eerl: node %d: CloseSession failed (%s)", self._node_rank, e)
         finally:
@@ -244,11 +242,13 @@ class NodeLink:
             request.directive.CopyFrom(_directive_pb(directive))
         link.open_phase = None
         try:
-            reply = link.stub.BeginPhase(request, timeout=self._timeout_s)
-        except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            reply = link.link.begin_phase(request, self._timeout_s)
+        except LinkError as e:
+            if e.code is Code.DEADLINE_EXCEEDED:
                 link.open_phase = (kind, checked)  # most likely begun: let the end try
             self._on_error(link, e, "BeginPhase")
+            return self._no_begin()
+        if reply is None:  # pragma: no cover - only a relay answers nothing, and a node holds no relay
             return self._no_begin()
         link.failures = 0
         verdict = _verdict(reply.verdict)
@@ -275,9 +275,11 @@ class NodeLink:
         if workload is not None:
             request.workload.CopyFrom(_workload_pb(workload))
         try:
-            reply = link.stub.EndPhase(request, timeout=self._timeout_s)
-        except grpc.RpcError as e:
+            reply = link.link.end_phase(request, self._timeout_s)
+        except LinkError as e:
             self._on_error(link, e, "EndPhase")
+            return self._no_report(kind, iteration)
+        if reply is None:  # pragma: no cover - only a relay answers nothing, and a node holds no relay
             return self._no_report(kind, iteration)
         link.failures = 0
         verdict = _verdict(reply.verdict) if reply.verdict else link.begin_verdict
@@ -294,7 +296,7 @@ class NodeLink:
             gpus=reply.gpus or link.gpus,
         )
 
-    def _ensure(self, *, force: bool = False) -> _Link | None:
+    def _ensure(self, *, force: bool = False) -> _Held | None:
         """The open link, opening one if none is (or its stream ended), subject to back-off."""
         if self._closed or self._disabled_why:
             return None
@@ -320,37 +322,36 @@ class NodeLink:
             self._next_open_s = 0.0
         return opened
 
-    def _open(self) -> _Link | None:
-        tickets = self._claim_tickets()
-        channel = make_channel(self._config)
-        stub = eerl_pb2_grpc.PhaseServiceStub(channel)
+    def _open(self) -> _Held | None:
+        tickets = claim_tickets(self._connect, self._config.ticket_socket_paths, self._timeout_s)
+        for path, why in tickets.missing:
+            logger.debug("eerl: no claim ticket from %s (%s)", path, why)
         request = eerl_pb2.OpenSessionRequest(
             job_id=self._job_id,
             rank=self._node_rank,
             world_size=self._world_size,
-            gpus=[_gpu_ref(gpu) for gpu in self._gpus],
+            gpus=[gpu_ref(gpu) for gpu in self._gpus],
             mode=MODE_TO_PB[ExecutionMode.SYNC],
             role=ROLE_TO_PB[GpuRole.BOTH],
             client_name=f"eerl-client {__version__} / node agent",
-            claim_tickets=tickets,
+            claim_tickets=tickets.tickets,
             job_mode=eerl_pb2.JobMode(enabled=True, incarnation=self._incarnation, node_rank=self._node_rank),
         )
         try:
-            reply = stub.OpenSession(request, timeout=self._timeout_s)
-        except grpc.RpcError as e:
-            channel.close()
-            if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+            daemon, reply = open_session(self._connect, request, self._timeout_s)
+        except LinkError as e:
+            if e.code is Code.FAILED_PRECONDITION:
                 self._backoff_s = self._reopen_max_s
             self._warn(
                 f"node {self._node_rank}: cannot open a job-mode session with eerld at "
-                f"{self._config.target} ({_describe(e)}); this node runs at its daemon's fallback clocks "
+                f"{self._config.target} ({e.describe()}); this node runs at its daemon's fallback clocks "
                 "and eerl keeps retrying",
                 "open",
             )
             return None
         self._epoch += 1
         self._supported = _intersection(reply.gpus)
-        link = _Link(channel, stub, reply.session_id, self._epoch, len(reply.gpus), self._supported)
+        link = _Held(daemon, reply.session_id, self._epoch, len(reply.gpus), self._supported)
         self._attach(link)
         # Wait (bounded) for the daemon to confirm the binding: until then the session is lease-bound, and
         # a phase begun in that window would outlive an agent that died in it.
@@ -361,39 +362,30 @@ class NodeLink:
             logger.info("eerl: node %d: session open again (epoch %d)", self._node_rank, link.epoch)
         return link
 
-    def _claim_tickets(self) -> list[str]:
-        tickets: list[str] = []
-        for path in self._config.ticket_socket_paths:
-            channel = make_channel(self._config, socket_path=path)
-            try:
-                reply = eerl_pb2_grpc.PhaseServiceStub(channel).IssueClaimTicket(
-                    eerl_pb2.IssueClaimTicketRequest(), timeout=self._timeout_s
-                )
-            except grpc.RpcError as e:
-                logger.debug("eerl: no claim ticket from %s (%s)", path, _describe(e))
-                continue
-            finally:
-                channel.close()
-            if reply.ticket:
-                tickets.append(reply.ticket)
-        return tickets
+    def _attach(self, link: _Held) -> None:
+        def on_event(event: eerl_pb2.SessionEvent) -> None:
+            link.attached.set()
+            logger.debug("eerl: %s", event.message)
 
-    def _attach(self, link: _Link) -> None:
-        try:
-            call = link.stub.Attach(eerl_pb2.AttachRequest(session_id=link.session_id))
-        except Exception:  # pragma: no cover - a unary-stream call reports errors when read
+        def on_end(error: LinkError | None) -> None:
+            if error is not None:
+                logger.debug("eerl: the Attach stream ended (%s)", error.describe())
             link.broken.set()
-            return
-        link.attach_call = call
-        threading.Thread(
-            target=_read_attach, args=(link, call), name=f"eerl-node-{self._node_rank}-attach", daemon=True
-        ).start()
 
-    def _on_error(self, link: _Link, error: grpc.RpcError, rpc: str) -> None:
-        code = error.code()
-        logger.debug("eerl: node %d: %s failed (%s)", self._node_rank, rpc, _describe(error))
+        link.cancel_attach = watch_attach(
+            link.link,
+            link.session_id,
+            name=f"eerl-node-{self._node_rank}-attach",
+            on_event=on_event,
+            on_end=on_end,
+        )
+
+    def _on_error(self, link: _Held, error: LinkError, rpc: str) -> None:
+        """A failed call: the session is gone when the connection is lost or the daemon forgot it (both
+        reopen at the next begin), or after ``_FAILURES_BEFORE_REOPEN`` failures in a row."""
+        logger.debug("eerl: node %d: %s failed (%s)", self._node_rank, rpc, error.describe())
         link.failures += 1
-        if code in _CONNECTION_LOST or link.failures >= _FAILURES_BEFORE_REOPEN:
+        if error.connection_lost or error.session_lost or link.failures >= _FAILURES_BEFORE_REOPEN:
             link.broken.set()
 
     def _no_begin(self) -> NodeBegin:
@@ -440,24 +432,11 @@ class NodeLink:
         )
 
 
-def _read_attach(link: _Link, call: grpc.CallIterator[eerl_pb2.SessionEvent]) -> None:
-    """The attach thread: reads until the stream ends, then marks the link broken."""
-    try:
-        for event in call:
-            link.attached.set()
-            logger.debug("eerl: %s", event.message)
-    except grpc.RpcError as e:
-        logger.debug("eerl: the Attach stream ended (%s)", _describe(e))
-    except Exception:  # pragma: no cover - never let this thread die loudly
-        logger.debug("eerl: the Attach stream failed", exc_info=True)
+def _drop(link: _Held) -> None:
     link.broken.set()
-
-
-def _drop(link: _Link) -> None:
-    link.broken.set()
-    if link.attach_call is not None:
-        link.attach_call.cancel()  # type: ignore[no-untyped-call]  # grpc-stubs leaves it untyped
-    link.channel.close()
+    if link.cancel_attach is not None:
+        link.cancel_attach()
+    link.link.close()
 
 
 def _intersection(gpus: Sequence[eerl_pb2.GpuInfo]) -> tuple[int, ...]:

@@ -14,7 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from eerl._sender import ClientStats, PhaseAnswer
+from eerl._answers import PhaseAnswer
+from eerl._pump import ClientStats
 from eerl.errors import ConfigError, one_line
 from eerl.phases import PhaseKind, Workload
 from eerl.wire.limits import MAX_ITERATION, WORKLOAD_LIMITS

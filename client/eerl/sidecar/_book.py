@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from eerl._sender import PhaseAnswer
+from eerl._answers import PhaseAnswer
 from eerl.phases import PhaseKind
 from eerl.sidecar._api import ApiError
 

@@ -4,7 +4,7 @@ through the job-level control instead of a session of its own.
 The job posts its phases to its node's sidecar unchanged (``POST /v1/phases/begin|end``). Instead of opening
 a session with :func:`eerl.connect` (whose own controller would decide for this node alone, which is wrong
 for a job gated by its slowest node: docs/multinode.md), the sidecar hands every edge to its
-:class:`~eerl.sidecar._agent.NodeAgent`, which turns it into the job-level collective step (the directive
+:class:`~eerl.sidecar._seat.JobSeat`, which turns it into the job-level collective step (the directive
 broadcast at a begin, the reports gathered at an end) and applies it at the node's daemon.
 
 The answers keep the sidecar's bound: a call waits for its step at most the answer timeout, and only while
@@ -22,15 +22,15 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from eerl._sender import PhaseAnswer
+from eerl._answers import PhaseAnswer
 from eerl._version import __version__
 from eerl.config import ClientConfig
 from eerl.errors import ConfigError
 from eerl.gpus import GpuId
 from eerl.phases import PhaseKind
-from eerl.sidecar._agent import AgentOptions, AgentState, NodeAgent, Step
 from eerl.sidecar._api import BeginRequest, EndRequest, begin_answer, end_answer
 from eerl.sidecar._book import OpenPhases, Tallies
+from eerl.sidecar._seat import JobSeat, SeatOptions, SeatState, Step
 from eerl.sidecar._world import job_world
 
 __all__ = ["JobSidecar", "add_job_arguments", "job_sidecar"]
@@ -43,17 +43,17 @@ DEFAULT_RENDEZVOUS_TIMEOUT_S = 300.0
 
 class JobSidecar:
     """The phase state machine behind the HTTP API in job mode: the phases open, each edge a :class:`Step`
-    of the node's agent. Thread-safe as :class:`eerl.sidecar.server.Sidecar` is (one request at a time)."""
+    of the node's seat. Thread-safe as :class:`eerl.sidecar.server.Sidecar` is (one request at a time)."""
 
     def __init__(
         self,
-        agent: NodeAgent,
+        seat: JobSeat,
         *,
         job_id: str | None,
         gpus: tuple[GpuId, ...] | None,
         answer_timeout_s: float,
     ) -> None:
-        self._agent = agent
+        self._seat = seat
         self._job_id = job_id
         self._gpus = gpus or ()
         self._answer_timeout_s = answer_timeout_s
@@ -65,8 +65,8 @@ class JobSidecar:
         self._refused = 0
 
     @property
-    def agent(self) -> NodeAgent:
-        return self._agent
+    def seat(self) -> JobSeat:
+        return self._seat
 
     @property
     def job_id(self) -> str | None:
@@ -78,11 +78,11 @@ class JobSidecar:
 
     def wait_until_ready(self, timeout_s: float) -> bool:
         """Waits up to ``timeout_s`` for the side group to form (before ``-- command`` starts the job)."""
-        return self._agent.wait_until_ready(timeout_s)
+        return self._seat.wait_until_ready(timeout_s)
 
     def close(self) -> None:
         """Leaves the job: the node's session closes (its daemon resets the GPUs)."""
-        self._agent.close()
+        self._seat.close()
 
     def begin(self, request: BeginRequest) -> dict[str, Any]:
         """Begins a phase: its step queued, waited for (bounded); raises ApiError (409)."""
@@ -101,7 +101,7 @@ class JobSidecar:
             if began is not None and began.reached:
                 answer = PhaseAnswer(begin=True, sm_clock_mhz=began.sm_clock_mhz or 0, state=None)
             self._tallies.note(request.kind, answer)
-            reply = begin_answer(request.kind, iteration, self._agent.connected, answer)
+            reply = begin_answer(request.kind, iteration, self._seat.connected, answer)
             reply["job"] = {
                 "done": done,
                 "verdict": began.verdict.value if answer is not None and began is not None else None,
@@ -129,7 +129,7 @@ class JobSidecar:
                     gpus=report.gpus,
                 )
             self._tallies.note(request.kind, answer)
-            reply = end_answer(request.kind, iteration, self._agent.connected, answer)
+            reply = end_answer(request.kind, iteration, self._seat.connected, answer)
             reply["job"] = {
                 "done": done,
                 "verdict": report.verdict.value if answer is not None and report is not None else None,
@@ -138,25 +138,25 @@ class JobSidecar:
 
     def status(self) -> dict[str, Any]:
         """``GET /v1/status``: as the plain sidecar's, and ``job``: the node's place, job-level control."""
-        agent = self._agent
+        seat = self._seat
         return {
             "version": __version__,
             "job_id": self._job_id,
             "gpus": [str(gpu) for gpu in self._gpus],
-            "enabled": agent.state is not AgentState.OFF,
-            "connected": agent.connected,
-            "attached": agent.connected,
+            "enabled": seat.state is not SeatState.OFF,
+            "connected": seat.connected,
+            "attached": seat.connected,
             "session": None,
             "uptime_s": round(time.monotonic() - self._started_s, 3),
             "open_phases": self._open.listing(),
             "phases": self._tallies.as_json(),
             "refused_requests": self._refused,
-            "job": agent.status(),
+            "job": seat.status(),
         }
 
     def _submit(self, step: Step) -> None:
         """Queues the step and waits for it, at most the answer timeout and only while control is on."""
-        if self._agent.submit(step) and self._agent.state is AgentState.ON:
+        if self._seat.submit(step) and self._seat.state is SeatState.ON:
             step.done.wait(self._answer_timeout_s)
 
 
@@ -242,7 +242,7 @@ def job_sidecar(
         )
     if args.job_timeout_s <= 0 or args.rendezvous_timeout_s <= 0:
         raise ConfigError("--job-timeout-s and --rendezvous-timeout-s must be positive")
-    options = AgentOptions(
+    options = SeatOptions(
         config=config,
         job_id=args.job_id or config.job_id or env.get("SLURM_JOB_ID") or None,
         gpus=gpus if gpus is not None else config.gpus,
@@ -253,7 +253,7 @@ def job_sidecar(
         threshold=args.threshold if args.threshold is not None else 0.95,
     )
     return JobSidecar(
-        NodeAgent(world, options),
+        JobSeat(world, options),
         job_id=options.job_id,
         gpus=options.gpus,
         answer_timeout_s=args.answer_timeout_s,

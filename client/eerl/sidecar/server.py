@@ -375,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _warn_if_shared_directory(bound.path)
     print(f"eerl-sidecar: listening on {bound.url}", flush=True)
     if job is not None:
-        job.agent.start()  # the side group forms in the background
+        job.seat.start()  # the side group forms in the background
     thread = threading.Thread(target=server.serve_forever, name="eerl-sidecar-http", daemon=True)
     thread.start()
     stop = threading.Event()

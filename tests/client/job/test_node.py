@@ -161,8 +161,9 @@ def test_the_holder_s_death_resets_the_node(daemon: DaemonHandle) -> None:
     # What a dying agent leaves: its stream and channel end, no CloseSession.
     link_state = link._link
     assert link_state is not None
-    link_state.attach_call.cancel()  # type: ignore[union-attr]
-    link_state.channel.close()
+    assert link_state.cancel_attach is not None
+    link_state.cancel_attach()
+    link_state.link.close()
     assert wait_until(lambda: daemon.backend.locked() == {}, 2.0)
     assert wait_until(lambda: not daemon.daemon.sessions(), 2.0)
 

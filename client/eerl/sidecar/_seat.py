@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from eerl.job.node import NodeBegin
     from eerl.job.runner import JobPhase
 
-__all__ = ["AgentOptions", "AgentState", "NodeAgent", "Step"]
+__all__ = ["JobSeat", "SeatOptions", "SeatState", "Step"]
 
 logger = logging.getLogger("eerl.sidecar")
 
@@ -56,7 +56,7 @@ STOP_WAIT_S = 2.0
 """How long closing waits for the thread (closing the node's session); a process exit resets it anyway."""
 
 
-class AgentState(enum.StrEnum):
+class SeatState(enum.StrEnum):
     """Where the node's job-level control is: the group forming, on, or off for good."""
 
     FORMING = "forming"
@@ -80,7 +80,7 @@ class Step:
 
 
 @dataclass(frozen=True, slots=True)
-class AgentOptions:
+class SeatOptions:
     """What the node's DistJob is made with (the sidecar's flags)."""
 
     config: ClientConfig
@@ -94,14 +94,15 @@ class AgentOptions:
     threshold: float
 
 
-class NodeAgent:
-    """This node's DistJob on its own thread, fed :class:`Step`\\ s; see the module docstring."""
+class JobSeat:
+    """This node's seat in the job: its DistJob on a thread of its own, fed :class:`Step`\\ s (see the module;
+    not :class:`eerl.ray.NodeAgent`, the Ray actor that holds a node's session)."""
 
-    def __init__(self, world: JobWorld, options: AgentOptions, *, max_queued: int = MAX_QUEUED) -> None:
+    def __init__(self, world: JobWorld, options: SeatOptions, *, max_queued: int = MAX_QUEUED) -> None:
         self._world = world
         self._options = options
         self._queue: queue.Queue[Step | None] = queue.Queue(maxsize=max_queued)
-        self._state = AgentState.FORMING
+        self._state = SeatState.FORMING
         self._reason = ""
         self._decided = threading.Event()
         self._stopping = False
@@ -127,7 +128,7 @@ class NodeAgent:
         return self._world
 
     @property
-    def state(self) -> AgentState:
+    def state(self) -> SeatState:
         return self._state
 
     @property
@@ -135,16 +136,16 @@ class NodeAgent:
         """True while control is on and the node's job-mode session is open."""
         job = self._job
         link = job.link if job is not None else None
-        return self._state is AgentState.ON and link is not None and link.connected
+        return self._state is SeatState.ON and link is not None and link.connected
 
     def wait_until_ready(self, timeout_s: float) -> bool:
         """Waits up to ``timeout_s`` for the group to form; True if control is on."""
         self._decided.wait(timeout_s)
-        return self._state is AgentState.ON
+        return self._state is SeatState.ON
 
     def submit(self, step: Step) -> bool:
         """Queues a phase edge for the group; False (nothing queued) once control is off."""
-        if self._state is AgentState.OFF:
+        if self._state is SeatState.OFF:
             return False
         try:
             self._queue.put_nowait(step)
@@ -170,7 +171,7 @@ class NodeAgent:
             "leader": world.leader,
             "rendezvous": world.rendezvous,
             "state": self._state.value,
-            "enabled": self._state is not AgentState.OFF,
+            "enabled": self._state is not SeatState.OFF,
             "reason": self._reason or None,
             "timeout_s": self._options.timeout_s,
             "queued": self._queue.qsize(),
@@ -192,8 +193,8 @@ class NodeAgent:
                 return
             self._refresh(job)
             with self._lock:
-                if self._state is AgentState.FORMING:
-                    self._state = AgentState.ON
+                if self._state is SeatState.FORMING:
+                    self._state = SeatState.ON
             self._decided.set()
             logger.info(
                 "eerl-sidecar: node %d of %d in the job's side group (%s); job-level control is on%s",
@@ -202,7 +203,7 @@ class NodeAgent:
                 self._world.rendezvous,
                 ", this node runs the controller" if job.controller is not None else "",
             )
-            while self._state is AgentState.ON and not self._stopping:
+            while self._state is SeatState.ON and not self._stopping:
                 step = self._queue.get()
                 if step is None:
                     break
@@ -319,10 +320,10 @@ class NodeAgent:
 
     def _off(self, reason: str, *, warn: bool, exc_info: bool = False) -> None:
         with self._lock:
-            if self._state is AgentState.OFF:
+            if self._state is SeatState.OFF:
                 return
             self._reason = reason
-            self._state = AgentState.OFF
+            self._state = SeatState.OFF
         self._decided.set()
         if warn and not self._warned:
             self._warned = True
