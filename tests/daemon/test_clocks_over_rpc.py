@@ -1,5 +1,6 @@
-"""The clock arbiter through the daemon and its gRPC services: pin > session > default, dry-run, degraded
-GPUs, the ledger and persisted pins. The arbiter built directly is tested in tests/clocks/test_arbiter.py."""
+"""Clock control through the daemon and its gRPC services (the arbiter as eerld uses it): pin > session >
+default, dry-run, degraded GPUs, the ledger and persisted pins. The arbiter built directly is tested in
+tests/clocks/test_arbiter.py."""
 
 from __future__ import annotations
 
