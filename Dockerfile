@@ -19,6 +19,7 @@ COPY constraints.txt ./
 RUN pip install --constraint constraints.txt hatchling
 COPY client/ client/
 COPY eerld/ eerld/
+COPY eerlctl/ eerlctl/
 COPY pyproject.toml README.md ./
 # Wheels for the client (generated gRPC code), the daemon (scenarios included) and every dependency, each at
 # its version in constraints.txt.

@@ -15,13 +15,14 @@ DEMO_STAMP := $(VENV)/.installed-demo
 MULTINODE_STAMP := $(VENV)/.installed-demo-multinode
 LOCK_VENV := $(or $(TMPDIR),/tmp)/eerl-constraints-venv
 
-.PHONY: help setup demo demo-multinode test check-proto proto lint fmt typecheck pytest bench soak constraints clean
+.PHONY: help setup demo demo-multinode test check-proto proto options-doc lint fmt typecheck pytest bench soak constraints clean
 
 help:
 	@echo "make demo   - set up what the demo needs and run the simulated RL loop"
 	@echo "make demo-multinode - the same on a local Ray cluster of 4 simulated nodes, one decision per job"
 	@echo "make test   - set up everything and run every check (proto, ruff, import contracts, mypy, pytest)"
 	@echo "make proto  - regenerate the gRPC code from proto/"
+	@echo "make options-doc - rewrite eerld's flags and options in docs/operations.md from eerld/config/options.py"
 	@echo "make constraints - re-resolve constraints.txt (the pinned runtime dependencies) in a clean venv"
 	@echo "make fmt | lint | bench | soak | clean"
 
@@ -60,8 +61,12 @@ proto: $(STAMP)
 check-proto: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py --check
 
-# The Python of the repository: the daemon, the client, the tests and the tools (demo, benchmarks, soak).
-PY_PATHS := eerld client/eerl tests demo perf soak scripts
+# docs/operations.md's command line and table of options, from the one declaration of each (a test checks it).
+options-doc: $(STAMP)
+	$(BIN)/python scripts/gen_options_doc.py
+
+# The Python of the repository: the daemon, eerlctl, the client, the tests and the tools (demo, benchmarks, soak).
+PY_PATHS := eerld eerlctl client/eerl tests demo perf soak scripts
 
 fmt: $(STAMP)
 	$(BIN)/ruff format $(PY_PATHS)

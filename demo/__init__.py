@@ -12,6 +12,6 @@ Not part of the daemon's wheel: a tool of this repository, run from its root. On
 - :mod:`demo.multinode`: ``make demo-multinode``, the same on a local Ray cluster of simulated nodes, driven
   through :class:`eerl.ray.RayJob` (docs/multinode.md).
 
-It reads the controller's view through eerlctl's admin client (:mod:`eerld.ctl_client`). docs/demo.md
+It reads the controller's view through eerlctl's admin client (:mod:`eerlctl.client`). docs/demo.md
 explains the output.
 """

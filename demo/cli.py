@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from demo.live import DEFAULT_ITERATIONS, DEFAULT_SCENARIO, DEFAULT_SPEEDUP, LiveDemo, Options, work_dir
-from eerld.errors import EerlError
+from eerld.errors import DaemonError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted: stopping the worker and eerld", file=sys.stderr)
         return 130
-    except (EerlError, RuntimeError, OSError) as e:
+    except (DaemonError, RuntimeError, OSError) as e:
         print(f"Error: {e}", file=sys.stderr)
         return 1
     finally:

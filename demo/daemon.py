@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from eerld.api.server import create_server, serve
 from eerld.config import load_config
-from eerld.errors import ConfigError, EerlError
+from eerld.errors import ConfigError, DaemonError
 from eerld.gpu.sim import create_sim_backend
 from eerld.logging import configure_logging
 from eerld.sim.profiles import builtin_profile
@@ -43,7 +43,7 @@ def serve_daemon(argv: Sequence[str]) -> int:
             durable_writes=False,
         )
         server = create_server(config, backend=backend)
-    except (EerlError, OSError) as e:
+    except (DaemonError, OSError) as e:
         print(f"Error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1
     return serve(server)

@@ -6,7 +6,7 @@ simulated RL worker (:mod:`demo.worker`) in another process that runs the ``sync
 on the same GPUs and reports its phases through the ``eerl`` client over the daemon's Unix socket. The
 daemon's controller (EE-RL when this build has it, else ``fixed``) picks a clock per phase; the worker's
 GPU work runs at whatever clock holds. :class:`LiveDemo` reads the controller's view over the admin socket
-(Status, GetDecisions, through eerlctl's :class:`eerld.ctl_client.AdminClient`), records each phase
+(Status, GetDecisions, through eerlctl's :class:`eerlctl.client.AdminClient`), records each phase
 (:mod:`demo.record`), prints a line per phase and the summary (:mod:`demo.report`) and draws the timeline
 (:mod:`demo.plot`). On exit — normal, error or Ctrl-C — the daemon gets SIGTERM, and the demo checks in the
 simulated GPUs' state that none was left locked. docs/demo.md explains how to read the output.
@@ -31,16 +31,16 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import grpc
-from eerl._pb_enums import STATE_FROM_PB
 from eerl.phases import ControllerState, PhaseKind
 from eerl.v1 import eerl_pb2 as pb
+from eerl.wire.enums import STATE_FROM_PB
 
 from demo.daemon import PARENT_ENV
 from demo.plot import preload_plotting, timeline_plot
 from demo.record import PhaseView, Record, record_json
 from demo.report import HEADER, controller_lines, gpus_after_stop_line, phase_line, summary_lines
 from demo.worker import PhaseRun
-from eerld.ctl_client import AdminClient
+from eerlctl.client import AdminClient
 from eerld.gpu.sim import SimBackend, open_sim_device
 from eerld.sim.evaluate import evaluate_phase, sample_iteration
 from eerld.sim.scenario import load_scenario

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from eerl._pb_enums import KIND_FROM_PB, STATE_FROM_PB
 from eerl.phases import ControllerState, PhaseKind
 from eerl.v1 import eerl_pb2 as pb
+from eerl.wire.enums import KIND_FROM_PB, STATE_FROM_PB
 
 from demo.record import PhaseView, Record, Totals
 

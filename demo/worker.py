@@ -38,7 +38,7 @@ import numpy as np
 from eerl.phases import ExecutionMode, PhaseKind, Workload
 
 from eerld.energy import phase_energy, read_counters
-from eerld.errors import ConfigError, EerlError
+from eerld.errors import ConfigError, DaemonError
 from eerld.gpu.sim import SimBackend, SimDevice, WorkTicket, open_sim_device
 from eerld.sim.evaluate import IterationSample, sample_iteration
 from eerld.sim.scenario import Scenario, load_scenario
@@ -361,7 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 on_begin=lambda i, kind: out.event("begin", iteration=i, kind=kind.value),
                 on_phase=lambda run: out.emit(run.to_json()),
             )
-        except EerlError as e:
+        except DaemonError as e:
             print(f"Error: {e}", file=sys.stderr)
             return 1 if not isinstance(e, ConfigError) else 2
         flushed = session.flush(CONNECT_TIMEOUT_S)

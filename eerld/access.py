@@ -20,7 +20,7 @@ from eerld.clocks.ratelimit import ClockChangeLimiter
 from eerld.errors import (
     ConfigError,
     Conflict,
-    EerlError,
+    DaemonError,
     Exhausted,
     NotFound,
     PermissionDenied,
@@ -57,7 +57,7 @@ class SocketHost(Protocol):
     """Opens and closes the worker socket of a grant (the server does, with the grant's owner and mode)."""
 
     def open_socket(self, grant: Grant) -> None:
-        """Create, secure and serve the grant's socket; raise EerlError when it cannot."""
+        """Create, secure and serve the grant's socket; raise DaemonError when it cannot."""
 
     def close_socket(self, grant: Grant) -> None:
         """Stop serving the grant's socket and remove the file."""
@@ -260,7 +260,7 @@ class Access:
     def _open_or_log(self, host: SocketHost, grant: Grant) -> bool:
         try:
             host.open_socket(grant)
-        except (EerlError, OSError) as e:
+        except (DaemonError, OSError) as e:
             log.error("grant_socket_failed", grant=grant.name, socket=str(grant.socket_path), error=str(e))
             return False
         return True

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from eerl.control.registry import controller_factory
+from eerl.job.admission import JobPolicy
 
 from eerld.config import Config
 from eerld.daemon import Daemon
-from eerld.daemon.jobmode import JobPolicy
 from eerld.errors import ConfigError
 from eerld.gpu.base import GpuBackend
 from eerld.gpu.energy_sampler import SampledEnergyBackend

@@ -19,7 +19,7 @@ from eerld.api.server import create_server, serve
 from eerld.app import create_backend
 from eerld.clocks.recovery import reset_node
 from eerld.config import Config, load_config
-from eerld.errors import ConfigError, EerlError
+from eerld.errors import ConfigError, DaemonError
 from eerld.logging import configure_logging
 
 
@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         print(f"Error: {e}", file=sys.stderr)
         return 2
-    except (EerlError, OSError) as e:
+    except (DaemonError, OSError) as e:
         if config.debug:
             structlog.get_logger("eerld").exception("start_failed")
         print(f"Error: {e}", file=sys.stderr)

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 from eerl.control.base import Controller, Decision
 from eerl.directives import DirectiveVerdict
+from eerl.errors import ValidationError as RefusedReference
+from eerl.gpus import GpuId, parse_gpu_ref
 from eerl.phases import ExecutionMode, GpuRole, PhaseKind
 
 from eerld.energy import CounterReading
@@ -38,6 +40,16 @@ class GpuSelector:
     field: str
     index: int | None = None
     uuid: str | None = None
+
+    @classmethod
+    def parse(cls, field: str, value: int | str, *, part: str = "") -> GpuSelector:
+        """The selector for a reference, by the one rule (:func:`eerl.gpus.parse_gpu_ref`); a value it refuses
+        is a :class:`~eerld.errors.ValidationError` on ``field`` + ``part`` (``gpus[1]`` + ``.uuid``)."""
+        try:
+            ref: GpuId = parse_gpu_ref(value, field=field + part)
+        except RefusedReference as e:
+            raise ValidationError(e.field, e.problem) from None
+        return cls(field, index=ref) if isinstance(ref, int) else cls(field, uuid=ref)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +130,9 @@ class PhaseTotals:
         return sum(r[2] for r in self.recent) / duration if duration > 0 else 0.0
 
 
-class Session:
-    """One open session. Phase calls of a session are serialised by ``lock``."""
+class HeldSession:
+    """One open session as the daemon holds it: its GPUs, lease, controller and phase state (the client's
+    handle is :class:`eerl.session.Session`). Phase calls of a session are serialised by ``lock``."""
 
     def __init__(
         self,
@@ -207,7 +220,7 @@ class SessionRegistry:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._sessions: dict[str, Session] = {}
+        self._sessions: dict[str, HeldSession] = {}
         self._claims: dict[int, str] = {}
 
     @staticmethod
@@ -215,7 +228,7 @@ class SessionRegistry:
         """An unguessable token (192 bits from the OS's CSPRNG)."""
         return secrets.token_urlsafe(SESSION_ID_BYTES)
 
-    def add(self, session: Session) -> None:
+    def add(self, session: HeldSession) -> None:
         """Register a session and claim its GPUs; Conflict naming the holder when one is held."""
         with self._lock:
             for index in session.gpu_indices:
@@ -230,14 +243,14 @@ class SessionRegistry:
             for index in session.gpu_indices:
                 self._claims[index] = session.session_id
 
-    def get(self, session_id: str) -> Session:
+    def get(self, session_id: str) -> HeldSession:
         """The open session with this id; NotFound otherwise."""
         session = self._sessions.get(session_id)
         if session is None or session.closed:
             raise NotFound("session_id: no open session with this id")
         return session
 
-    def remove(self, session: Session) -> None:
+    def remove(self, session: HeldSession) -> None:
         """Forget a session and free its GPUs."""
         with self._lock:
             if self._sessions.pop(session.session_id, None) is not None:
@@ -245,23 +258,23 @@ class SessionRegistry:
                     if self._claims.get(index) == session.session_id:
                         del self._claims[index]
 
-    def holder(self, index: int) -> Session | None:
+    def holder(self, index: int) -> HeldSession | None:
         """The session holding a GPU, if any."""
         with self._lock:
             session_id = self._claims.get(index)
             return self._sessions.get(session_id) if session_id else None
 
-    def all(self) -> list[Session]:
+    def all(self) -> list[HeldSession]:
         """Every open session, oldest first."""
         with self._lock:
             return sorted(self._sessions.values(), key=lambda s: s.opened_at_unix_s)
 
-    def expired(self, now_s: float) -> list[Session]:
+    def expired(self, now_s: float) -> list[HeldSession]:
         """Lease-bound sessions whose lease has run out at ``now_s``."""
         with self._lock:
             return [s for s in self._sessions.values() if not s.attached and now_s >= s.lease_expires_s]
 
-    def peers(self, session: Session) -> list[Session]:
+    def peers(self, session: HeldSession) -> list[HeldSession]:
         """Other async sessions of the same job and authority that run another phase kind (the peer pool).
 
         The job id alone is what a client declares; sharing authority (GPUs proved through the same
@@ -278,7 +291,7 @@ class SessionRegistry:
                 and not set(s.kinds) & set(session.kinds)
             ]
 
-    def of_grants(self, names: set[str]) -> list[Session]:
+    def of_grants(self, names: set[str]) -> list[HeldSession]:
         """The open sessions whose authority came from any of these grants."""
         with self._lock:
             return [s for s in self._sessions.values() if s.granted_by & names]

@@ -373,8 +373,8 @@ def main() -> None:
             env = child_env()
             ctl = [
                 sys.executable,
-                "-c",
-                "from eerld.ctl import main; raise SystemExit(main())",
+                "-m",
+                "eerlctl",
                 f"--socket={tmp / 'a.sock'}",
             ]
             status = subprocess.run(

@@ -50,7 +50,7 @@ from eerl.sidecar._address import parse_address
 from eerl.sidecar._owner import job_environment
 from eerl.sidecar.client import SidecarHttp
 
-from eerld.ctl_client import AdminClient
+from eerlctl.client import AdminClient
 from perf.stats import percentile
 from soak.daemon import DaemonProcess, stop_process
 

@@ -25,8 +25,8 @@ from typing import Any, Self
 import grpc
 from eerl.v1 import eerl_pb2 as pb
 
+from eerlctl.client import AdminClient
 from eerld.clocks.ledger import LEDGER_FILE, Ledger
-from eerld.ctl_client import AdminClient
 from eerld.gpu.sim import SimDevice, open_sim_device
 
 REPO = Path(__file__).resolve().parents[1]

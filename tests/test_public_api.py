@@ -16,6 +16,7 @@ from pathlib import Path
 import eerl
 import pytest
 
+import eerlctl
 import eerld
 
 PACKAGES = [
@@ -26,11 +27,13 @@ PACKAGES = [
     "eerld",
     "eerld.api.csi",
     "eerld.api.podresources",
+    "eerld.config",
     "eerld.csi",
     "eerld.daemon",
     "eerld.gpu",
     "eerld.gpu.sim",
     "eerld.metrics",
+    "eerlctl",
 ]
 
 ACCIDENTAL_EXPORTS: dict[str, pytest.MarkDecorator] = {}
@@ -83,7 +86,11 @@ def declared_all(name: str) -> list[str]:
 
 
 def test_every_package_that_declares_all_is_checked_here() -> None:
-    roots = {"eerld": Path(eerld.__file__).parent, "eerl": Path(eerl.__file__).parent}
+    roots = {
+        "eerld": Path(eerld.__file__).parent,
+        "eerlctl": Path(eerlctl.__file__).parent,
+        "eerl": Path(eerl.__file__).parent,
+    }
     found = set()
     for top, root in roots.items():
         for init in root.rglob("__init__.py"):

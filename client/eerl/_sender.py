@@ -14,7 +14,7 @@ Rules that keep the numbers honest after trouble:
   starts clean at the next phase begin, and nothing stale is re-sent.
 * Every RPC has a deadline; a failed event is dropped, never retried.
 * Nothing the daemon would refuse, or protobuf could not encode, is sent: every workload and iteration is
-  checked first (:mod:`eerl._validate`; a bad value is clamped or dropped, with one warning per kind).
+  checked first (:mod:`eerl.wire.limits`; a bad value is clamped or dropped, with one warning per kind).
 
 Rules that keep a session from wedging:
 
@@ -43,11 +43,11 @@ from typing import Generic, Protocol, TypeVar
 import grpc
 
 from eerl._channel import make_channel, refused_by_kernel
-from eerl._pb_enums import KIND_TO_PB, STATE_FROM_PB, workload_to_pb
-from eerl._validate import Finding, Problem, check_iteration, check_workload
 from eerl.config import ClientConfig
 from eerl.phases import ControllerState, PhaseKind, Workload
 from eerl.v1 import eerl_pb2, eerl_pb2_grpc
+from eerl.wire.enums import KIND_TO_PB, STATE_FROM_PB, workload_to_pb
+from eerl.wire.limits import Finding, Problem, check_iteration, check_workload
 
 logger = logging.getLogger("eerl")
 

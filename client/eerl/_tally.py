@@ -3,14 +3,14 @@
 
 Reports add up (``max_response_tokens`` and ``max_worker_kv_tokens`` keep the largest). Plain ints take the
 fast path (the caller's thread, once per micro-batch); anything else is converted with
-:func:`eerl._validate.to_count`, and a value that is not a whole number counts 0 and is remembered in
+:func:`eerl.wire.limits.to_count`, and a value that is not a whole number counts 0 and is remembered in
 ``_rejected`` / ``_rejected_what`` for the sender to report.
 """
 
 from __future__ import annotations
 
-from eerl._validate import to_count
 from eerl.phases import WORKLOAD_FIELDS, Workload
+from eerl.wire.limits import to_count
 
 
 class WorkloadTally:

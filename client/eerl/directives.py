@@ -3,7 +3,7 @@
 :class:`DirectiveVerdict` on it.
 
 Pure values shared by the job-level controller (inside the RL job), the node agents and eerld; the wire
-tables are in :mod:`eerl._pb_enums`.
+tables are in :mod:`eerl.wire.enums`.
 """
 
 from __future__ import annotations

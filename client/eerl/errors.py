@@ -1,9 +1,12 @@
-"""The client's errors.
+"""The client's errors, and the two error concepts the client, the job and the daemon share.
 
 The client raises only for mistakes in the caller's own code or configuration — never because the
-daemon is absent, slow or broken (that is the fail-open promise; see :mod:`eerl.session`). The daemon
-has its own tree in ``eerld.errors``; the client cannot import it (eerld depends on this package), so
-eerld translates these where it calls client code (the controller, :mod:`eerl.control`).
+daemon is absent, slow or broken (that is the fail-open promise; see :mod:`eerl.session`).
+
+:class:`ConfigError` (a bad configuration value) and :class:`ValidationError` (a bad field) are one concept
+on every side, and this module is their one home: eerld's tree (``eerld.errors``, rooted at ``DaemonError``;
+the client cannot import it, eerld depends on this package) derives its own ``ConfigError`` and
+``ValidationError`` from these two, so ``except ValidationError`` here catches a field the daemon refused too.
 
     ClientError                   root of every error the client raises on purpose
     ├── ConfigError               an invalid configuration value (also a ValueError); names the value

@@ -2,7 +2,7 @@
 
 The one definition of these nouns: the client, the pure controller (:mod:`eerl.control`) and the daemon
 (eerld) all import them from here, so a phase kind is the same type on every side. Their wire values are
-in :mod:`eerl._pb_enums`; this module imports no protobuf.
+in :mod:`eerl.wire.enums`; this module imports no protobuf.
 """
 
 from __future__ import annotations
@@ -112,3 +112,10 @@ class Workload:
 
 WORKLOAD_FIELDS: tuple[str, ...] = tuple(field.name for field in fields(Workload))
 """The fields of :class:`Workload`, in order (each also an ``eerl.v1.Workload`` field of that name)."""
+
+
+def savings_fraction(saved_j: float, baseline_j: float) -> float:
+    """Energy saved as a fraction of the energy the default governor would have used (``baseline_j``); 0 when
+    there is no baseline yet. The one definition of "savings" that every report of a phase's or a run's
+    estimated savings (``estimated_savings_fraction``) carries."""
+    return saved_j / baseline_j if baseline_j > 0 else 0.0

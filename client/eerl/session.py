@@ -23,15 +23,15 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import ParamSpec, TypeVar
 
-from eerl._pb_enums import MODE_TO_PB, ROLE_TO_PB
 from eerl._sender import ClientStats, Event, EventSink, OpenRequest, PhaseAnswer, Sender, _Counters
 from eerl._tally import ReportsToInnermost, WorkloadTally
-from eerl._validate import MAX_ITERATION, to_count
 from eerl._version import __version__
 from eerl.config import ClientConfig
 from eerl.errors import ConfigError
 from eerl.gpus import GpuId, parse_gpus, visible_gpus
 from eerl.phases import ExecutionMode, GpuRole, PhaseKind, Workload, parse_enum
+from eerl.wire.enums import MODE_TO_PB, ROLE_TO_PB
+from eerl.wire.limits import MAX_ITERATION, to_count
 
 logger = logging.getLogger("eerl")
 

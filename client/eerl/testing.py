@@ -20,10 +20,10 @@ from types import TracebackType
 
 import grpc
 
-from eerl._pb_enums import KIND_FROM_PB, workload_from_pb
 from eerl.config import ClientConfig
 from eerl.phases import PhaseKind, Workload
 from eerl.v1 import eerl_pb2, eerl_pb2_grpc
+from eerl.wire.enums import KIND_FROM_PB, workload_from_pb
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from eerl._pb_enums import (
+from eerl.directives import DirectiveVerdict
+from eerl.job.admission import ReceivedDirective
+from eerl.phases import ControllerState, ExecutionMode, GpuRole, PhaseKind, Workload
+from eerl.v1 import eerl_pb2 as pb
+from eerl.wire.enums import (
     KIND_FROM_PB,
     KIND_TO_PB,
     MODE_FROM_PB,
@@ -24,10 +28,7 @@ from eerl._pb_enums import (
     VERDICT_TO_PB,
     workload_from_pb,
 )
-from eerl._validate import MAX_ITERATION, WORKLOAD_LIMITS
-from eerl.directives import DirectiveVerdict
-from eerl.phases import ControllerState, ExecutionMode, GpuRole, PhaseKind, Workload
-from eerl.v1 import eerl_pb2 as pb
+from eerl.wire.limits import MAX_ITERATION, WORKLOAD_LIMITS
 
 from eerld.clocks.arbiter import AppliedClock, ClockSource
 from eerld.clocks.pins import Pin
@@ -42,7 +43,6 @@ from eerld.daemon import (
     SessionView,
 )
 from eerld.daemon.drains import Drain
-from eerld.daemon.jobmode import ReceivedDirective
 from eerld.errors import ValidationError
 from eerld.grants import MAX_UNIX_ID, NAME_RULE, GrantSpec, is_grant_name
 from eerld.sessions import GpuSelector, JobModeSpec, SessionSpec
@@ -51,7 +51,6 @@ MAX_SESSION_ID_CHARS = 128
 MAX_TEXT_CHARS = 256
 MAX_REASON_CHARS = 1024
 MAX_GPUS_PER_REQUEST = 64
-MAX_GPU_INDEX = 1023
 MAX_LEASE_TTL_S = 3600.0
 MIN_LEASE_TTL_S = 1.0
 MAX_PIN_DURATION_S = 366 * 24 * 3600.0
@@ -161,11 +160,12 @@ def gpu_refs(refs: Sequence[pb.GpuRef], field: str = "gpus") -> tuple[GpuSelecto
         name = f"{field}[{i}]"
         which = ref.WhichOneof("ref")
         if which == "index":
-            if ref.index > MAX_GPU_INDEX:
-                raise ValidationError(f"{name}.index", f"{ref.index} is out of range")
-            selectors.append(GpuSelector(name, index=ref.index))
+            selectors.append(GpuSelector.parse(name, ref.index, part=".index"))
         elif which == "uuid":
-            selectors.append(GpuSelector(name, uuid=_text(ref.uuid, f"{name}.uuid", 96, required=True)))
+            selector = GpuSelector.parse(name, ref.uuid, part=".uuid")
+            if selector.uuid is None:  # digits in the uuid field: an index sent as a UUID
+                raise ValidationError(f"{name}.uuid", f"{ref.uuid!r} is not a GPU UUID (GPU-… or MIG-…)")
+            selectors.append(selector)
         else:
             raise ValidationError(name, "set index or uuid")
     return tuple(selectors)

@@ -20,7 +20,7 @@ from eerld.errors import (
     BackendFailure,
     ConfigError,
     Conflict,
-    EerlError,
+    DaemonError,
     Exhausted,
     GpuError,
     GpuLost,
@@ -41,7 +41,7 @@ many of the socket's own threads (and at most a quarter of them)."""
 INTERNAL_MESSAGE = "internal error in eerld; the daemon's log has the details"
 
 
-def status_code_for(error: EerlError) -> grpc.StatusCode:
+def status_code_for(error: DaemonError) -> grpc.StatusCode:
     """The gRPC status code of a domain error."""
     if isinstance(error, ValidationError):
         return grpc.StatusCode.INVALID_ARGUMENT
@@ -186,7 +186,7 @@ class ErrorMappingInterceptor(_InterceptorBase):
 
     @staticmethod
     def _map(name: str, error: Exception) -> tuple[grpc.StatusCode, str]:
-        if isinstance(error, EerlError):
+        if isinstance(error, DaemonError):
             code = status_code_for(error)
             if code is not grpc.StatusCode.INTERNAL:
                 log.debug("rpc_rejected", method=name, code=code.name, error=str(error))

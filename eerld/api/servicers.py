@@ -17,9 +17,9 @@ from pathlib import Path
 import grpc
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
+from eerl.wire.metadata import CALLER_METADATA
 
 from eerld.api import codec
-from eerld.ctl_client import CALLER_METADATA
 from eerld.daemon import Daemon
 from eerld.grants import SHARED_NAME
 

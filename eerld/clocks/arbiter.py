@@ -117,6 +117,14 @@ class Arbitration:
     degraded_reason: str
 
 
+class _RateRule(enum.Enum):
+    """What the clock-change rate limit does with one change (:meth:`_Slot.rate_rule`)."""
+
+    EXEMPT = "made anyway, taking a token"
+    SAME = "no change: nothing to limit"
+    LIMITED = "made only if a token is left"
+
+
 class _Slot:
     """Mutable per-GPU state; guarded by its own lock so GPUs never wait on each other."""
 
@@ -136,6 +144,18 @@ class _Slot:
         self.degraded_reason = ""
         self.retry_at_s = 0.0
         self.backoff_s = RETRY_INITIAL_S
+
+    def rate_rule(self, target_sm: int | None, source: ClockSource, *, force: bool) -> _RateRule:
+        """The one rate-limit rule for a change of this GPU to ``target_sm`` from ``source``.
+
+        Only a session's lock to another clock, on a healthy GPU and not forced, waits for a token
+        (:attr:`_RateRule.LIMITED`); every other change (a reset, a pin, a forced or retried application) is
+        made anyway but takes its token (:attr:`_RateRule.EXEMPT`), so that resets cannot be used to thrash a
+        GPU between locks; a session's wish for the clock it holds changes nothing (:attr:`_RateRule.SAME`).
+        """
+        if source is not ClockSource.SESSION or target_sm is None or force or self.degraded_reason:
+            return _RateRule.EXEMPT
+        return _RateRule.SAME if target_sm == self.applied_sm_mhz else _RateRule.LIMITED
 
     def target(self) -> tuple[int | None, int | None, ClockSource]:
         if self.pin is not None:
@@ -400,17 +420,16 @@ class ClockArbiter:
         return self._result(slot, target_sm, source, read_back)
 
     def _rate_limited(self, slot: _Slot, target_sm: int | None, source: ClockSource, *, force: bool) -> bool:
-        """True when a session's lock change on this GPU is over the rate limit (the GPU keeps its clock).
-
-        Every other change (a reset, a pin, a forced or retried application) goes ahead but takes its token,
-        so that resets cannot be used to thrash a GPU between locks. Pins are checked before they are set
+        """True when a session's lock change on this GPU is over the rate limit (the GPU keeps its clock):
+        :meth:`_Slot.rate_rule` says which changes the limit holds back. Pins are checked before they are set
         (:meth:`pins_allowed`).
         """
         now = self._clock()
-        if source is not ClockSource.SESSION or target_sm is None or force or slot.degraded_reason:
+        rule = slot.rate_rule(target_sm, source, force=force)
+        if rule is _RateRule.EXEMPT:
             self._limiter.take(slot.identity.index, now)
             return False
-        if target_sm == slot.applied_sm_mhz or self._limiter.allow(slot.identity.index, now):
+        if rule is _RateRule.SAME or self._limiter.allow(slot.identity.index, now):
             return False
         log.debug(
             "clock_change_rate_limited",
@@ -423,20 +442,22 @@ class ClockArbiter:
 
     def would_rate_limit(self, indices: Sequence[int], sm_clock_mhz: int | None) -> list[int]:
         """The GPUs among ``indices`` on which a session's wish for ``sm_clock_mhz`` would be skipped by the
-        rate limit now (nothing taken): the rule of :meth:`_rate_limited`, asked before the change.
+        rate limit now (nothing taken): :meth:`_Slot.rate_rule`, asked before the change.
 
         Never a GPU that a pin holds (the wish changes nothing there), a degraded one (retried regardless),
         one that holds that clock already, a change to the default governor, or any in dry-run.
         """
-        if self._dry_run or sm_clock_mhz is None:
+        if self._dry_run:
             return []
         now = self._clock()
         limited: list[int] = []
         for index in indices:
             slot = self._slots[index]
             with slot.lock:
-                if slot.pin is not None or slot.degraded_reason or slot.applied_sm_mhz == sm_clock_mhz:
-                    continue
+                source = ClockSource.ADMIN_PIN if slot.pin is not None else ClockSource.SESSION
+                rule = slot.rate_rule(sm_clock_mhz, source, force=False)
+            if rule is not _RateRule.LIMITED:
+                continue
             if not self._limiter.available(index, now):
                 limited.append(index)
         return limited

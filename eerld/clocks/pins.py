@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from eerl.control.clocks import nearest_supported_text
+from eerl.clocks import nearest_supported_text
 
 from eerld import files
 from eerld.errors import ConfigError, Unavailable

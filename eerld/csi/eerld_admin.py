@@ -14,7 +14,7 @@ from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
 from eerld.csi.grant import GrantedSocket, GrantPlan
-from eerld.errors import Conflict, EerlError, NotFound, PermissionDenied, Unavailable, ValidationError
+from eerld.errors import Conflict, DaemonError, NotFound, PermissionDenied, Unavailable, ValidationError
 
 TIMEOUT_S = 5.0
 CHANNEL_OPTIONS = (
@@ -81,7 +81,7 @@ def _granted(info: pb.GrantInfo) -> GrantedSocket:
     return GrantedSocket(info.name, Path(info.socket_path), info.job_id, tuple(g.index for g in info.gpus))
 
 
-def _error(e: grpc.RpcError, method: str) -> EerlError:
+def _error(e: grpc.RpcError, method: str) -> DaemonError:
     """eerld's status as one of our errors, its message kept (it names the field or the GPU)."""
     code = e.code() if isinstance(e, grpc.Call) else grpc.StatusCode.UNKNOWN
     detail = (e.details() if isinstance(e, grpc.Call) else None) or str(e)

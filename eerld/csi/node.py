@@ -42,7 +42,7 @@ from eerld.csi.grant import GRANT_PREFIX, EerldGrants, GrantedSocket, GrantPlan,
 from eerld.csi.pods import GpuRef, PodLister, live_pods, pod_gpus
 from eerld.csi.records import VolumeRecord, VolumeRecords, VolumeState
 from eerld.csi.volume import PodVolume, check_target_path, parse_publish
-from eerld.errors import ConfigError, Conflict, EerlError, Unavailable
+from eerld.errors import ConfigError, Conflict, DaemonError, Unavailable
 from eerld.grants import GRANT_DIR_MODE, OWN_DIRECTORY_SOCKET
 from eerld.podresources import PodDevices, PodResourcesError
 
@@ -256,7 +256,7 @@ class NodePlugin:
                     plan_grant(volume, pod_gpus(pods, record.namespace, record.pod_name))
                 )
             self._records.put(replace(record, state=VolumeState.GRANTED))
-        except EerlError as e:
+        except DaemonError as e:
             log.warning(
                 "pending_grant_failed", grant=record.grant, error=str(e), effect="next reconcile retries"
             )

@@ -22,7 +22,7 @@ from eerld.api.csi import csi_pb2_grpc as pb_grpc
 from eerld.api.interceptors import status_code_for
 from eerld.csi import DRIVER_NAME
 from eerld.csi.node import NodePlugin
-from eerld.errors import EerlError, ValidationError
+from eerld.errors import DaemonError, ValidationError
 
 log = structlog.get_logger("eerld.csi")
 
@@ -34,7 +34,7 @@ def _status(context: grpc.ServicerContext, method: str, call: Callable[[], T]) -
     one-line message, anything else INTERNAL."""
     try:
         return call()
-    except EerlError as e:
+    except DaemonError as e:
         code = status_code_for(e)
         message = " ".join(str(e).split())
         log.warning("csi_refused", method=method, code=code.name, error=message)

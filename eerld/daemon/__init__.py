@@ -17,7 +17,8 @@ One module per job:
 - :mod:`~eerld.daemon.timebase`: the wall-clock times of phase-clock readings (decisions in UTC);
 - :mod:`~eerld.daemon.status`: the read model behind Status, ListSessions, GetDecisions and metrics;
 - :mod:`~eerld.daemon.inventory`: the node's GPUs, selectors → indices, supported clocks per GPU;
-- :mod:`~eerld.daemon.jobmode`: job mode — the checks on a job-level controller's directives, the fallback;
+- :mod:`~eerld.daemon.jobmode`: job mode — what the daemon remembers per job and session (the checks on a
+  job-level controller's directives and the fallback are the pure :mod:`eerl.job.admission`);
 - :mod:`~eerld.daemon.views`: the frozen answers and the events it publishes.
 
 Nothing here imports gRPC (:mod:`eerld.api` serves it) or builds a backend (:mod:`eerld.app` does).

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import structlog
-from eerl.control.clocks import nearest_supported_text
+from eerl.clocks import nearest_supported_text
 
 from eerld.access import Access
 from eerld.clocks.arbiter import AppliedClock, ClockArbiter

@@ -26,18 +26,19 @@ import structlog
 from eerl.control.base import ControllerFactory, ControllerSettings
 from eerl.control.simple import create_off_controller
 from eerl.errors import ValidationError as ControllerSettingsError
+from eerl.job.admission import JobPolicy, refuse_session
 from eerl.phases import PhaseKind
 
 from eerld.access import Access, Authorization
 from eerld.clocks.arbiter import ClockArbiter
 from eerld.daemon.gate import ClaimGate
 from eerld.daemon.inventory import Inventory
-from eerld.daemon.jobmode import IncarnationBook, JobPolicy, JobSessions, JobState
+from eerld.daemon.jobmode import IncarnationBook, JobSessions, JobState
 from eerld.daemon.lifecycle import LifeCycle
 from eerld.daemon.views import ClaimView, ClosedSession, GpuInfoView, OpenedSession
 from eerld.errors import Conflict, NotFound, ValidationError
 from eerld.grants import SHARED_NAME
-from eerld.sessions import DEFAULT_MAX_LEASE_TTL_S, Session, SessionRegistry, SessionSpec, short_id
+from eerld.sessions import DEFAULT_MAX_LEASE_TTL_S, HeldSession, SessionRegistry, SessionSpec, short_id
 
 log = structlog.get_logger("eerld.daemon")
 
@@ -62,7 +63,7 @@ class Attachment:
 class ClosedArchive(Protocol):
     """Where a closing session's decisions go (the read model, :class:`eerld.daemon.status.StatusReader`)."""
 
-    def record_closed(self, session: Session, job: JobState | None = None) -> None:
+    def record_closed(self, session: HeldSession, job: JobState | None = None) -> None:
         """Keep a closing session's decisions."""
         ...
 
@@ -70,11 +71,11 @@ class ClosedArchive(Protocol):
 class Holders(Protocol):
     """What the admin needs of the session book: who holds a GPU, and closing those sessions."""
 
-    def holder(self, index: int) -> Session | None:
+    def holder(self, index: int) -> HeldSession | None:
         """The open session holding the GPU at ``index``, if any."""
         ...
 
-    def of_grants(self, names: set[str]) -> list[Session]:
+    def of_grants(self, names: set[str]) -> list[HeldSession]:
         """The open sessions whose authority came from these grants."""
         ...
 
@@ -82,7 +83,7 @@ class Holders(Protocol):
         """Tell the attached client of each session holding one of the GPUs (once per session)."""
         ...
 
-    def close(self, session: Session, reason: str, *, reset: bool = True) -> ClosedSession:
+    def close(self, session: HeldSession, reason: str, *, reset: bool = True) -> ClosedSession:
         """Close a session and (with ``reset``) return its GPUs to default."""
         ...
 
@@ -153,7 +154,9 @@ class SessionBook:
             self._claim(session, authorization)
             if spec.job is not None:  # only a session that opened raises the job's incarnation
                 self._incarnations.accept(job_key, spec.job.incarnation)
-                self._jobs.add(session.session_id, JobState(job_key, spec.job))
+                self._jobs.add(
+                    session.session_id, JobState(job_key, spec.job, self._job_policy.trial_window_s)
+                )
         self._arbiter.set_session(indices, session.session_id, None)
         self._log_open(session, asked_lease_s)
         return OpenedSession(session.session_id, session.lease_ttl_s, self._gpus_of(session))
@@ -162,18 +165,16 @@ class SessionBook:
         """Job mode's admission: allowed on this node, and no older incarnation than seen (Conflict)."""
         if spec.job is None:
             return
-        if not self._job_policy.allowed:
-            raise Conflict("job_mode: this node's eerld does not allow job mode (--job-mode deny)")
         newest = self._incarnations.newest(job_key)
-        if newest is not None and spec.job.incarnation < newest:
-            raise Conflict(
-                f"job_mode.incarnation: incarnation {spec.job.incarnation} is older than incarnation "
-                f"{newest}, already seen for job {spec.job_id!r} (a stale job-level controller)"
-            )
+        refusal = refuse_session(
+            self._job_policy, spec.job_id, spec.job.incarnation, newest_incarnation=newest
+        )
+        if refusal is not None:
+            raise Conflict(refusal)
 
     def _new_session(
         self, spec: SessionSpec, grant: str, authorization: Authorization
-    ) -> tuple[Session, float]:
+    ) -> tuple[HeldSession, float]:
         """The session (its controller built, its lease capped), not yet in the book; the lease it asked."""
         indices = authorization.gpu_indices
         supported = self._inventory.common_sm_clocks_mhz(indices)
@@ -195,7 +196,7 @@ class SessionBook:
             controller = factory(settings)
         except ControllerSettingsError as e:  # the controller's own error tree, in the daemon's words
             raise ValidationError(e.field, e.problem) from e
-        session = Session(
+        session = HeldSession(
             SessionRegistry.new_session_id(),
             spec,
             indices,
@@ -211,7 +212,7 @@ class SessionBook:
         )
         return session, asked_lease_s
 
-    def _claim(self, session: Session, authorization: Authorization) -> None:
+    def _claim(self, session: HeldSession, authorization: Authorization) -> None:
         """Add the session; only an open that holds its GPUs uses its tickets up."""
         self.registry.add(session)
         try:
@@ -220,7 +221,7 @@ class SessionBook:
             self.registry.remove(session)
             raise
 
-    def _log_open(self, session: Session, asked_lease_s: float) -> None:
+    def _log_open(self, session: HeldSession, asked_lease_s: float) -> None:
         spec = session.spec
         log.info(
             "session_open",
@@ -249,7 +250,7 @@ class SessionBook:
                 "heartbeat or phase event",
             )
 
-    def _gpus_of(self, session: Session) -> tuple[GpuInfoView, ...]:
+    def _gpus_of(self, session: HeldSession) -> tuple[GpuInfoView, ...]:
         """The session's GPUs as its client sees them: for job mode, the clocks a directive may name (on
         the grid, at or above the floor)."""
         gpus = tuple(self._inventory.info(i) for i in session.gpu_indices)
@@ -311,11 +312,11 @@ class SessionBook:
 
     # -- reads the admin and the pod watch need -----------------------------------------------------
 
-    def holder(self, index: int) -> Session | None:
+    def holder(self, index: int) -> HeldSession | None:
         """The open session holding the GPU at ``index``, if any."""
         return self.registry.holder(index)
 
-    def of_grants(self, names: set[str]) -> list[Session]:
+    def of_grants(self, names: set[str]) -> list[HeldSession]:
         """The open sessions whose authority came from these grants."""
         return self.registry.of_grants(names)
 
@@ -359,7 +360,7 @@ class SessionBook:
         for session in self.registry.all():
             self.close(session, reason=reason, reset=False)
 
-    def close(self, session: Session, reason: str, *, reset: bool = True) -> ClosedSession:
+    def close(self, session: HeldSession, reason: str, *, reset: bool = True) -> ClosedSession:
         """Close a session: its GPUs back to default (with ``reset``) before it is forgotten, its stream
         ended, its decisions archived; its totals (a session already closed: the same totals)."""
         with session.lock:
@@ -388,7 +389,7 @@ class SessionBook:
         return totals
 
 
-def _totals(session: Session) -> ClosedSession:
+def _totals(session: HeldSession) -> ClosedSession:
     return ClosedSession(
         energy_mj=sum(t.energy_mj for t in session.totals.values()),
         valid_tokens=sum(t.valid_tokens for t in session.totals.values()),

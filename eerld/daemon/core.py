@@ -34,6 +34,7 @@ from pathlib import Path
 
 import structlog
 from eerl.control.base import ControllerFactory
+from eerl.job.admission import JobPolicy
 from eerl.phases import PhaseKind
 
 from eerld import files
@@ -47,7 +48,7 @@ from eerld.daemon.book import DEFAULT_LEASE_TTL_S, DEFAULT_THROUGHPUT_THRESHOLD,
 from eerld.daemon.events import Events
 from eerld.daemon.gate import ClaimGate
 from eerld.daemon.inventory import Inventory
-from eerld.daemon.jobmode import IncarnationBook, JobPolicy, JobSessions
+from eerld.daemon.jobmode import IncarnationBook, JobSessions
 from eerld.daemon.lifecycle import LifeCycle
 from eerld.daemon.phases import PhasePath
 from eerld.daemon.status import StatusReader

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import structlog
-from eerl.control.clocks import nearest_supported_text
+from eerl.clocks import nearest_supported_text
 from eerl.phases import PhaseKind
 
 from eerld.daemon.views import GpuInfoView

@@ -20,31 +20,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
+from eerl.clocks import nearest_supported_mhz
 from eerl.control.base import Decision, PhaseObservation
-from eerl.control.clocks import nearest_supported_mhz
 from eerl.directives import DirectiveVerdict
+from eerl.job.admission import JobPolicy, ReceivedDirective, Ruling, judge, rate_limited, to_default
 from eerl.phases import ControllerState, ExecutionMode, PhaseKind, Workload
 
 from eerld.clocks.arbiter import AppliedClock, ClockArbiter, ClockSource
 from eerld.daemon.events import Events
-from eerld.daemon.jobmode import (
-    IncarnationBook,
-    JobDecision,
-    JobPolicy,
-    JobSessions,
-    JobState,
-    ReceivedDirective,
-    Ruling,
-    judge,
-    rate_limited,
-    to_default,
-)
+from eerld.daemon.jobmode import IncarnationBook, JobDecision, JobSessions, JobState
 from eerld.daemon.lifecycle import LifeCycle
 from eerld.daemon.views import BeganPhase, DirectiveRecord, EndedPhase, PhaseRecord
 from eerld.energy import CounterReading, PhaseEnergy, phase_energy, read_counters
 from eerld.errors import NotFound
 from eerld.gpu.base import GpuBackend
-from eerld.sessions import ActivePhase, Session, SessionRegistry, short_id
+from eerld.sessions import ActivePhase, HeldSession, SessionRegistry, short_id
 
 log = structlog.get_logger("eerld.daemon")
 
@@ -134,7 +124,7 @@ class PhasePath:
         return BeganPhase(tuple(clocks), decision.state, decision.sm_clock_mhz, abandoned is not None)
 
     def _decide(
-        self, session: Session, kind: PhaseKind, iteration: int, hints: Workload | None, now_s: float
+        self, session: HeldSession, kind: PhaseKind, iteration: int, hints: Workload | None, now_s: float
     ) -> Decision:
         try:
             decision = session.controller.decide(kind, iteration, hints, now_s)
@@ -154,7 +144,7 @@ class PhasePath:
 
     def _begin_job_phase(
         self,
-        session: Session,
+        session: HeldSession,
         job: JobState,
         kind: PhaseKind,
         iteration: int,
@@ -217,7 +207,7 @@ class PhasePath:
 
     def rule(
         self,
-        session: Session,
+        session: HeldSession,
         job: JobState,
         *,
         kind: PhaseKind,
@@ -231,10 +221,10 @@ class PhasePath:
         back), so that the GPUs never stay at an earlier trial clock.
         """
         ruling = judge(
+            directive,
             job,
             self._job_policy,
-            self._incarnations,
-            directive,
+            newest_incarnation=self._incarnations.newest(job.key),
             kind=kind,
             iteration=iteration,
             supported_mhz=session.supported_sm_clocks_mhz,
@@ -285,7 +275,7 @@ class PhasePath:
             gpus=len(session.gpu_indices),
         )
 
-    def _meter_and_release(self, session: Session, active: ActivePhase, workload: Workload) -> _Metered:
+    def _meter_and_release(self, session: HeldSession, active: ActivePhase, workload: Workload) -> _Metered:
         """Read the counters, end the phase's lock, and measure the phase against its begin reading."""
         end = read_counters(self._backend, session.gpu_indices, self._phase_clock())
         self._arbiter.set_session(session.gpu_indices, session.session_id, None)
@@ -304,7 +294,7 @@ class PhasePath:
         )
         return _Metered(active, energy, observation)
 
-    def _account(self, session: Session, metered: _Metered, workload: Workload) -> None:
+    def _account(self, session: HeldSession, metered: _Metered, workload: Workload) -> None:
         """The phase is over: the session's totals, its last ended iteration, its lease renewed."""
         kind, energy = metered.active.kind, metered.energy
         session.active = None
@@ -313,7 +303,7 @@ class PhasePath:
         session.totals[kind].add(energy.energy_mj, workload.valid_tokens, workload.tokens, energy.duration_s)
         session.renew(self._clock())
 
-    def _feed_controller(self, session: Session, metered: _Metered) -> ControllerState:
+    def _feed_controller(self, session: HeldSession, metered: _Metered) -> ControllerState:
         """Node mode: the session's controller observes the phase; its state of the kind. Job mode: the
         job-level controller observes what EndPhase returns; the state of the last ruling."""
         kind = metered.active.kind
@@ -324,7 +314,7 @@ class PhasePath:
         ruling = job.last.get(kind)
         return ruling.state if ruling is not None else ControllerState.OFF
 
-    def _tell_peers(self, session: Session, metered: _Metered) -> None:
+    def _tell_peers(self, session: HeldSession, metered: _Metered) -> None:
         """An async session's phase is observed by the controllers of its peers too (each under its lock)."""
         if session.spec.mode is not ExecutionMode.ASYNC:
             return
@@ -334,14 +324,14 @@ class PhasePath:
                     _observe(peer, metered.observation)
 
 
-def _observe(session: Session, observation: PhaseObservation) -> None:
+def _observe(session: HeldSession, observation: PhaseObservation) -> None:
     try:
         session.controller.observe(observation, observation.end_time_s)
     except Exception:
         log.exception("controller_error", session_id=short_id(session.session_id))
 
 
-def _state_of(session: Session, kind: PhaseKind) -> ControllerState:
+def _state_of(session: HeldSession, kind: PhaseKind) -> ControllerState:
     try:
         state = session.controller.state_of(kind)
     except Exception:
@@ -364,7 +354,7 @@ def _warn_incomplete(session_id: str, energy: PhaseEnergy) -> None:
 
 
 def _phase_record(
-    session: Session, metered: _Metered, workload: Workload, state: ControllerState
+    session: HeldSession, metered: _Metered, workload: Workload, state: ControllerState
 ) -> PhaseRecord:
     active, energy = metered.active, metered.energy
     return PhaseRecord(
@@ -383,7 +373,7 @@ def _phase_record(
     )
 
 
-def _check_begin(session: Session, kind: PhaseKind, iteration: int) -> ActivePhase | None:
+def _check_begin(session: HeldSession, kind: PhaseKind, iteration: int) -> ActivePhase | None:
     """Under the session's lock: NotFound for a closed session, the order checks of a BeginPhase; the phase
     it abandons (one that began and never ended), logged, else None."""
     if session.closed:
@@ -401,7 +391,7 @@ def _check_begin(session: Session, kind: PhaseKind, iteration: int) -> ActivePha
     return abandoned
 
 
-def _gap(session: Session, begin: CounterReading) -> float:
+def _gap(session: HeldSession, begin: CounterReading) -> float:
     """Time since the session's previous EndPhase on the backend clock (0 for its first phase)."""
     last = session.last_end_time_s
     return max(0.0, begin.time_s - last) if last is not None else 0.0

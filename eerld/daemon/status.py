@@ -17,13 +17,14 @@ from typing import Protocol, TypeVar
 import structlog
 from eerl.control.base import Decision, PhaseSnapshot
 from eerl.directives import DirectiveVerdict
+from eerl.job.admission import ReceivedDirective
 from eerl.phases import ControllerState, PhaseKind
 
 from eerld.access import Access
 from eerld.clocks.arbiter import ClockArbiter
 from eerld.daemon.gate import ClaimGate
 from eerld.daemon.inventory import Inventory
-from eerld.daemon.jobmode import JobDecision, JobSessions, JobState, ReceivedDirective
+from eerld.daemon.jobmode import JobDecision, JobSessions, JobState
 from eerld.daemon.timebase import PhaseTimebase
 from eerld.daemon.views import (
     DaemonView,
@@ -37,7 +38,7 @@ from eerld.daemon.views import (
 from eerld.errors import GpuError, NotFound
 from eerld.gpu.base import ClockEventReasons, GpuBackend, GpuClocks, GpuUtilization
 from eerld.grants import Grant
-from eerld.sessions import Session, SessionRegistry, short_id
+from eerld.sessions import HeldSession, SessionRegistry, short_id
 
 log = structlog.get_logger("eerld.daemon")
 _T = TypeVar("_T")
@@ -82,11 +83,11 @@ class StatusReader:
         self._drains = drains
         self._closed_decisions: deque[tuple[str, tuple[_Entry, ...]]] = deque(maxlen=CLOSED_SESSIONS_KEPT)
 
-    def record_closed(self, session: Session, job: JobState | None = None) -> None:
+    def record_closed(self, session: HeldSession, job: JobState | None = None) -> None:
         """Keep a closing session's decisions for GetDecisions (the newest sessions only)."""
         self._closed_decisions.append((session.session_id, self._history(session, job)))
 
-    def _history(self, session: Session, job: JobState | None) -> tuple[_Entry, ...]:
+    def _history(self, session: HeldSession, job: JobState | None) -> tuple[_Entry, ...]:
         if job is not None:
             return tuple(_job_entry(d) for d in job.history())
         try:
@@ -154,7 +155,7 @@ class StatusReader:
         """Every open session with its per-phase view."""
         return tuple(self._session_view(s) for s in self._sessions.all())
 
-    def _session_view(self, session: Session) -> SessionView:
+    def _session_view(self, session: HeldSession) -> SessionView:
         now_s = self._clock()
         job = self._jobs.get(session.session_id)
         # job mode: the session's own controller is off; the last ruling is its view of each kind
@@ -253,7 +254,7 @@ class StatusReader:
 class GrantedSessions(Protocol):
     """Who has sessions open through a grant (the registry, or the session book)."""
 
-    def of_grants(self, names: set[str]) -> list[Session]:
+    def of_grants(self, names: set[str]) -> list[HeldSession]:
         """The open sessions whose authority came from these grants."""
         ...
 
@@ -268,7 +269,7 @@ def _job_entry(record: JobDecision) -> _Entry:
     return record.decision, record.directive, record.verdict
 
 
-def _snapshots(session: Session) -> Sequence[PhaseSnapshot]:
+def _snapshots(session: HeldSession) -> Sequence[PhaseSnapshot]:
     try:
         return session.controller.snapshot()
     except Exception:

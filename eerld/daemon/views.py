@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 from eerl.control.base import Decision
 from eerl.directives import DirectiveVerdict
+from eerl.job.admission import ReceivedDirective
 from eerl.phases import ControllerState, ExecutionMode, GpuRole, PhaseKind
 
 from eerld.clocks.arbiter import AppliedClock, ClockSource
 from eerld.clocks.pins import Pin
 from eerld.daemon.drains import Drain
-from eerld.daemon.jobmode import ReceivedDirective
 from eerld.grants import SHARED_NAME, Grant
 from eerld.sessions import JobModeSpec
 

@@ -181,7 +181,7 @@ class MetricsSource(Protocol):
     """What the metrics need from the daemon: one consistent snapshot, taken at scrape time."""
 
     def metrics_snapshot(self) -> MetricsSnapshot:
-        """Read the GPUs and sessions now. May raise an :class:`eerld.errors.EerlError`."""
+        """Read the GPUs and sessions now. May raise an :class:`eerld.errors.DaemonError`."""
         ...
 
 

@@ -4,7 +4,58 @@ from __future__ import annotations
 
 import pytest
 from eerl import ConfigError, visible_gpus
-from eerl.gpus import parse_gpu, parse_gpu_list
+from eerl.errors import ValidationError
+from eerl.gpus import MAX_GPU_INDEX, MAX_GPU_UUID_CHARS, parse_gpu, parse_gpu_list, parse_gpu_ref
+
+
+class TestParseGpuRef:
+    """The one GPU reference rule, which the client, eerlctl and eerld share."""
+
+    @pytest.mark.parametrize(
+        ("value", "expected"),
+        [
+            (0, 0),
+            (MAX_GPU_INDEX, MAX_GPU_INDEX),
+            ("3", 3),
+            (" 2 ", 2),
+            ("007", 7),
+            ("GPU-5f1c-aa", "GPU-5f1c-aa"),
+            ("MIG-1c2d", "MIG-1c2d"),
+            ("gpu-5f1c", "gpu-5f1c"),
+            (" GPU-5f1c ", "GPU-5f1c"),
+        ],
+    )
+    def test_an_index_becomes_an_int_and_a_uuid_passes_through_as_written(
+        self, value: int | str, expected: int | str
+    ) -> None:
+        """Digits name an index; GPU-/MIG- (any case) name a UUID, kept as written but for outer spaces."""
+        assert parse_gpu_ref(value) == expected
+
+    @pytest.mark.parametrize(
+        ("value", "problem"),
+        [
+            (True, "not a GPU index or UUID"),
+            (1.0, "not a GPU index or UUID"),
+            (None, "not a GPU index or UUID"),
+            (-1, "negative"),
+            (MAX_GPU_INDEX + 1, "out of range"),
+            (str(MAX_GPU_INDEX + 1), "out of range"),
+            ("-1", "neither a GPU index nor a UUID"),
+            ("", "neither a GPU index nor a UUID"),
+            ("cuda:0", "neither a GPU index nor a UUID"),
+            ("0x1", "neither a GPU index nor a UUID"),
+            ("\N{SUPERSCRIPT TWO}", "neither a GPU index nor a UUID"),
+            ("GPU-", "neither a GPU index nor a UUID"),
+            ("GPU-a b", "spaces or control characters"),
+            ("GPU-a\x00", "spaces or control characters"),
+            ("GPU-" + "a" * MAX_GPU_UUID_CHARS, "too long"),
+        ],
+    )
+    def test_anything_else_is_refused_naming_the_field(self, value: object, problem: str) -> None:
+        """A refusal is a ValidationError on the caller's field, saying why."""
+        with pytest.raises(ValidationError, match=problem) as caught:
+            parse_gpu_ref(value, field="gpus[3]")
+        assert caught.value.field == "gpus[3]"
 
 
 class TestParseGpu:

@@ -63,10 +63,13 @@ def test_the_hooks_import_without_their_frameworks() -> None:
 
 
 def test_the_controller_imports_nothing_from_the_daemon() -> None:
-    """eerl.control runs in an RL job without eerld installed: loading all of it never loads eerld."""
-    modules = "base, budget, clocks, curve, eerl, predictor, registry, simple"
+    """eerl.control, the job policy and the shared nouns run in an RL job without eerld installed: loading
+    them never loads eerld."""
+    modules = "base, budget, curve, eerl, predictor, registry, simple"
     code = (
         f"import sys, json; from eerl.control import {modules};"
+        "import eerl.clocks, eerl.gpus, eerl.job.admission, eerl.wire.enums, eerl.wire.limits;"
+        "import eerl.wire.metadata;"
         "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'eerld'})))"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -76,7 +79,7 @@ def test_the_controller_imports_nothing_from_the_daemon() -> None:
 def test_the_controller_interface_needs_no_numpy() -> None:
     """The protocol, the clock grid and the fixed/off controllers load without the [control] extra."""
     code = (
-        "import sys, json; from eerl.control import base, clocks, simple;"
+        "import sys, json; from eerl.control import base, simple; import eerl.clocks;"
         "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'numpy'})))"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

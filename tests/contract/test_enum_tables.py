@@ -5,18 +5,18 @@ from __future__ import annotations
 import enum
 
 import pytest
-from eerl import _pb_enums
 from eerl.directives import DirectivePurpose, DirectiveVerdict
 from eerl.phases import ControllerState, ExecutionMode, GpuRole, PhaseKind
 from eerl.v1 import eerl_pb2
+from eerl.wire import enums
 
 TABLES = [
-    (PhaseKind, eerl_pb2.PhaseKind, _pb_enums.KIND_TO_PB, _pb_enums.KIND_FROM_PB),
-    (ExecutionMode, eerl_pb2.ExecutionMode, _pb_enums.MODE_TO_PB, _pb_enums.MODE_FROM_PB),
-    (GpuRole, eerl_pb2.GpuRole, _pb_enums.ROLE_TO_PB, _pb_enums.ROLE_FROM_PB),
-    (ControllerState, eerl_pb2.ControllerState, _pb_enums.STATE_TO_PB, _pb_enums.STATE_FROM_PB),
-    (DirectivePurpose, eerl_pb2.DirectivePurpose, _pb_enums.PURPOSE_TO_PB, _pb_enums.PURPOSE_FROM_PB),
-    (DirectiveVerdict, eerl_pb2.DirectiveVerdict, _pb_enums.VERDICT_TO_PB, _pb_enums.VERDICT_FROM_PB),
+    (PhaseKind, eerl_pb2.PhaseKind, enums.KIND_TO_PB, enums.KIND_FROM_PB),
+    (ExecutionMode, eerl_pb2.ExecutionMode, enums.MODE_TO_PB, enums.MODE_FROM_PB),
+    (GpuRole, eerl_pb2.GpuRole, enums.ROLE_TO_PB, enums.ROLE_FROM_PB),
+    (ControllerState, eerl_pb2.ControllerState, enums.STATE_TO_PB, enums.STATE_FROM_PB),
+    (DirectivePurpose, eerl_pb2.DirectivePurpose, enums.PURPOSE_TO_PB, enums.PURPOSE_FROM_PB),
+    (DirectiveVerdict, eerl_pb2.DirectiveVerdict, enums.VERDICT_TO_PB, enums.VERDICT_FROM_PB),
 ]
 
 

@@ -16,20 +16,17 @@ import grpc
 import pytest
 from eerl.control.simple import create_fixed_controller
 from eerl.directives import Directive, DirectivePurpose, DirectiveVerdict
+from eerl.job.admission import AUTO_FLOOR_FRACTION, JobPolicy, ReceivedDirective
 from eerl.phases import ControllerState, ExecutionMode, GpuRole, PhaseKind, Workload
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
+from eerlctl.render import decisions_table, sessions_table
+from eerlctl.replies import decision_dict, session_dict
 from eerld.clocks.arbiter import ClockSource
 from eerld.config import Config, load_config
-from eerld.ctl_format import decision_dict, decisions_table, session_dict, sessions_table
 from eerld.daemon import Daemon, DirectiveRecord
-from eerld.daemon.jobmode import (
-    AUTO_FLOOR_FRACTION,
-    IncarnationBook,
-    JobPolicy,
-    ReceivedDirective,
-)
+from eerld.daemon.jobmode import IncarnationBook
 from eerld.errors import ConfigError, Conflict
 from eerld.metrics import EerlMetrics
 from eerld.metrics.source import DaemonMetricsSource, subscribe
@@ -619,7 +616,7 @@ class TestConfig:
     @pytest.mark.parametrize(
         ("flag", "value", "message"),
         [
-            ("--job-mode", "maybe", "--job-mode: expected allow or deny"),
+            ("--job-mode", "maybe", "--job-mode: expected one of allow, deny"),
             ("--job-clock-floor-mhz", "-1", "--job-clock-floor-mhz: must be between 0 and 10000"),
             ("--job-clock-floor-mhz", "low", "--job-clock-floor-mhz: expected an integer"),
             ("--job-max-trials", "-1", "--job-max-trials: must be between 0 and 100000"),
@@ -752,7 +749,7 @@ class TestOverTheSockets:
 
 
 class TestEerlctl:
-    """eerlctl's JSON and tables show job mode and the verdicts (eerld/ctl_format.py)."""
+    """eerlctl's JSON and tables show job mode and the verdicts (eerlctl/replies.py, eerlctl/render.py)."""
 
     def test_sessions_show_job_mode_only_where_there_is_one(self) -> None:
         job = pb.SessionInfo(

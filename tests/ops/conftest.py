@@ -1,10 +1,9 @@
-"""Fixtures of the operations tests: a fake metrics source and its server, the fake admin service."""
+"""Fixtures of the operations tests: a fake metrics source and its server, promtool."""
 
 from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from eerl.phases import PhaseKind
@@ -12,7 +11,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from eerld.metrics import EerlMetrics, MetricsServer, start_metrics_server
-from tests.ops.fakes import FakeAdminServer, FakeMetricsSource, start_fake_admin
+from tests.ops.fakes import FakeMetricsSource
 
 
 @pytest.fixture
@@ -29,16 +28,6 @@ def metrics_server(fake_source: FakeMetricsSource) -> Iterator[MetricsServer]:
         yield server
     finally:
         server.close()
-
-
-@pytest.fixture
-def fake_admin(sock_dir: Path) -> Iterator[FakeAdminServer]:
-    """A fake AdminService (plus health) on a temporary Unix socket."""
-    server = start_fake_admin(sock_dir / "admin.sock")
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

@@ -17,11 +17,11 @@ import yaml
 from eerl.config import DEFAULT_RUN_DIR
 from kubernetes import client as k8s
 
+from eerlctl.main import _parser as eerlctl_parser
 from eerld.cdi import load_spec, patch_spec
 from eerld.config import load_config
 from eerld.csi import DRIVER_NAME
 from eerld.csi.main import build_parser as csi_parser
-from eerld.ctl import _parser as eerlctl_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = sorted((ROOT / "deploy/kubernetes").glob("*.yaml"))

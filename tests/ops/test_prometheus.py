@@ -34,7 +34,7 @@ import grpc
 import pytest
 from eerl.v1 import eerl_pb2, eerl_pb2_grpc
 
-from eerld.ctl import main as eerlctl
+from eerlctl.main import main as eerlctl
 from soak.daemon import DaemonProcess
 from tests.ops.conftest import require_tool
 from tests.ops.dashboard import DCGM_FIXTURE, Query, dashboard, interpolate, queries, variables

@@ -303,7 +303,7 @@ def test_with_the_limit_off_every_phase_change_reaches_the_gpu(sock_dir: Path) -
 
 def test_eerlctl_pin_waits_for_a_spent_budget_to_refill_instead_of_failing(sock_dir: Path) -> None:
     """eerlctl retries a pin refused for the rate limit within its --timeout (the admin's word wins soon)."""
-    from eerld.ctl import main as eerlctl  # noqa: PLC0415
+    from eerlctl.main import main as eerlctl  # noqa: PLC0415
 
     fake = FakeGpuBackend(1)
     with (

@@ -23,7 +23,7 @@ from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
 from eerld.grants import MULTI_TENANT_REFUSAL
-from eerld.sessions import Session, SessionRegistry, SessionSpec
+from eerld.sessions import HeldSession, SessionRegistry, SessionSpec
 from eerld.testing import DaemonHandle, FakeGpuBackend, ManualClock, running_daemon
 from tests.security.conftest import NOBODY_UID, SOCKET_GROUP, call, run_as, socket_group_gid
 
@@ -234,10 +234,10 @@ class TestPerGpuSockets:
         assert outcome.code == "OK"
 
 
-def session(name: str, role: GpuRole, gpu: int, authority: frozenset[int]) -> Session:
+def session(name: str, role: GpuRole, gpu: int, authority: frozenset[int]) -> HeldSession:
     spec = SessionSpec("job", 0, 0, (), ExecutionMode.ASYNC, role, None, None)
     settings = ControllerSettings(supported_sm_clocks_mhz=(), kinds=role.kinds(), mode=spec.mode)
-    return Session(
+    return HeldSession(
         name, spec, (gpu,), OffController(settings), supported_sm_clocks_mhz=(), throughput_threshold=0.95,
         lease_ttl_s=10, opened_at_unix_s=0, now_s=0, grant=name, authority=authority,
         granted_by=frozenset({name}),

@@ -19,7 +19,7 @@ from eerl.errors import ConfigError
 from eerl.sidecar._world import JobWorld, job_world
 from eerl.v1 import eerl_pb2
 
-from eerld.ctl_client import AdminClient
+from eerlctl.client import AdminClient
 from tests.conftest import short_socket_dir
 from tests.sidecar.conftest import (
     JOB_SH,

@@ -69,6 +69,7 @@ class PhaseSnapshot:
     candidate_sm_clock_mhz: int | None = None
     phases: int = 0
     estimated_savings_fraction: float = 0.0
+    """The controller's estimate of the energy saved so far (:func:`eerl.phases.savings_fraction`)."""
     exploration_cost_j: float = 0.0
     predictor_error_fraction: float = 0.0
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from eerl.control.clocks import nearest_supported_mhz
+from eerl.clocks import nearest_supported_mhz
 from eerl.control.config import EerlConfig
 from eerl.errors import ValidationError
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
+from eerl.clocks import nearest_supported_mhz
 from eerl.control.base import ControllerSettings, Decision, PhaseObservation, PhaseSnapshot
-from eerl.control.clocks import nearest_supported_mhz
 from eerl.phases import ControllerState, PhaseKind, Workload
 
 HISTORY_LIMIT = 1000

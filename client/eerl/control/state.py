@@ -25,7 +25,7 @@ import numpy as np
 from eerl.control.base import Decision
 from eerl.control.curve import ClockCurve
 from eerl.control.predictor import BaselinePredictor
-from eerl.phases import ControllerState, PhaseKind
+from eerl.phases import ControllerState, PhaseKind, savings_fraction
 
 SEARCHING = (ControllerState.EXPLORING, ControllerState.RETUNING)
 """The states in which a kind's clock is being searched for."""
@@ -113,7 +113,7 @@ class Ledger:
     @property
     def savings_fraction(self) -> float:
         """Estimated savings over the default-equivalent energy (0 before any phase)."""
-        return self.savings_j / self.predicted_energy_j if self.predicted_energy_j > 0 else 0.0
+        return savings_fraction(self.savings_j, self.predicted_energy_j)
 
 
 @dataclass(slots=True)

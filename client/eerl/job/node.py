@@ -24,16 +24,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from eerl._channel import make_channel
-from eerl._pb_enums import (
-    KIND_TO_PB,
-    MODE_TO_PB,
-    PURPOSE_TO_PB,
-    ROLE_TO_PB,
-    VERDICT_FROM_PB,
-    workload_to_pb,
-)
 from eerl._sender import _describe, _gpu_ref
-from eerl._validate import check_iteration, check_workload
 from eerl._version import __version__
 from eerl.config import ClientConfig
 from eerl.directives import Directive, DirectiveVerdict
@@ -41,6 +32,15 @@ from eerl.gpus import GpuId, parse_gpus, visible_gpus
 from eerl.job.controller import NodeReport, common_clocks
 from eerl.phases import ExecutionMode, GpuRole, PhaseKind, Workload
 from eerl.v1 import eerl_pb2, eerl_pb2_grpc
+from eerl.wire.enums import (
+    KIND_TO_PB,
+    MODE_TO_PB,
+    PURPOSE_TO_PB,
+    ROLE_TO_PB,
+    VERDICT_FROM_PB,
+    workload_to_pb,
+)
+from eerl.wire.limits import check_iteration, check_workload
 
 __all__ = ["NodeBegin", "NodeLink"]
 

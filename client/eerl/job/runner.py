@@ -18,10 +18,10 @@ from collections.abc import Callable
 from types import TracebackType
 
 from eerl._tally import ReportsToInnermost, WorkloadTally
-from eerl._validate import to_count
 from eerl.directives import Directive
 from eerl.errors import ConfigError
 from eerl.phases import PhaseKind, Workload
+from eerl.wire.limits import to_count
 
 __all__ = ["JobPhase", "JobRunner"]
 

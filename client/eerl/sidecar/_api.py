@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from eerl._sender import ClientStats, PhaseAnswer
-from eerl._validate import MAX_ITERATION, WORKLOAD_LIMITS
 from eerl.errors import ConfigError, one_line
 from eerl.phases import PhaseKind, Workload
+from eerl.wire.limits import MAX_ITERATION, WORKLOAD_LIMITS
 
 MAX_BODY_BYTES = 16 * 1024
 """The largest request body accepted (413 beyond)."""

@@ -6,8 +6,8 @@ import dataclasses
 import itertools
 
 import pytest
+from eerl.clocks import nearest_supported_mhz
 from eerl.control.base import Controller, ControllerFactory, ControllerSettings, PhaseObservation
-from eerl.control.clocks import nearest_supported_mhz
 from eerl.control.eerl import (
     PROBE_REASON,
     EerlConfig,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from eerl.control.state import KindTrack, Ledger
-from eerl.phases import ControllerState
+from eerl.phases import ControllerState, savings_fraction
 
 from tests.client.control.parts import fitted_track
 
@@ -51,3 +51,11 @@ class TestKindTrack:
         track.baseline.rebaseline_left = 0
         track.state = ControllerState.BASELINE
         assert track.relearning
+
+
+class TestSavingsFraction:
+    def test_saved_over_baseline_and_zero_without_one(self) -> None:
+        """The one savings rule: saved / baseline; 0 before there is a baseline."""
+        assert savings_fraction(25.0, 100.0) == 0.25
+        assert savings_fraction(-5.0, 100.0) == -0.05
+        assert savings_fraction(5.0, 0.0) == 0.0

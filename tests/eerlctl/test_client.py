@@ -9,8 +9,8 @@ import pytest
 from eerl.phases import PhaseKind
 from eerl.v1 import eerl_pb2
 
-from eerld.ctl_client import AdminClient, socket_target
-from tests.ops.fakes import SESSION_ID, FakeAdminServer
+from eerlctl.client import AdminClient, socket_target
+from tests.eerlctl.fakes import SESSION_ID, FakeAdminServer
 
 
 class TestSocketTarget:

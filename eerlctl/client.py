@@ -13,15 +13,12 @@ import os
 from types import TracebackType
 
 import grpc
-from eerl._pb_enums import KIND_TO_PB
 from eerl.phases import PhaseKind
 from eerl.v1 import eerl_pb2, eerl_pb2_grpc
+from eerl.wire.enums import KIND_TO_PB
+from eerl.wire.metadata import CALLER_METADATA
 
 __all__ = ["CALLER_METADATA", "DEFAULT_TIMEOUT_S", "AdminClient", "socket_target"]
-
-CALLER_METADATA = "eerl-caller"
-"""The metadata key a client reports its user in with a pin or drain (eerld records it with the admin
-socket's owner; gRPC Python cannot ask the kernel who the peer is)."""
 
 DEFAULT_TIMEOUT_S = 10.0
 """How long a call waits for eerld unless told otherwise (eerlctl's ``--timeout`` default)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eerld.ctl_args import GpuSelection, parse_duration_s, parse_gpus, parse_sm_mhz
+from eerlctl.args import GpuSelection, parse_duration_s, parse_gpus, parse_sm_mhz
 from eerld.errors import ValidationError
 
 
@@ -24,7 +24,11 @@ class TestParseGpus:
         with pytest.raises(ValidationError, match=f"--gpus: {twice}is listed twice"):
             parse_gpus(text)
 
-    @pytest.mark.parametrize("text", ["", "0,,1", "-1", "gpu0", "0;1"])
+    def test_the_one_gpu_reference_rule_applies(self) -> None:
+        """--gpus follows eerl.gpus.parse_gpu_ref: a UUID's prefix in any case, an index up to 1023."""
+        assert parse_gpus("gpu-abc,1023") == GpuSelection(indices=(1023,), uuids=("gpu-abc",))
+
+    @pytest.mark.parametrize("text", ["", "0,,1", "-1", "gpu0", "0;1", "1024", "GPU-", "\N{SUPERSCRIPT TWO}"])
     def test_anything_else_is_rejected_naming_the_flag(self, text: str) -> None:
         """A part that is neither an index nor a UUID is a ValidationError on --gpus."""
         with pytest.raises(ValidationError, match="--gpus"):

@@ -16,7 +16,7 @@ import grpc
 import pytest
 from eerl.v1 import eerl_pb2, eerl_pb2_grpc
 
-from eerld.ctl import main
+from eerlctl.main import main
 from eerld.errors import GpuLost
 from eerld.metrics import MetricsServer, start_metrics_server
 from eerld.testing import DaemonHandle, FakeGpuBackend, running_daemon

@@ -1,4 +1,4 @@
-"""What the client may send: counts the daemon accepts, whatever the job reported.
+"""The wire's limits: the most a phase event may report, and what the client sends whatever the job reported.
 
 The daemon refuses a phase event whose workload it cannot trust (a count above its limits, more valid
 tokens than tokens) and protobuf cannot even encode a negative count; either way the phase would go
@@ -8,9 +8,9 @@ that is not a whole number is dropped (sent as 0, "unknown"), a negative one is 
 daemon's limit is dropped, and ``valid_tokens`` is clamped to ``tokens``. An iteration out of range drops
 the whole event. Pure functions: the sender counts and logs what they report.
 
-The limits are the daemon's: :data:`WORKLOAD_LIMITS` is the one table, which eerld's codec
-(``eerld.api.codec``) and the sidecar's HTTP API check against too (the client cannot import eerld; eerld
-imports this).
+The limits are the daemon's: :data:`WORKLOAD_LIMITS` and :data:`MAX_ITERATION` are the one table, which
+eerld's codec (``eerld.api.codec``) and the sidecar's HTTP API check against too (the client cannot import
+eerld; eerld imports this public module, :mod:`eerl.wire`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from eerl import Workload
-from eerl._validate import (
+from eerl.phases import WORKLOAD_FIELDS
+from eerl.v1 import eerl_pb2
+from eerl.wire.limits import (
     MAX_ITERATION,
     MAX_KV_TOKENS,
     MAX_SEQUENCES,
@@ -18,8 +20,6 @@ from eerl._validate import (
     check_workload,
     to_count,
 )
-from eerl.phases import WORKLOAD_FIELDS
-from eerl.v1 import eerl_pb2
 from hypothesis import example, given
 from hypothesis import strategies as st
 

@@ -1,10 +1,11 @@
-"""The one table between the session nouns (:mod:`eerl.phases`, :mod:`eerl.directives`) and their wire
-values (``eerl.v1``).
+"""The one table between the session nouns (:mod:`eerl.phases`, :mod:`eerl.directives`) and their wire values
+(``eerl.v1``).
 
-Used by the client's sender, eerld's codec and eerlctl. Each table is derived from the generated enums by
-name (``PhaseKind.TRAINING`` → ``PHASE_KIND_TRAINING``), so a member the proto lacks fails at import
-rather than at the first RPC; each ``*_FROM_PB`` is its ``*_TO_PB`` reversed (``UNSPECIFIED`` is in
-neither: what it means is the caller's to say).
+Part of the shared wire vocabulary (:mod:`eerl.wire`): used by the client's sender, eerld's codec and
+eerlctl. Each table is derived from the generated enums by name (``PhaseKind.TRAINING`` →
+``PHASE_KIND_TRAINING``), so a member the proto lacks fails at import rather than at the first RPC; each
+``*_FROM_PB`` is its ``*_TO_PB`` reversed (``UNSPECIFIED`` is in neither: what it means is the caller's to
+say).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ if _UNSENT:  # a field the proto lacks fails here, at import, not at the first p
 
 def workload_to_pb(workload: Workload) -> eerl_pb2.Workload:
     """A workload on the wire, its counts as they are (check them first:
-    :func:`eerl._validate.check_workload`)."""
+    :func:`eerl.wire.limits.check_workload`)."""
     return eerl_pb2.Workload(**{name: getattr(workload, name) for name in WORKLOAD_FIELDS})
 
 

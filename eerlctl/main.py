@@ -31,8 +31,8 @@ from eerl.phases import PhaseKind
 from eerl.v1 import eerl_pb2, eerl_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from eerld import __version__
-from eerld.ctl_args import (
+from eerlctl import __version__
+from eerlctl.args import (
     GpuSelection,
     parse_duration_s,
     parse_gid,
@@ -41,30 +41,32 @@ from eerld.ctl_args import (
     parse_uid,
     parse_until_s,
 )
-from eerld.ctl_client import CALLER_METADATA, AdminClient
-from eerld.ctl_completion import COMMANDS, completion_script
-from eerld.ctl_format import (
-    clocks_dict,
-    decision_dict,
+from eerlctl.client import CALLER_METADATA, AdminClient
+from eerlctl.completion import COMMANDS, completion_script
+from eerlctl.render import (
     decisions_table,
     drain_text,
-    gpu_pin_dict,
-    grant_dict,
     grant_text,
     grants_table,
     pin_text,
     pins_table,
-    redact_tokens,
     reset_text,
     revoke_text,
-    session_dict,
     sessions_table,
-    status_dict,
     status_text,
     undrain_text,
     unpin_text,
 )
-from eerld.errors import EerlError, ValidationError
+from eerlctl.replies import (
+    clocks_dict,
+    decision_dict,
+    gpu_pin_dict,
+    grant_dict,
+    redact_tokens,
+    session_dict,
+    status_dict,
+)
+from eerld.errors import DaemonError, ValidationError
 
 __all__ = ["DEFAULT_ADMIN_SOCKET", "main"]
 
@@ -72,7 +74,7 @@ DEFAULT_ADMIN_SOCKET = "/run/eerld/admin.sock"
 _EXIT_OK, _EXIT_ERROR, _EXIT_USAGE = 0, 1, 2
 
 
-class CtlError(EerlError):
+class CtlError(DaemonError):
     """A failure eerlctl reports as one ``Error: …`` line."""
 
 
@@ -516,7 +518,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
         message = _explain_rpc_error(e, socket, args.timeout)
         if args.debug:
             traceback.print_exc(file=err)
-    except EerlError as e:
+    except DaemonError as e:
         message = str(e)
         if args.debug:
             traceback.print_exc(file=err)

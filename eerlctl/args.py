@@ -12,6 +12,9 @@ import pwd
 import re
 from dataclasses import dataclass
 
+from eerl.errors import ValidationError as RefusedReference
+from eerl.gpus import parse_gpu_ref
+
 from eerld.errors import ValidationError
 
 __all__ = [
@@ -48,12 +51,14 @@ def parse_gpus(text: str, *, flag: str = "--gpus") -> GpuSelection:
     indices: list[int] = []
     uuids: list[str] = []
     for part in (p.strip() for p in stripped.split(",")):
-        if part.isdigit():
-            indices.append(int(part))
-        elif part.startswith(("GPU-", "MIG-")):
-            uuids.append(part)
+        try:
+            ref = parse_gpu_ref(part, field=flag)  # the one rule (eerl.gpus)
+        except RefusedReference:
+            raise ValidationError(flag, f"{part!r} is not a GPU index, a UUID (GPU-…) or 'all'") from None
+        if isinstance(ref, int):
+            indices.append(ref)
         else:
-            raise ValidationError(flag, f"{part!r} is not a GPU index, a UUID (GPU-…) or 'all'")
+            uuids.append(ref)
     listed = [str(i) for i in indices] + uuids
     twice = sorted({x for x in listed if listed.count(x) > 1})
     if twice:

@@ -1,4 +1,8 @@
-"""The supported-clock grid: the one "nearest supported clock" rule, for controllers and the daemon alike."""
+"""The supported-clock grid: the one "nearest supported clock" rule, for controllers and the daemon alike.
+
+A shared noun about clocks, not part of the controller: the controllers (:mod:`eerl.control`) snap to it and
+eerld names the nearest supported clocks in its errors (pins, fixed clocks) with the same rule.
+"""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from eerl.control.clocks import nearest_supported_mhz, nearest_supported_text
+from eerl.clocks import nearest_supported_mhz, nearest_supported_text
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -12,9 +12,9 @@ import pytest
 from eerl.v1 import eerl_pb2
 from grpc_health.v1 import health_pb2
 
-from eerld.ctl import main
-from eerld.ctl_completion import COMMANDS, completion_script
-from tests.ops.fakes import SESSION_ID, FakeAdminServer
+from eerlctl.completion import COMMANDS, completion_script
+from eerlctl.main import main
+from tests.eerlctl.fakes import SESSION_ID, FakeAdminServer
 
 
 def run(fake: FakeAdminServer | Path, *argv: str) -> tuple[int, str, str]:
