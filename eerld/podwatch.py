@@ -27,7 +27,7 @@ log = structlog.get_logger("eerld.podwatch")
 
 
 class SessionHolder(Protocol):
-    """What the watch needs of the daemon."""
+    """What the watch needs of the daemon: its session book (:class:`eerld.daemon.book.SessionBook`)."""
 
     def claims(self) -> Sequence[ClaimView]:
         """Every open session's GPUs."""

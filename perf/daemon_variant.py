@@ -34,6 +34,7 @@ from eerl.phases import ControllerState
 from eerld.api.server import create_server, serve
 from eerld.config import load_config
 from eerld.daemon import BeganPhase, Daemon, EndedPhase
+from eerld.daemon.phases import PhasePath
 from eerld.gpu.base import GpuBackend
 from eerld.logging import configure_logging
 from eerld.testing import FakeGpuBackend
@@ -48,8 +49,8 @@ ENDED = EndedPhase(1.0, 1000.0, 1.0, ControllerState.FIXED)
 
 def answer_at_once() -> None:
     """BeginPhase/EndPhase return constants: what is left is eerld's gRPC surface."""
-    Daemon.begin_phase = lambda self, *args: BEGAN  # type: ignore[method-assign]
-    Daemon.end_phase = lambda self, *args: ENDED  # type: ignore[method-assign]
+    PhasePath.begin_phase = lambda self, *args: BEGAN  # type: ignore[method-assign]
+    PhasePath.end_phase = lambda self, *args: ENDED  # type: ignore[method-assign]
 
 
 def spin_instead(begin_us: float, end_us: float) -> None:
@@ -68,21 +69,21 @@ def spin_instead(begin_us: float, end_us: float) -> None:
     begin_turns = round(calibration_turns * begin_us * 1e-6 / typical_s)
     end_turns = round(calibration_turns * end_us * 1e-6 / typical_s)
 
-    def begin(self: Daemon, *args: object) -> BeganPhase:
+    def begin(self: PhasePath, *args: object) -> BeganPhase:
         work(begin_turns)
         return BEGAN
 
-    def end(self: Daemon, *args: object) -> EndedPhase:
+    def end(self: PhasePath, *args: object) -> EndedPhase:
         work(end_turns)
         return ENDED
 
-    Daemon.begin_phase = begin  # type: ignore[method-assign,assignment]
-    Daemon.end_phase = end  # type: ignore[method-assign,assignment]
+    PhasePath.begin_phase = begin  # type: ignore[method-assign,assignment]
+    PhasePath.end_phase = end  # type: ignore[method-assign,assignment]
 
 
 def record_handler_times(daemon: Daemon, path: str) -> None:
     durations: dict[str, list[float]] = collections.defaultdict(list)
-    daemon.subscribe(on_rpc=lambda name, _code, seconds: durations[name].append(seconds))
+    daemon.events.subscribe(on_rpc=lambda name, _code, seconds: durations[name].append(seconds))
 
     def write() -> None:
         with open(path, "w") as out:

@@ -200,14 +200,14 @@ class Fuzzer:
     def _baseline(self) -> None:
         """Back to the known state: one session on GPU 0 inside a generation phase, a pin on GPU 3."""
         daemon = self.handle.daemon
-        for s in daemon.sessions():
+        for s in daemon.reads.sessions():
             with contextlib.suppress(NotFound):  # an ended Attach stream may be closing it right now
-                daemon.close_session(s.session_id)
+                daemon.book.close_session(s.session_id)
         deadline = time.monotonic() + 10
-        while daemon.sessions() and time.monotonic() < deadline:
+        while daemon.reads.sessions() and time.monotonic() < deadline:
             time.sleep(0.01)
-        daemon.unpin(None)
-        daemon.undrain(None)  # an accepted Drain would refuse the baseline's session
+        daemon.admin.unpin(None)
+        daemon.admin.undrain(None)  # an accepted Drain would refuse the baseline's session
         self.clock.advance(60.0)  # a fresh start: the socket's session-open budget refills
         phase = pb.OpenSessionRequest(job_id="fuzz", gpus=[pb.GpuRef(index=0)])
         code, sid = self._open(phase)
@@ -242,7 +242,7 @@ class Fuzzer:
                     s.gpu_indices,
                     tuple((p.kind, p.phases) for p in s.phases),
                 )
-                for s in daemon.sessions()
+                for s in daemon.reads.sessions()
             )
         )
         gpus = tuple(
@@ -253,7 +253,7 @@ class Fuzzer:
                 g.pin.sm_clock_mhz if g.pin else None,
                 g.degraded_reason,
             )
-            for g in daemon.gpu_status()
+            for g in daemon.reads.gpu_status()
         )
         return sessions, gpus
 

@@ -166,7 +166,7 @@ class Server:
 
     def _build(self, name: str, services: tuple[str, ...], workers: int, servicer: Any) -> Endpoint:
         interceptors: list[Any] = [
-            ErrorMappingInterceptor(self.daemon.rpc_done, services, workers=workers),
+            ErrorMappingInterceptor(self.daemon.events.rpc_done, services, workers=workers),
             StreamGuardInterceptor(MAX_OPEN_STREAMS, self.config.stream_lifetime_s, exempt=(ATTACH_METHOD,)),
         ]
         server = grpc.server(
@@ -273,7 +273,7 @@ class Server:
             self._serving = True
         self.worker.start()
         self.admin.start()
-        self.daemon.open_grants()
+        self.daemon.admin.open_grants()
         for endpoint in self._endpoints():
             _set_health(endpoint, serving=True)
         if self._reaper:
@@ -376,7 +376,7 @@ def _wire_pod_resources(app: App, socket_path: Path, *, optional: bool) -> None:
     if app.config.metrics_address is not None:
         app.pods = GpuOwners(KubeletPodResources(socket_path, optional=optional))
     app.pod_watch = PodClaimWatch(
-        app.daemon,
+        app.daemon.book,
         KubeletPodResources(socket_path),
         poll_s=app.config.pod_resources_poll_s,
         present=socket_path.exists if optional else lambda: True,

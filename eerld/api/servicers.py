@@ -1,5 +1,5 @@
 # ruff: noqa: N802 - method names are the RPC names of the v1 contract
-"""Thin servicers: decode the request (codec), call one Daemon method, encode the reply.
+"""Thin servicers: decode the request (codec), call one method of a daemon component, encode the reply.
 
 Errors are not handled here; :mod:`eerld.api.interceptors` maps them. The worker socket serves only
 :class:`PhaseServicer` and the admin socket only :class:`AdminServicer`.
@@ -38,7 +38,7 @@ class PhaseServicer(pb_grpc.PhaseServiceServicer):
     def OpenSession(
         self, request: pb.OpenSessionRequest, context: grpc.ServicerContext
     ) -> pb.OpenSessionResponse:
-        opened = self._daemon.open_session(codec.open_session(request), self._grant)
+        opened = self._daemon.book.open_session(codec.open_session(request), self._grant)
         return pb.OpenSessionResponse(
             session_id=opened.session_id,
             lease_ttl_s=opened.lease_ttl_s,
@@ -46,9 +46,9 @@ class PhaseServicer(pb_grpc.PhaseServiceServicer):
         )
 
     def Attach(self, request: pb.AttachRequest, context: grpc.ServicerContext) -> Iterator[pb.SessionEvent]:
-        attachment = self._daemon.attach(codec.session_id(request.session_id))
-        if not context.add_callback(lambda: self._daemon.detach(attachment)):
-            self._daemon.detach(attachment)
+        attachment = self._daemon.book.attach(codec.session_id(request.session_id))
+        if not context.add_callback(lambda: self._daemon.book.detach(attachment)):
+            self._daemon.book.detach(attachment)
             return
         while context.is_active():
             try:
@@ -62,7 +62,7 @@ class PhaseServicer(pb_grpc.PhaseServiceServicer):
     def BeginPhase(
         self, request: pb.BeginPhaseRequest, context: grpc.ServicerContext
     ) -> pb.BeginPhaseResponse:
-        began = self._daemon.begin_phase(*codec.begin_phase(request))
+        began = self._daemon.phases.begin_phase(*codec.begin_phase(request))
         return pb.BeginPhaseResponse(
             clocks=[codec.clock_out(c) for c in began.clocks],
             state=codec.state_out(began.state),
@@ -74,7 +74,7 @@ class PhaseServicer(pb_grpc.PhaseServiceServicer):
         )
 
     def EndPhase(self, request: pb.EndPhaseRequest, context: grpc.ServicerContext) -> pb.EndPhaseResponse:
-        ended = self._daemon.end_phase(*codec.end_phase(request))
+        ended = self._daemon.phases.end_phase(*codec.end_phase(request))
         return pb.EndPhaseResponse(
             duration_s=ended.duration_s,
             energy_mj=ended.energy_mj,
@@ -88,19 +88,19 @@ class PhaseServicer(pb_grpc.PhaseServiceServicer):
 
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatResponse:
         return pb.HeartbeatResponse(
-            lease_remaining_s=self._daemon.heartbeat(codec.session_id(request.session_id))
+            lease_remaining_s=self._daemon.book.heartbeat(codec.session_id(request.session_id))
         )
 
     def CloseSession(
         self, request: pb.CloseSessionRequest, context: grpc.ServicerContext
     ) -> pb.CloseSessionResponse:
-        closed = self._daemon.close_session(codec.session_id(request.session_id))
+        closed = self._daemon.book.close_session(codec.session_id(request.session_id))
         return pb.CloseSessionResponse(energy_mj=closed.energy_mj, valid_tokens=closed.valid_tokens)
 
     def IssueClaimTicket(
         self, request: pb.IssueClaimTicketRequest, context: grpc.ServicerContext
     ) -> pb.IssueClaimTicketResponse:
-        ticket = self._daemon.issue_claim_ticket(self._grant)
+        ticket = self._daemon.admin.issue_claim_ticket(self._grant)
         return pb.IssueClaimTicketResponse(
             ticket=ticket.ticket,
             gpus=[codec.gpu_info_out(g) for g in ticket.gpus],
@@ -133,7 +133,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         return " via ".join(parts)
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusResponse:
-        status = self._daemon.status()
+        status = self._daemon.reads.status()
         return pb.StatusResponse(
             daemon=codec.daemon_out(status.daemon),
             gpus=[codec.gpu_status_out(g) for g in status.gpus],
@@ -143,7 +143,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
 
     def Pin(self, request: pb.PinRequest, context: grpc.ServicerContext) -> pb.PinResponse:
         args = codec.pin(request)
-        outcome = self._daemon.pin(
+        outcome = self._daemon.admin.pin(
             args.gpus,
             args.sm_clock_mhz,
             args.mem_clock_mhz,
@@ -158,7 +158,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         )
 
     def Unpin(self, request: pb.UnpinRequest, context: grpc.ServicerContext) -> pb.UnpinResponse:
-        outcome = self._daemon.unpin(codec.unpin(request))
+        outcome = self._daemon.admin.unpin(codec.unpin(request))
         return pb.UnpinResponse(
             clocks=[codec.clock_out(c) for c in outcome.clocks],
             removed=[codec.gpu_pin_out(r) for r in outcome.removed],
@@ -168,17 +168,17 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
     def ListSessions(
         self, request: pb.ListSessionsRequest, context: grpc.ServicerContext
     ) -> pb.ListSessionsResponse:
-        return pb.ListSessionsResponse(sessions=[codec.session_out(s) for s in self._daemon.sessions()])
+        return pb.ListSessionsResponse(sessions=[codec.session_out(s) for s in self._daemon.reads.sessions()])
 
     def GetDecisions(
         self, request: pb.GetDecisionsRequest, context: grpc.ServicerContext
     ) -> pb.GetDecisionsResponse:
-        views = self._daemon.decisions(*codec.decisions(request))
+        views = self._daemon.reads.decisions(*codec.decisions(request))
         return pb.GetDecisionsResponse(decisions=[codec.decision_out(v) for v in views])
 
     def ResetAll(self, request: pb.ResetAllRequest, context: grpc.ServicerContext) -> pb.ResetAllResponse:
         gpus, reason = codec.reset(request)
-        outcome = self._daemon.reset(gpus, reason or "admin reset", keep_pins=request.keep_pins)
+        outcome = self._daemon.admin.reset(gpus, reason or "admin reset", keep_pins=request.keep_pins)
         return pb.ResetAllResponse(
             clocks=[codec.clock_out(c) for c in outcome.clocks],
             closed_session_ids=list(outcome.closed_session_ids),
@@ -186,7 +186,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
 
     def Drain(self, request: pb.DrainRequest, context: grpc.ServicerContext) -> pb.DrainResponse:
         args = codec.drain(request)
-        outcome = self._daemon.drain(
+        outcome = self._daemon.admin.drain(
             args.gpus,
             args.duration_s,
             args.reason or "admin drain",
@@ -200,16 +200,16 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         )
 
     def Undrain(self, request: pb.UndrainRequest, context: grpc.ServicerContext) -> pb.UndrainResponse:
-        outcome = self._daemon.undrain(codec.undrain(request))
+        outcome = self._daemon.admin.undrain(codec.undrain(request))
         return pb.UndrainResponse(undrained=list(outcome.undrained), not_drained=list(outcome.not_drained))
 
     def Grant(self, request: pb.GrantRequest, context: grpc.ServicerContext) -> pb.GrantResponse:
-        outcome = self._daemon.grant(codec.grant(request))
+        outcome = self._daemon.admin.grant(codec.grant(request))
         return pb.GrantResponse(grant=codec.grant_out(outcome.grant), revoked=list(outcome.revoked))
 
     def Revoke(self, request: pb.RevokeRequest, context: grpc.ServicerContext) -> pb.RevokeResponse:
         name, job_id, reason = codec.revoke(request)
-        outcome = self._daemon.revoke(name, job_id, reason or "admin revoke")
+        outcome = self._daemon.admin.revoke(name, job_id, reason or "admin revoke")
         return pb.RevokeResponse(
             revoked=list(outcome.revoked),
             clocks=[codec.clock_out(c) for c in outcome.clocks],
@@ -219,7 +219,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
     def ListGrants(
         self, request: pb.ListGrantsRequest, context: grpc.ServicerContext
     ) -> pb.ListGrantsResponse:
-        return pb.ListGrantsResponse(grants=[codec.grant_out(g) for g in self._daemon.grants()])
+        return pb.ListGrantsResponse(grants=[codec.grant_out(g) for g in self._daemon.reads.grants()])
 
 
 def _socket_owner(path: Path) -> str:

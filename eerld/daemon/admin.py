@@ -6,8 +6,13 @@ new pin only with ``replace`` (the reply names the pins replaced), and every pin
 drain refuses new claims of its GPUs until undrained or expired (:mod:`eerld.daemon.drains`); a reset
 closes the sessions holding the GPUs and removes their pins unless told to keep them (the Slurm prolog and
 epilog keep them); a removed or expired grant closes the sessions whose authority came from it and
-returns its GPUs to default. Closing a session and telling its attached client are the
-daemon's (:mod:`eerld.daemon.core`): this module is handed the two callables, and calls nothing else back.
+returns its GPUs to default.
+
+Every change first checks that the daemon runs (:meth:`~eerld.daemon.lifecycle.LifeCycle.check_running`).
+Closing a session and telling its attached client are the session book's: this module depends on its
+narrow side (:class:`~eerld.daemon.book.Holders`) and calls nothing back up. A drain is recorded through the
+claim gate (:class:`~eerld.daemon.gate.ClaimGate`), which returns once no claim of its GPUs is in flight,
+so the eviction that follows sees every session that got in before it.
 """
 
 from __future__ import annotations
@@ -20,12 +25,16 @@ from eerl.clocks import nearest_supported_text
 from eerld.access import Access
 from eerld.clocks.arbiter import AppliedClock, ClockArbiter
 from eerld.clocks.pins import Pin, PinStore, pin_problem
-from eerld.daemon.drains import Drain, DrainStore, utc_text
+from eerld.daemon.book import Holders
+from eerld.daemon.drains import Drain, utc_text
+from eerld.daemon.gate import ClaimGate
 from eerld.daemon.inventory import Inventory
-from eerld.daemon.jobmode import IncarnationBook
+from eerld.daemon.lifecycle import LifeCycle
+from eerld.daemon.status import grant_view
 from eerld.daemon.views import (
     DrainOutcome,
     GpuPinView,
+    GrantOutcome,
     PinOutcome,
     ResetOutcome,
     RevokeOutcome,
@@ -35,18 +44,13 @@ from eerld.daemon.views import (
 )
 from eerld.errors import Conflict, Exhausted, ValidationError
 from eerld.grants import Grant, GrantSpec
-from eerld.sessions import GpuSelector, HeldSession, SessionRegistry
+from eerld.sessions import GpuSelector
 
 log = structlog.get_logger("eerld.daemon")
 
-CloseSession = Callable[[HeldSession, str], object]
-"""Close a session for the given reason and return its GPUs to default (the daemon's ``_close``)."""
-Notify = Callable[[Sequence[int], str], None]
-"""Tell the attached clients of the sessions holding these GPUs (the daemon's ``_notify``)."""
-
 
 class Admin:
-    """Pins, drains, resets and grants over the state the daemon shares with it."""
+    """Pins, drains, resets and grants over the GPUs and the sessions holding them."""
 
     def __init__(
         self,
@@ -54,25 +58,22 @@ class Admin:
         arbiter: ClockArbiter,
         pins: PinStore,
         access: Access,
-        sessions: SessionRegistry,
+        sessions: Holders,
         *,
+        gate: ClaimGate,
+        life: LifeCycle,
         clock: Callable[[], float],
         wall_clock: Callable[[], float],
-        close: CloseSession,
-        notify: Notify,
-        incarnations: IncarnationBook,
     ) -> None:
         self._inventory = inventory
         self._arbiter = arbiter
         self._pins = pins
         self._access = access
         self._sessions = sessions
+        self._gate = gate
+        self._life = life
         self._clock = clock
         self._wall = wall_clock
-        self._close = close
-        self._notify = notify
-        self._incarnations = incarnations
-        self._drains = DrainStore()
 
     # -- pins ---------------------------------------------------------------------------------------
 
@@ -124,7 +125,7 @@ class Admin:
             self._pins.remove_many([p.uuid for p in expired])
             self._arbiter.clear_pins(indices)
             log.info("pins_expired", gpu_indices=indices)
-        drains = self._drains.expire(now_unix)
+        drains = self._gate.expire()
         if drains:
             ended = [i for d in drains if (i := self._inventory.index_of(d.uuid)) is not None]
             log.info("drains_expired", gpu_indices=ended)
@@ -149,6 +150,7 @@ class Admin:
         A GPU that already has a pin is a Conflict naming that pin unless ``replace``; the outcome lists
         the pins replaced. ``set_by`` says who asked (recorded with the pin).
         """
+        self._life.check_running()
         indices = self._inventory.select(selectors)
         now_unix = self._wall()
         existing = [
@@ -208,7 +210,7 @@ class Admin:
             set_by=set_by,
             replaced=[{"gpu_index": r.index, **_pin_log(r.pin)} for r in existing],
         )
-        self._notify(indices, f"admin pin at {sm_clock_mhz} MHz on GPU(s) {_fmt(indices)}: {reason}")
+        self._sessions.notify(indices, f"admin pin at {sm_clock_mhz} MHz on GPU(s) {_fmt(indices)}: {reason}")
         return PinOutcome(tuple(results), tuple(existing))
 
     def unpin(self, selectors: Sequence[GpuSelector] | None) -> UnpinOutcome:
@@ -217,6 +219,7 @@ class Admin:
         Only the GPUs that had a pin change (their clocks are read back after the change); the others are
         named in ``not_pinned``.
         """
+        self._life.check_running()
         indices = self._inventory.select(selectors)
         removed = {
             self._inventory.index_of(p.uuid): p
@@ -228,7 +231,7 @@ class Admin:
         not_pinned = tuple(i for i in indices if i not in pinned)
         log.info("unpin", gpu_indices=pinned, not_pinned=list(not_pinned))
         if pinned:
-            self._notify(pinned, f"admin pin removed on GPU(s) {_fmt(pinned)}")
+            self._sessions.notify(pinned, f"admin pin removed on GPU(s) {_fmt(pinned)}")
         views = tuple(GpuPinView(i, p) for i, p in removed.items() if i is not None)
         return UnpinOutcome(tuple(results), views, not_pinned)
 
@@ -237,6 +240,7 @@ class Admin:
     ) -> ResetOutcome:
         """Close the sessions holding the GPUs and return them to default clocks; remove their pins too
         unless ``keep_pins`` (then a pinned GPU goes back to its pin's clock)."""
+        self._life.check_running()
         indices = self._inventory.select(selectors)
         closed = self._close_holders(
             indices, f"session closed by admin reset: {reason}", f"admin reset: {reason}"
@@ -258,26 +262,34 @@ class Admin:
 
     # -- drains -------------------------------------------------------------------------------------
 
-    def put_drains(
-        self, selectors: Sequence[GpuSelector] | None, duration_s: float, reason: str, set_by: str
-    ) -> tuple[int, ...]:
-        """Record drains of the GPUs (from now on no session may claim them); return their indices."""
+    def drain(
+        self,
+        selectors: Sequence[GpuSelector] | None,
+        duration_s: float,
+        reason: str,
+        *,
+        keep_sessions: bool = False,
+        set_by: str = "",
+    ) -> DrainOutcome:
+        """No new claims of the GPUs until undrained or ``duration_s`` (0: until undrained) has passed;
+        the sessions holding them are closed unless ``keep_sessions``; pins stay."""
+        self._life.check_running()
         indices = self._inventory.select(selectors)
         now_unix = self._wall()
-        self._drains.put_many(
-            Drain(
-                uuid=self._inventory.uuid(i),
-                reason=reason,
-                created_at_unix_s=now_unix,
-                expires_at_unix_s=now_unix + duration_s if duration_s > 0 else 0.0,
-                set_by=set_by,
+        drains = [
+            (
+                i,
+                Drain(
+                    uuid=self._inventory.uuid(i),
+                    reason=reason,
+                    created_at_unix_s=now_unix,
+                    expires_at_unix_s=now_unix + duration_s if duration_s > 0 else 0.0,
+                    set_by=set_by,
+                ),
             )
             for i in indices
-        )
-        return indices
-
-    def evict(self, indices: Sequence[int], reason: str, *, keep_sessions: bool) -> DrainOutcome:
-        """After :meth:`put_drains`: close the sessions holding the GPUs (unless ``keep_sessions``)."""
+        ]
+        self._gate.drain(drains)  # a claim in flight either added its session already or sees the drain
         closed: list[str] = []
         if not keep_sessions:
             notice = f"session closed: GPUs drained by an admin: {reason}"
@@ -294,15 +306,12 @@ class Admin:
 
     def undrain(self, selectors: Sequence[GpuSelector] | None) -> UndrainOutcome:
         """End the drains of the GPUs: they may be claimed again."""
+        self._life.check_running()
         indices = self._inventory.select(selectors)
-        removed = {d.uuid for d in self._drains.remove_many(self._inventory.uuid(i) for i in indices)}
+        removed = {d.uuid for d in self._gate.undrain(indices)}
         undrained = tuple(i for i in indices if self._inventory.uuid(i) in removed)
         log.info("undrain", gpu_indices=list(undrained))
         return UndrainOutcome(undrained, tuple(i for i in indices if i not in undrained))
-
-    def drain_of(self, index: int) -> Drain | None:
-        """The drain in force on the GPU at ``index``, if any."""
-        return self._drains.get(self._inventory.uuid(index), self._wall())
 
     # -- grants -------------------------------------------------------------------------------------
 
@@ -310,11 +319,10 @@ class Admin:
         """Open the per-GPU sockets and the persisted grants (after the daemon started, once serving)."""
         self._access.restore()
 
-    def grant(self, spec: GrantSpec) -> tuple[Grant, list[Grant]]:
-        """Create a scoped worker socket for the spec's GPUs; with replace, revoke the grants in its way.
-
-        Returns the new grant and the grants it replaced (whose sessions are closed).
-        """
+    def grant(self, spec: GrantSpec) -> GrantOutcome:
+        """Create a scoped worker socket for the spec's GPUs; with replace, revoke the grants in its way
+        (the outcome names them; their sessions are closed)."""
+        self._life.check_running()
         indices = self._inventory.resolve(spec.gpus)
         grant, replaced = self._access.create(spec, indices)
         if replaced:
@@ -330,10 +338,12 @@ class Admin:
             replaced=[g.name for g in replaced],
             reason=grant.reason,
         )
-        return grant, list(replaced)
+        view = grant_view(grant, self._inventory, self._access, self._sessions)
+        return GrantOutcome(view, tuple(g.name for g in replaced))
 
     def revoke(self, name: str | None, job_id: str | None, reason: str) -> RevokeOutcome:
         """Remove grants by name or job: their sockets close, their sessions end, their GPUs reset."""
+        self._life.check_running()
         removed = self._access.remove(name, job_id)
         closed, clocks = self.close_granted(removed, reason=f"grant revoked: {reason}")
         log.info("revoke", grants=[g.name for g in removed], reason=reason, closed_sessions=len(closed))
@@ -343,10 +353,10 @@ class Admin:
         """Close every session whose authority came from these grants, and return their GPUs to default; the
         grants' job incarnations are forgotten (the next grant of a name is another tenant's)."""
         sessions = self._sessions.of_grants({g.name for g in grants})
-        self._incarnations.forget_sockets({g.name for g in grants})
+        self._sessions.forget_tenants({g.name for g in grants})
         for session in sessions:
-            self._notify(session.gpu_indices, f"session closed: {reason}")
-            self._close(session, reason)
+            self._sessions.notify(session.gpu_indices, f"session closed: {reason}")
+            self._sessions.close(session, reason)
         clocks = self._release_free(sorted({i for g in grants for i in self._access.indices(g)}))
         return [s.session_id for s in sessions], clocks
 
@@ -356,8 +366,8 @@ class Admin:
         for index in indices:
             holder = self._sessions.holder(index)
             if holder is not None and holder.session_id not in closed:
-                self._notify(holder.gpu_indices, notice)
-                self._close(holder, reason)
+                self._sessions.notify(holder.gpu_indices, notice)
+                self._sessions.close(holder, reason)
                 closed.append(holder.session_id)
         return closed
 
@@ -368,6 +378,7 @@ class Admin:
 
     def issue_claim_ticket(self, grant: str) -> TicketView:
         """A one-time ticket for the GPUs of ``grant``'s socket, to show on another socket of the job."""
+        self._life.check_running()
         ticket = self._access.issue_ticket(grant)
         gpus = tuple(self._inventory.info(i) for i in self._access.indices(ticket.grant))
         return TicketView(ticket.ticket, gpus, max(0.0, ticket.expires_s - self._clock()))
@@ -398,4 +409,4 @@ def _pin_log(pin: Pin) -> dict[str, object]:
     }
 
 
-__all__ = ["Admin", "CloseSession", "Notify", "describe_pin"]
+__all__ = ["Admin", "describe_pin"]

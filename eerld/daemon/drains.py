@@ -3,14 +3,13 @@
 A drained GPU refuses every OpenSession that would claim it, with a message naming the drain, until it is
 undrained or its time is up; the sessions that held it when it was drained were closed (or, with
 ``keep_sessions``, keep it until they close). Drains are keyed by GPU UUID like pins, and live in memory:
-a restart of eerld ends them (the Slurm prolog and epilog never touch them).
+a restart of eerld ends them (the Slurm prolog and epilog never touch them). The drains in force are
+kept by the claim gate (:mod:`eerld.daemon.gate`), which orders them against the claims in flight.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import threading
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -44,37 +43,4 @@ def utc_text(unix_s: float) -> str:
     return dt.datetime.fromtimestamp(unix_s, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class DrainStore:
-    """The drains in force, by GPU UUID (thread-safe)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._drains: dict[str, Drain] = {}
-
-    def get(self, uuid: str, now_unix_s: float) -> Drain | None:
-        """The drain of one GPU in force at ``now_unix_s``, if any."""
-        with self._lock:
-            drain = self._drains.get(uuid)
-        return drain if drain is not None and not drain.expired(now_unix_s) else None
-
-    def put_many(self, drains: Iterable[Drain]) -> None:
-        """Add or replace drains."""
-        with self._lock:
-            for drain in drains:
-                self._drains[drain.uuid] = drain
-
-    def remove_many(self, uuids: Iterable[str]) -> list[Drain]:
-        """Remove drains; return those that existed."""
-        with self._lock:
-            return [d for u in uuids if (d := self._drains.pop(u, None)) is not None]
-
-    def expire(self, now_unix_s: float) -> list[Drain]:
-        """Remove and return the drains whose time is up."""
-        with self._lock:
-            expired = [d for d in self._drains.values() if d.expired(now_unix_s)]
-            for drain in expired:
-                del self._drains[drain.uuid]
-            return expired
-
-
-__all__ = ["Drain", "DrainStore", "utc_text"]
+__all__ = ["Drain", "utc_text"]

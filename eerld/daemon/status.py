@@ -3,8 +3,8 @@
 It only reads — the backend's live readings, the arbiter's view of each GPU, the open sessions and their
 controllers, the grants — and answers with the frozen views of :mod:`eerld.daemon.views`. A failed GPU
 read shows as zero with a reason; a controller that raises shows no snapshot; neither fails the answer.
-The one thing it keeps is the decision history of the last closed sessions, which the daemon hands it when
-a session closes.
+The one thing it keeps is the decision history of the last closed sessions, which the session book hands
+it when a session closes (:meth:`StatusReader.record_closed`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import socket
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import structlog
 from eerl.control.base import Decision, PhaseSnapshot
@@ -22,7 +22,7 @@ from eerl.phases import ControllerState, PhaseKind
 
 from eerld.access import Access
 from eerld.clocks.arbiter import ClockArbiter
-from eerld.daemon.drains import Drain
+from eerld.daemon.gate import ClaimGate
 from eerld.daemon.inventory import Inventory
 from eerld.daemon.jobmode import JobDecision, JobSessions, JobState
 from eerld.daemon.timebase import PhaseTimebase
@@ -66,10 +66,10 @@ class StatusReader:
         clock: Callable[[], float],
         started_s: float,
         timebase: PhaseTimebase,
-        drain_of: Callable[[int], Drain | None],
+        drains: ClaimGate,
     ) -> None:
-        """``timebase`` turns the phase-clock times of decisions into wall-clock times; ``drain_of`` is
-        the drain in force on a GPU (the admin's)."""
+        """``timebase`` turns the phase-clock times of decisions into wall-clock times; ``drains`` says
+        which drain is in force on a GPU."""
         self._backend = backend
         self._inventory = inventory
         self._arbiter = arbiter
@@ -80,7 +80,7 @@ class StatusReader:
         self._clock = clock
         self._started_s = started_s
         self._timebase = timebase
-        self._drain_of = drain_of
+        self._drains = drains
         self._closed_decisions: deque[tuple[str, tuple[_Entry, ...]]] = deque(maxlen=CLOSED_SESSIONS_KEPT)
 
     def record_closed(self, session: HeldSession, job: JobState | None = None) -> None:
@@ -147,7 +147,7 @@ class StatusReader:
             utilization_gpu_percent=util.gpu_percent if util is not None else 0,
             degraded_reason=degraded,
             clock_event_reasons=tuple(reasons.names()) if reasons is not None else (),
-            drain=self._drain_of(index),
+            drain=self._drains.drain_of(index),
             clock_event_mask=reasons.value if reasons is not None else None,
         )
 
@@ -221,8 +221,7 @@ class StatusReader:
 
     def grant_view(self, grant: Grant) -> GrantView:
         """One worker socket: its grant, its GPUs on this node, how many sessions it has open."""
-        sessions = len(self._sessions.of_grants({grant.name}))
-        return GrantView(grant, tuple(self._inventory.info(i) for i in self._access.indices(grant)), sessions)
+        return grant_view(grant, self._inventory, self._access, self._sessions)
 
     def status(self) -> StatusView:
         """The whole node: daemon, GPUs, sessions, grants."""
@@ -252,6 +251,20 @@ class StatusReader:
         return tuple(views[-limit:]) if limit > 0 else ()
 
 
+class GrantedSessions(Protocol):
+    """Who has sessions open through a grant (the registry, or the session book)."""
+
+    def of_grants(self, names: set[str]) -> list[HeldSession]:
+        """The open sessions whose authority came from these grants."""
+        ...
+
+
+def grant_view(grant: Grant, inventory: Inventory, access: Access, sessions: GrantedSessions) -> GrantView:
+    """One worker socket: its grant, its GPUs on this node, how many sessions it has open."""
+    opened = len(sessions.of_grants({grant.name}))
+    return GrantView(grant, tuple(inventory.info(i) for i in access.indices(grant)), opened)
+
+
 def _job_entry(record: JobDecision) -> _Entry:
     return record.decision, record.directive, record.verdict
 
@@ -264,4 +277,11 @@ def _snapshots(session: HeldSession) -> Sequence[PhaseSnapshot]:
         return ()
 
 
-__all__ = ["CLOSED_SESSIONS_KEPT", "DEFAULT_DECISIONS_LIMIT", "VERSION", "StatusReader"]
+__all__ = [
+    "CLOSED_SESSIONS_KEPT",
+    "DEFAULT_DECISIONS_LIMIT",
+    "VERSION",
+    "GrantedSessions",
+    "StatusReader",
+    "grant_view",
+]

@@ -59,11 +59,12 @@ def start_metrics_server(
     """Serve ``/metrics`` for ``source`` on ``address`` in background threads.
 
     ``source`` is a :class:`MetricsSource`, or the eerld daemon (:class:`MetricsDaemon`), which is read
-    through its ``status()`` and whose RPC and phase events then feed the in-process metrics through
-    :meth:`~eerld.daemon.Daemon.subscribe` until :meth:`MetricsServer.close`. ``hostname`` overrides the
-    ``Hostname`` label; when None, ``$NODE_NAME`` does (set from the downward API in Kubernetes, where the
-    host name is the pod's), else the daemon's host name. ``pods`` (the kubelet's pod-resources API, for the
-    daemon only) adds the ``namespace``, ``pod`` and ``container`` of each session's GPUs.
+    through its read model's ``status()`` and whose RPC and phase events then feed the in-process metrics
+    through :meth:`~eerld.daemon.events.Events.subscribe` until :meth:`MetricsServer.close`. ``hostname``
+    overrides the ``Hostname`` label; when None, ``$NODE_NAME`` does (set from the downward API in
+    Kubernetes, where the host name is the pod's), else the daemon's host name. ``pods`` (the kubelet's
+    pod-resources API, for the daemon only) adds the ``namespace``, ``pod`` and ``container`` of each
+    session's GPUs.
 
     What a connection may cost is bounded: at most ``max_connections`` are open at once (one more closes
     the oldest that has not yet sent its request, or is refused with 503 when every one is being answered);

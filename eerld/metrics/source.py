@@ -1,8 +1,8 @@
 """The eerld daemon as a metrics source: its Status view converted to a snapshot, its events subscribed.
 
 :class:`DaemonMetricsSource` reads one ``status()`` per scrape; :func:`subscribe` feeds the daemon's RPC
-and phase events (:meth:`eerld.daemon.Daemon.subscribe`) into the in-process metrics. Both take the daemon
-as :class:`MetricsDaemon`, the two methods they read.
+and phase events (:meth:`eerld.daemon.events.Events.subscribe`) into the in-process metrics. Both take the
+daemon as :class:`MetricsDaemon`: its read model and its events.
 """
 
 from __future__ import annotations
@@ -32,18 +32,29 @@ from eerld.metrics.collector import (
 )
 from eerld.podresources import GpuOwners
 
-__all__ = ["DaemonMetricsSource", "MetricsDaemon", "hpc_job_of", "snapshot_from_status", "subscribe"]
+__all__ = [
+    "DaemonEvents",
+    "DaemonMetricsSource",
+    "DaemonReads",
+    "MetricsDaemon",
+    "hpc_job_of",
+    "snapshot_from_status",
+    "subscribe",
+]
 
 _PHASE_EVENT_RPCS = {"BeginPhase": "begin", "EndPhase": "end"}
 
 
-class MetricsDaemon(Protocol):
-    """What the metrics read from the daemon (:class:`eerld.daemon.Daemon` is one): its status, and its
-    RPC and phase events through a subscription."""
+class DaemonReads(Protocol):
+    """The daemon's read model as the metrics read it (:class:`eerld.daemon.status.StatusReader` is one)."""
 
     def status(self) -> StatusView:
         """The whole node now."""
         ...
+
+
+class DaemonEvents(Protocol):
+    """The daemon's events as the metrics subscribe to them (:class:`eerld.daemon.events.Events` is one)."""
 
     def subscribe(
         self,
@@ -53,6 +64,21 @@ class MetricsDaemon(Protocol):
         on_directive: DirectiveObserver | None = None,
     ) -> Unsubscribe:
         """Call the observers after every RPC, metered phase and judged directive until unsubscribed."""
+        ...
+
+
+class MetricsDaemon(Protocol):
+    """What the metrics read from the daemon (:class:`eerld.daemon.Daemon` is one): its status through its
+    read model, and its RPC, phase and directive events through a subscription."""
+
+    @property
+    def reads(self) -> DaemonReads:
+        """The read model (``status()``)."""
+        ...
+
+    @property
+    def events(self) -> DaemonEvents:
+        """The events (``subscribe()``)."""
         ...
 
 
@@ -72,8 +98,9 @@ class DaemonMetricsSource:
         self._wall = wall_clock
 
     def metrics_snapshot(self) -> MetricsSnapshot:
-        """One ``Daemon.status()`` call, converted; the pod owners (cached, bounded wait) where known."""
-        status = self.daemon.status()
+        """One ``status()`` of the daemon's read model, converted; the pod owners (cached, bounded wait) where
+        known."""
+        status = self.daemon.reads.status()
         pods: Mapping[str, PodSample] = {}
         if self.pods is not None:
             owners = self.pods.owners((g.info.index, g.info.uuid) for g in status.gpus)
@@ -166,4 +193,4 @@ def subscribe(daemon: MetricsDaemon, metrics: EerlMetrics) -> Unsubscribe:
     def on_directive(record: DirectiveRecord) -> None:
         metrics.observe_directive(record.verdict.value, record.kind)
 
-    return daemon.subscribe(on_rpc=on_rpc, on_phase=on_phase, on_directive=on_directive)
+    return daemon.events.subscribe(on_rpc=on_rpc, on_phase=on_phase, on_directive=on_directive)

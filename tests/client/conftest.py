@@ -84,7 +84,7 @@ class SimDaemon:
             metrics_address=None,
         )
         server = create_server(config)
-        server.daemon.subscribe(on_phase=self.records.append)
+        server.daemon.events.subscribe(on_phase=self.records.append)
         server.start()
         self._server = server
         return self
@@ -96,11 +96,11 @@ class SimDaemon:
 
     def gpu_uuid(self, index: int) -> str:
         assert self._server is not None
-        return self._server.daemon.gpu_status()[index].info.uuid
+        return self._server.daemon.reads.gpu_status()[index].info.uuid
 
     def sessions(self) -> tuple[SessionView, ...]:
         assert self._server is not None
-        return self._server.daemon.sessions()
+        return self._server.daemon.reads.sessions()
 
 
 @pytest.fixture

@@ -100,7 +100,7 @@ class TestScopedSockets:
             assert len(config.socket_paths) == 3
             with eerl.connect(job_id="k8s-job", config=config) as session:
                 assert session.wait_until_connected(5)
-                assert [s.gpu_indices for s in handle.daemon.sessions()] == [(0, 1, 2)]
+                assert [s.gpu_indices for s in handle.daemon.reads.sessions()] == [(0, 1, 2)]
                 with session.phase("training", iteration=0):
                     assert _wait(lambda: fake.locked() == {0: 1500, 1: 1500, 2: 1500})
 
@@ -120,7 +120,7 @@ class TestScopedSockets:
                 sock_dir, backend=FakeGpuBackend(2), tenancy="multi", gpu_socket_dir=gpu_dir
             ) as handle:
                 assert session.wait_until_connected(10)
-                assert [s.gpu_indices for s in handle.daemon.sessions()] == [(0, 1)]
+                assert [s.gpu_indices for s in handle.daemon.reads.sessions()] == [(0, 1)]
 
     def test_a_job_finds_its_grant_and_claims_the_grants_gpus(self, sock_dir: Path) -> None:
         fake = FakeGpuBackend(4)
@@ -130,7 +130,7 @@ class TestScopedSockets:
             assert config.socket_paths == (str(sock_dir / "grants" / "job-4711.sock"),)
             with eerl.connect(job_id="4711", config=config) as session:
                 assert session.wait_until_connected(5)
-                assert [s.gpu_indices for s in handle.daemon.sessions()] == [(1, 3)]
+                assert [s.gpu_indices for s in handle.daemon.reads.sessions()] == [(1, 3)]
 
     def test_the_shared_socket_of_a_multi_tenant_node_refuses_with_one_warning_and_a_hint(
         self, sock_dir: Path, caplog: pytest.LogCaptureFixture
@@ -139,7 +139,7 @@ class TestScopedSockets:
             config = dataclasses.replace(ClientConfig.uds(handle.socket_path), reconnect_initial_s=0.01)
             with eerl.connect(gpus=[0], job_id="j", config=config) as session:
                 assert _wait(lambda: session.stats().connect_failures >= 1)
-                assert handle.daemon.sessions() == ()
+                assert handle.daemon.reads.sessions() == ()
         warnings = [
             r.getMessage() for r in caplog.records if r.name == "eerl" and r.levelno >= logging.WARNING
         ]

@@ -107,9 +107,9 @@ def uuids(handle: DaemonHandle) -> list[str]:
 
 def grant_names(handle: DaemonHandle) -> list[str]:
     """Every grant of eerld but the shared socket."""
-    return [g.grant.name for g in handle.daemon.grants() if g.grant.name != "shared"]
+    return [g.grant.name for g in handle.daemon.reads.grants() if g.grant.name != "shared"]
 
 
 def holders(handle: DaemonHandle) -> dict[int, str]:
     """GPU index → the job id of the session holding it."""
-    return {g.info.index: g.job_id for g in handle.daemon.gpu_status() if g.job_id is not None}
+    return {g.info.index: g.job_id for g in handle.daemon.reads.gpu_status() if g.job_id is not None}

@@ -1,4 +1,5 @@
-"""Fixtures for the daemon tests: a short socket directory, an in-process daemon on real Unix sockets."""
+"""Fixtures for the daemon tests: a short socket directory, an in-process daemon on real Unix sockets, and
+the hub alone (:class:`~eerld.daemon.Daemon` with its components, no gRPC) for the components' own tests."""
 
 from __future__ import annotations
 
@@ -9,10 +10,17 @@ from typing import Any
 
 import grpc
 import pytest
+from eerl.control.simple import create_fixed_controller
+from eerl.phases import ExecutionMode, GpuRole, PhaseKind
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
+from eerld.daemon import Daemon
+from eerld.sessions import GpuSelector, JobModeSpec, SessionSpec
 from eerld.testing import DaemonHandle, FakeGpuBackend, ManualClock, running_daemon
+
+HUB_CLOCK_MHZ = 1200
+"""The clock the hub's fixed controller asks for, in every phase."""
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,6 +46,33 @@ def daemon(start_daemon: DaemonFactory) -> Iterator[DaemonHandle]:
     """A running daemon with the defaults of ``start_daemon``."""
     with start_daemon() as handle:
         yield handle
+
+
+@pytest.fixture
+def hub(sock_dir: Path, fake: FakeGpuBackend, clock: ManualClock) -> Iterator[Daemon]:
+    """The hub alone over the fake GPUs: fixed controller at :data:`HUB_CLOCK_MHZ`, manual clocks (the
+    wall clock too), started, no reaper and no gRPC; shut down at the end."""
+    hub = Daemon(
+        fake,
+        sock_dir,
+        controller_name="fixed",
+        controller_factory=create_fixed_controller,
+        fixed_clocks_mhz={PhaseKind.GENERATION: HUB_CLOCK_MHZ, PhaseKind.TRAINING: HUB_CLOCK_MHZ},
+        clock=clock,
+        wall_clock=clock,
+    )
+    hub.start()
+    yield hub
+    if not hub.stopping:
+        hub.shutdown()
+
+
+def gpu_spec(
+    *gpus: int, job_id: str = "job", job: JobModeSpec | None = None, lease_ttl_s: float | None = None
+) -> SessionSpec:
+    """An OpenSession request for GPUs by index (synchronous, both kinds)."""
+    selectors = tuple(GpuSelector(f"gpus[{i}]", index=g) for i, g in enumerate(gpus))
+    return SessionSpec(job_id, 0, 0, selectors, ExecutionMode.SYNC, GpuRole.BOTH, None, lease_ttl_s, job=job)
 
 
 @pytest.fixture

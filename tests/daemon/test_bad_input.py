@@ -214,7 +214,7 @@ def test_an_unexpected_error_is_internal_with_a_generic_message(daemon, phase, m
     def broken(*_args):
         raise RuntimeError("secret detail")
 
-    monkeypatch.setattr(daemon.daemon, "heartbeat", broken)
+    monkeypatch.setattr(daemon.daemon.book, "heartbeat", broken)
     session = open_session(phase, 0)
     with pytest.raises(grpc.RpcError) as e:
         phase.Heartbeat(pb.HeartbeatRequest(session_id=session.session_id))

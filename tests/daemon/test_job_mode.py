@@ -73,7 +73,7 @@ class Node:
             None,
             job=job,
         )
-        return self.daemon.open_session(spec).session_id
+        return self.daemon.book.open_session(spec).session_id
 
     def phase(
         self,
@@ -99,9 +99,9 @@ class Node:
             mhz,
             purpose,
         )
-        began = self.daemon.begin_phase(sid, kind, iteration, None, got if send else None)
+        began = self.daemon.phases.begin_phase(sid, kind, iteration, None, got if send else None)
         self.clock.advance(duration_s)
-        ended = self.daemon.end_phase(sid, kind, iteration, WORK)
+        ended = self.daemon.phases.end_phase(sid, kind, iteration, WORK)
         return began, ended
 
     def locks(self, index: int = 0) -> list[int]:
@@ -144,7 +144,7 @@ class TestOpening:
         n = make_node(JobPolicy(allowed=False))
         with pytest.raises(Conflict, match=r"does not allow job mode \(--job-mode deny\)"):
             n.open(0)
-        assert n.daemon.sessions() == ()
+        assert n.daemon.reads.sessions() == ()
         n.open(0, incarnation=None)  # an ordinary session still opens
 
     def test_a_job_mode_sessions_own_controller_is_off(self, node: Node) -> None:
@@ -162,18 +162,18 @@ class TestOpening:
 
     def test_an_older_incarnation_cannot_open_a_newer_one_can(self, node: Node) -> None:
         first = node.open(0, incarnation=3)
-        node.daemon.close_session(first)
+        node.daemon.book.close_session(first)
         with pytest.raises(Conflict, match="incarnation 2 is older than incarnation 3"):
             node.open(0, incarnation=2)
-        node.daemon.close_session(node.open(0, incarnation=3))
+        node.daemon.book.close_session(node.open(0, incarnation=3))
         node.open(0, incarnation=4)
 
     def test_a_session_whose_tenancy_ended_takes_its_incarnations_with_it(self, node: Node) -> None:
         """A GPU that left its pod ends its session (the pod watcher): the next tenant of the socket may
         open the same job id at any incarnation."""
         sid = node.open(0, incarnation=2**63 - 1)
-        assert node.daemon.end_session(sid, "GPU 0 left pod rl/pod1")
-        node.daemon.close_session(node.open(0, incarnation=1))
+        assert node.daemon.book.end_session(sid, "GPU 0 left pod rl/pod1")
+        node.daemon.book.close_session(node.open(0, incarnation=1))
 
     def test_incarnations_are_kept_per_job(self, node: Node) -> None:
         """(Per worker socket too: tests/security/test_job_mode_attacks.py, over real grant sockets.)"""
@@ -185,7 +185,7 @@ class TestOpening:
     def test_the_session_view_shows_job_mode(self, node: Node) -> None:
         sid = node.open(1, incarnation=7, node_rank=3)
         plain = node.open(2, incarnation=None)
-        views = {v.session_id: v for v in node.daemon.sessions()}
+        views = {v.session_id: v for v in node.daemon.reads.sessions()}
         assert views[sid].job == JobModeSpec(7, 3)
         assert views[plain].job is None
 
@@ -446,7 +446,7 @@ class TestRateLimit:
 
     def test_pins_win_and_no_change_is_limited_under_a_pin(self, node: Node) -> None:
         sid = node.open(0)
-        node.daemon.pin([GpuSelector("gpus[0]", index=0)], 990, 0, 0.0, "maintenance")
+        node.daemon.admin.pin([GpuSelector("gpus[0]", index=0)], 990, 0, 0.0, "maintenance")
         for i in range(30):
             began, ended = node.phase(sid, i, 1500 if i % 2 else 1515, COMMITTED, epoch=i, duration_s=0.0)
             assert verdict(began) is V.ACCEPTED
@@ -470,26 +470,26 @@ class TestRecords:
                     v.decision.sm_clock_mhz,
                     v.directive.epoch if v.directive else None,
                 )
-                for v in node.daemon.decisions(sid)
+                for v in node.daemon.reads.decisions(sid)
             ]
 
         expected = [(0, V.ACCEPTED, 1500, 2), (1, V.OFF_GRID, 1500, 3), (2, V.MISSING, 1500, None)]
         assert seen() == expected
-        views = node.daemon.decisions(sid)
+        views = node.daemon.reads.decisions(sid)
         assert views[0].directive == ReceivedDirective(1, 2, 0, GEN, 1500, COMMITTED)
         assert "accepted: committed 1500 MHz (incarnation 1, epoch 2)" in views[0].decision.reason
         assert "refused (off_grid" in views[1].decision.reason
-        node.daemon.close_session(sid)
+        node.daemon.book.close_session(sid)
         assert seen() == expected
 
     def test_decisions_of_a_plain_session_have_no_verdict(self, node: Node) -> None:
         sid = node.open(0, incarnation=None)
         node.phase(sid, 0, 1500)
-        assert [(v.verdict, v.directive) for v in node.daemon.decisions(sid)] == [(None, None)]
+        assert [(v.verdict, v.directive) for v in node.daemon.reads.decisions(sid)] == [(None, None)]
 
     def test_every_verdict_is_published_and_counted_in_metrics(self, node: Node) -> None:
         records: list[DirectiveRecord] = []
-        node.daemon.subscribe(on_directive=records.append)
+        node.daemon.events.subscribe(on_directive=records.append)
         metrics = EerlMetrics(DaemonMetricsSource(node.daemon), hostname="node-a")
         unsubscribe = subscribe(node.daemon, metrics)
         sid = node.open(0, node_rank=2)
@@ -519,10 +519,10 @@ class TestRecords:
             1.0,
         )
         unsubscribe()
-        assert node.daemon.directive_subscribers == 1  # the test's own
+        assert node.daemon.events.directive_subscribers == 1  # the test's own
 
     def test_gpu_infos_carry_the_supported_grid(self, node: Node) -> None:
-        assert node.daemon.gpu_status()[0].info.supported_sm_clocks_mhz == FAKE_SM_CLOCKS_MHZ
+        assert node.daemon.reads.gpu_status()[0].info.supported_sm_clocks_mhz == FAKE_SM_CLOCKS_MHZ
 
 
 class TestPolicy:

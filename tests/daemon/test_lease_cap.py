@@ -40,7 +40,7 @@ class TestTheCap:
             clock.advance(1.5)
             handle.daemon.tick()
             held_after = fake.locked()
-            sessions = handle.daemon.sessions()
+            sessions = handle.daemon.reads.sessions()
         assert opened.lease_ttl_s == DEFAULT_MAX_LEASE_TTL_S == 30.0
         assert held_before == {0: 1200}
         assert (held_after, sessions) == ({}, ())

@@ -62,7 +62,7 @@ class TestClientDeath:
             kill(proc)
             # the manual clock never moves, so no lease can expire: only the broken stream can reset
             wait_for(
-                lambda: fake.locked() == {} and handle.daemon.sessions() == (),
+                lambda: fake.locked() == {} and handle.daemon.reads.sessions() == (),
                 "the session closed and its GPUs reset after the client's death",
             )
 

@@ -120,7 +120,7 @@ class TestPhaseOrder:
         with pytest.raises(grpc.RpcError) as late_end:
             end(phase, session.session_id, GEN, 0)
         end(phase, session.session_id, TRAIN, 0)
-        totals = {p.kind.value: p.phases for p in daemon.daemon.sessions()[0].phases}
+        totals = {p.kind.value: p.phases for p in daemon.daemon.reads.sessions()[0].phases}
         assert began.resynced
         assert locked == {0: 1500}
         assert late_end.value.code() is grpc.StatusCode.FAILED_PRECONDITION
@@ -212,12 +212,12 @@ class TestPeerPool:
                 job, 0, 0, (GpuSelector("gpus[0]", index=gpu),), ExecutionMode.ASYNC, role, None, None
             )
 
-        gen = daemon.open_session(spec("job", 0, GpuRole.GENERATION)).session_id
-        daemon.open_session(spec("job", 1, GpuRole.TRAINING))
-        daemon.open_session(spec("other-job", 2, GpuRole.TRAINING))
-        daemon.begin_phase(gen, PhaseKind.GENERATION, 0, None)
+        gen = daemon.book.open_session(spec("job", 0, GpuRole.GENERATION)).session_id
+        daemon.book.open_session(spec("job", 1, GpuRole.TRAINING))
+        daemon.book.open_session(spec("other-job", 2, GpuRole.TRAINING))
+        daemon.phases.begin_phase(gen, PhaseKind.GENERATION, 0, None)
         clock.advance(1.0)
-        daemon.end_phase(gen, PhaseKind.GENERATION, 0, Workload(tokens=10))
+        daemon.phases.end_phase(gen, PhaseKind.GENERATION, 0, Workload(tokens=10))
         assert [c.seen for c in controllers] == [[(PhaseKind.GENERATION, 0)], [(PhaseKind.GENERATION, 0)], []]
         daemon.shutdown()
 
@@ -243,9 +243,9 @@ class TestObservations:
         spec = SessionSpec(
             "j", 0, 0, (GpuSelector("gpus[0]", index=0),), ExecutionMode.SYNC, GpuRole.BOTH, None, None
         )
-        sid = daemon.open_session(spec).session_id
-        daemon.begin_phase(sid, PhaseKind.GENERATION, 0, None)
-        daemon.end_phase(sid, PhaseKind.GENERATION, 0, Workload(tokens=10))
+        sid = daemon.book.open_session(spec).session_id
+        daemon.phases.begin_phase(sid, PhaseKind.GENERATION, 0, None)
+        daemon.phases.end_phase(sid, PhaseKind.GENERATION, 0, Workload(tokens=10))
         assert controllers[0].clocks == [held]
         daemon.shutdown()
 
@@ -268,13 +268,13 @@ class TestBetweenPhases:
         spec = SessionSpec(
             "j", 0, 0, (GpuSelector("gpus[0]", index=0),), ExecutionMode.SYNC, GpuRole.BOTH, None, None
         )
-        sid = daemon.open_session(spec).session_id
+        sid = daemon.book.open_session(spec).session_id
         between: list[dict[int, int]] = []
         for iteration, gaps in enumerate(((3.0, 0.5), (2.0, 0.25))):
             for kind, gap_s in zip((PhaseKind.GENERATION, PhaseKind.TRAINING), gaps, strict=True):
-                daemon.begin_phase(sid, kind, iteration, None)
+                daemon.phases.begin_phase(sid, kind, iteration, None)
                 clock.advance(10.0)
-                daemon.end_phase(sid, kind, iteration, Workload(tokens=10))
+                daemon.phases.end_phase(sid, kind, iteration, Workload(tokens=10))
                 between.append(fake.locked())
                 clock.advance(gap_s)
         assert between == [{}, {}, {}, {}]
@@ -321,13 +321,13 @@ class TestPhaseTime:
         spec = SessionSpec(
             "j", 0, 0, (GpuSelector("gpus[0]", index=0),), ExecutionMode.SYNC, GpuRole.BOTH, None, 5.0
         )
-        sid = daemon.open_session(spec).session_id
-        daemon.begin_phase(sid, PhaseKind.GENERATION, 0, None)
+        sid = daemon.book.open_session(spec).session_id
+        daemon.phases.begin_phase(sid, PhaseKind.GENERATION, 0, None)
         sim.device.run_segments(0, [0.0], [30.0], 1.0, [1.0], [1.0])
-        ended = daemon.end_phase(sid, PhaseKind.GENERATION, 0, Workload(tokens=10))
+        ended = daemon.phases.end_phase(sid, PhaseKind.GENERATION, 0, Workload(tokens=10))
         assert ended.duration_s == pytest.approx(30.0, rel=1e-3)
         assert ended.energy_mj / 1000.0 / ended.duration_s == pytest.approx(ended.mean_power_w, rel=1e-6)
-        assert daemon.heartbeat(sid) == pytest.approx(5.0)
+        assert daemon.book.heartbeat(sid) == pytest.approx(5.0)
         daemon.shutdown()
 
     def test_the_server_times_phases_on_the_backends_own_clock_when_it_has_one(self, tmp_path):

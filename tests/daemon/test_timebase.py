@@ -105,7 +105,7 @@ def test_decisions_on_a_sim_backend_with_speedup_are_wall_clock_times(sock_dir: 
                     )
                 )
         after = time.time()
-        decisions = handle.daemon.decisions()
+        decisions = handle.daemon.reads.decisions()
     assert len(decisions) >= 3
     assert all(before - 0.01 <= d.timestamp_unix_s <= after + 0.01 for d in decisions), [
         (d.timestamp_unix_s - before) for d in decisions

@@ -147,11 +147,11 @@ class TestMetricsOfTheDaemon:
 
     def test_closing_detaches_from_the_daemon(self, daemon: DaemonHandle) -> None:
         """After close() the daemon no longer calls the metrics' observers."""
-        before = daemon.daemon.subscribers
+        before = daemon.daemon.events.subscribers
         server = start_metrics_server(daemon.daemon, "127.0.0.1:0")
-        assert daemon.daemon.subscribers == (before[0] + 1, before[1] + 1)
+        assert daemon.daemon.events.subscribers == (before[0] + 1, before[1] + 1)
         server.close()
-        assert daemon.daemon.subscribers == before
+        assert daemon.daemon.events.subscribers == before
 
 
 class TestPinsMeanWhatTheySay:
@@ -281,7 +281,7 @@ class TestDrain:
 class TestBetweenPhases:
     @staticmethod
     def end_generation(daemon: DaemonHandle) -> str:
-        session_id = daemon.daemon.sessions()[0].session_id
+        session_id = daemon.daemon.reads.sessions()[0].session_id
         with grpc.insecure_channel(f"unix:{daemon.socket_path}") as channel:
             eerl_pb2_grpc.PhaseServiceStub(channel).EndPhase(
                 eerl_pb2.EndPhaseRequest(

@@ -23,7 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from eerld.api.podresources import KubeletPodResources
 from eerld.api.podresources import api_pb2 as pb
 from eerld.config import load_config
-from eerld.daemon import Daemon, StatusView, Unsubscribe
+from eerld.daemon import Daemon, StatusView
+from eerld.daemon.events import Events
 from eerld.errors import BackendFailure, ConfigError
 from eerld.gpu.base import ClockEventReasons
 from eerld.grants import GrantSpec
@@ -148,7 +149,7 @@ class TestClockEventReasons:
 def slurm_grant(daemon: Daemon, job_id: str, *gpus: int) -> str:
     """What the Slurm prolog does: ``eerlctl grant --gpus G --uid U --job-id $SLURM_JOB_ID --replace``."""
     selectors = tuple(GpuSelector(f"gpus[{i}]", index=g) for i, g in enumerate(gpus))
-    outcome = daemon.grant(
+    outcome = daemon.admin.grant(
         GrantSpec(None, selectors, os.getuid(), None, job_id, 0, f"slurm prolog job {job_id}", True)
     )
     return outcome.grant.grant.name
@@ -160,9 +161,9 @@ class TestHpcJob:
         ``hpc_job`` (dcgm-exporter's label for the HPC job of a GPU) = SLURM_JOB_ID."""
         name = slurm_grant(node.daemon, "4711", 0, 1)
         assert name == "job-4711"
-        sid = node.daemon.open_session(spec("4711", 0, 1), grant=name).session_id
-        node.daemon.begin_phase(sid, GEN, 1, None)
-        node.daemon.end_phase(sid, GEN, 1, Workload(tokens=100, valid_tokens=100))
+        sid = node.daemon.book.open_session(spec("4711", 0, 1), grant=name).session_id
+        node.daemon.phases.begin_phase(sid, GEN, 1, None)
+        node.daemon.phases.end_phase(sid, GEN, 1, Workload(tokens=100, valid_tokens=100))
         got = scrape(node.daemon)
         gpu_info = got["eerl_session_gpu_info"]
         assert {labels["hpc_job"] for labels, _ in gpu_info} == {"4711"}
@@ -176,7 +177,7 @@ class TestHpcJob:
         """A job id a client declares (SLURM_JOB_ID read by the client) is only ``job_id``: nothing the
         daemon checked, so no ``hpc_job``."""
         with running_daemon(sock_dir, clock=clock, reaper=False) as handle:  # tenancy single
-            handle.daemon.open_session(spec("4711", 0))
+            handle.daemon.book.open_session(spec("4711", 0))
             got = scrape(handle.daemon)
         for name in ("eerl_session_gpu_info", "eerl_session_info"):
             assert got[name]
@@ -230,9 +231,9 @@ class TestKubernetes:
             ]
             owners = GpuOwners(KubeletPodResources(kubelet.socket_path))
             name = slurm_grant(node.daemon, "rl-job", 0, 1)
-            sid = node.daemon.open_session(spec("rl-job", 0, 1), grant=name).session_id
-            node.daemon.begin_phase(sid, GEN, 1, None)
-            node.daemon.end_phase(sid, GEN, 1, Workload(tokens=100, valid_tokens=100))
+            sid = node.daemon.book.open_session(spec("rl-job", 0, 1), grant=name).session_id
+            node.daemon.phases.begin_phase(sid, GEN, 1, None)
+            node.daemon.phases.end_phase(sid, GEN, 1, Workload(tokens=100, valid_tokens=100))
             got = scrape(node.daemon, owners)
             owners.close()
         want = {"namespace": "rl", "pod": "trainer-0", "container": "policy"}
@@ -342,7 +343,7 @@ class TestWiring:
                 pod_resources_optional=False,
             ) as handle:
                 name = slurm_grant(handle.daemon, "99", 0)
-                handle.daemon.open_session(spec("99", 0), grant=name)
+                handle.daemon.book.open_session(spec("99", 0), grant=name)
                 metrics = handle.server.app.metrics
                 assert metrics is not None
                 url = f"http://{metrics.host}:{metrics.port}/metrics"
@@ -358,18 +359,33 @@ class TestWiring:
 
 
 @dataclass
-class CountingDaemon:
-    """The daemon as the metrics see it, counting its ``status()`` calls."""
+class CountingReads:
+    """The daemon's read model as the metrics see it, counting its ``status()`` calls."""
 
     daemon: Daemon
     statuses: int = 0
 
     def status(self) -> StatusView:
         self.statuses += 1
-        return self.daemon.status()
+        return self.daemon.reads.status()
 
-    def subscribe(self, **observers: Any) -> Unsubscribe:
-        return self.daemon.subscribe(**observers)
+
+@dataclass
+class CountingDaemon:
+    """The daemon as the metrics see it (its read model counted, its events its own)."""
+
+    daemon: Daemon
+    reads: CountingReads = field(init=False)
+    events: Events = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.reads = CountingReads(self.daemon)
+        self.events = self.daemon.events
+
+    @property
+    def statuses(self) -> int:
+        """How many ``status()`` calls the metrics made."""
+        return self.reads.statuses
 
 
 @dataclass

@@ -117,8 +117,8 @@ class TestSessionTokens:
                     with pytest.raises(grpc.RpcError) as raised:
                         call(request, timeout=10)
                     codes.append(raised.value.code())
-            holders = [s.session_id for s in handle.daemon.sessions()]
-            current = handle.daemon.sessions()[0].current_phase
+            holders = [s.session_id for s in handle.daemon.reads.sessions()]
+            current = handle.daemon.reads.sessions()[0].current_phase
             locked = fake.locked()
         assert len(a) >= 22  # at least 128 bits of randomness in URL-safe base64
         assert codes == [grpc.StatusCode.NOT_FOUND] * 6
@@ -172,7 +172,7 @@ def test_tcp_refuses_a_client_without_a_certificate_and_a_plaintext_client(sock_
             with channel, pytest.raises(grpc.RpcError) as raised:
                 pb_grpc.PhaseServiceStub(channel).OpenSession(request, timeout=10)
             codes.append(raised.value.code())
-        sessions = handle.daemon.sessions()
+        sessions = handle.daemon.reads.sessions()
     assert codes == [grpc.StatusCode.UNAVAILABLE] * 2
     assert sessions == ()
 
@@ -228,7 +228,7 @@ class TestClockChangeRateLimit:
             with pytest.raises(grpc.RpcError) as refused:
                 pb_grpc.AdminServiceStub(admin).Pin(pin, timeout=10)
             locked_refused = fake.locked()
-            pins_refused = handle.daemon.gpu_status()[0].pin
+            pins_refused = handle.daemon.reads.gpu_status()[0].pin
             clock.advance(0.2)
             pb_grpc.AdminServiceStub(admin).Pin(pin, timeout=10)
             locked = fake.locked()

@@ -79,8 +79,8 @@ def test_the_worker_socket_and_tcp_serve_no_admin_method_before_or_after_admin_c
         after_tcp = run_as(address, admin_calls(), groups=group, tls=tls)
         open_one = call("PhaseService", "OpenSession", {"jobId": "j", "gpus": [{"index": 1}]})
         session = run_as(worker, [open_one], groups=group)
-        pins = [g.pin for g in handle.daemon.gpu_status()]
-        drains = [g.drain for g in handle.daemon.gpu_status()]
+        pins = [g.pin for g in handle.daemon.reads.gpu_status()]
+        drains = [g.drain for g in handle.daemon.reads.gpu_status()]
         locked = fake.locked()
     assert "UNIMPLEMENTED" not in admin_codes  # the admin really did reach every method
     for outcomes in (before_unix, before_tcp, after_unix, after_tcp):
@@ -126,7 +126,7 @@ def test_no_worker_may_drain_a_gpu_or_end_an_admins_drain(reachable_dir: Path) -
             uid=JOB_UID,
             gid=JOB_UID,
         )
-        drains = {g.info.index: g.drain for g in handle.daemon.gpu_status()}
+        drains = {g.info.index: g.drain for g in handle.daemon.reads.gpu_status()}
     assert [o.code for o in shared] == ["UNIMPLEMENTED"] * 2
     assert [o.code for o in own[:3]] == ["UNIMPLEMENTED"] * 3
     refused, opened = own[3:]

@@ -190,7 +190,7 @@ def kubernetes_node(directory: Path) -> Iterator[tuple[DaemonHandle, FakeGpuBack
 def gpu_socket(handle: DaemonHandle, index: int) -> Path:
     (socket,) = [
         Path(g.grant.socket_path)
-        for g in handle.daemon.grants()
+        for g in handle.daemon.reads.grants()
         if g.grant.name != "shared" and [i.index for i in g.gpus] == [index]
     ]
     return socket

@@ -48,7 +48,7 @@ def grant(handle: DaemonHandle, name: str, gpus: list[int], uid: int, **extra: o
 
 
 def holders(handle: DaemonHandle) -> dict[int, str]:
-    return {g.info.index: g.job_id for g in handle.daemon.gpu_status() if g.job_id is not None}
+    return {g.info.index: g.job_id for g in handle.daemon.reads.gpu_status() if g.job_id is not None}
 
 
 @pytest.fixture
@@ -145,7 +145,7 @@ class TestGrants:
             run_as(f"unix:{reply.grant.socket_path}", [open_call()])
             wall[0] += 61
             handle.daemon.tick()
-            names = [g.grant.name for g in handle.daemon.grants()]
+            names = [g.grant.name for g in handle.daemon.reads.grants()]
             held = holders(handle)
         assert names == ["shared"]
         assert held == {}
@@ -168,7 +168,7 @@ class TestGrants:
         replaced = grant(multi, "new", [1], NOBODY_UID, replace=True)
         assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
         assert list(replaced.revoked) == ["old"]
-        assert [g.grant.name for g in multi.daemon.grants()] == ["shared", "new"]
+        assert [g.grant.name for g in multi.daemon.reads.grants()] == ["shared", "new"]
 
 
 @contextmanager
@@ -196,7 +196,7 @@ class TestPerGpuSockets:
         with running_daemon(
             reachable_dir, reaper=False, tenancy="multi", gpu_socket_dir=reachable_dir / "gpus"
         ) as handle:
-            sockets = [Path(g.grant.socket_path) for g in handle.daemon.grants()[1:]]
+            sockets = [Path(g.grant.socket_path) for g in handle.daemon.reads.grants()[1:]]
             modes = [stat.S_IMODE(p.stat().st_mode) for p in sockets]
             dir_mode = stat.S_IMODE(sockets[0].parent.parent.stat().st_mode)
             unmounted = run_as(f"unix:{sockets[2]}", [open_call(2)])[0]
@@ -225,7 +225,7 @@ class TestPerGpuSockets:
         """A container keeps its mount across an eerld restart: the new socket appears in the mounted dir."""
         gpu_dir = reachable_dir / "gpus"
         with running_daemon(reachable_dir, reaper=False, tenancy="multi", gpu_socket_dir=gpu_dir) as handle:
-            socket = Path(handle.daemon.grants()[1].grant.socket_path)
+            socket = Path(handle.daemon.reads.grants()[1].grant.socket_path)
         with mounted([socket], reachable_dir / "container") as (in_container,):
             stopped = in_container.exists()
             with running_daemon(reachable_dir, reaper=False, tenancy="multi", gpu_socket_dir=gpu_dir):

@@ -48,7 +48,7 @@ def _daemon(directory: Path, fake: FakeGpuBackend) -> Iterator[tuple[DaemonHandl
     # and its end releases), and what they test is the session, not the limit.
     with running_daemon(directory, backend=fake, max_clock_changes_per_s=0.0) as handle:
         records: list[PhaseRecord] = []
-        handle.daemon.subscribe(on_phase=records.append)
+        handle.daemon.events.subscribe(on_phase=records.append)
         yield handle, records
 
 
@@ -116,7 +116,7 @@ def test_after_a_3_s_daemon_stall_on_a_clock_lock_the_next_phases_are_metered_an
             _run_iteration(session, fake, i)
         assert session.flush(PATIENCE_S)
         stats = session.stats()
-        sessions = handle.daemon.sessions()
+        sessions = handle.daemon.reads.sessions()
         # The daemon's own totals for the session now open, and the client's word, agree.
         assert stats.connected
         assert [s.session_id for s in sessions] == [stats.session_id]
@@ -154,7 +154,7 @@ def test_a_stall_that_outlasts_three_deadlines_drops_the_session_and_the_next_ph
                 _run_iteration(session, fake, i)
             assert session.flush(PATIENCE_S)
             stats = session.stats()
-            sessions = handle.daemon.sessions()
+            sessions = handle.daemon.reads.sessions()
     assert (stats.resets, stats.opens) == (1, 2)
     assert stats.session_id != first
     assert [s.session_id for s in sessions] == [stats.session_id]
@@ -184,7 +184,7 @@ def test_invalid_reports_are_sanitised_with_one_warning_per_kind_and_never_wedge
         assert session.flush(PATIENCE_S)
         stats = session.stats()
         assert stats.connected
-        assert handle.daemon.sessions()[0].session_id == stats.session_id
+        assert handle.daemon.reads.sessions()[0].session_id == stats.session_id
     sanitised = [
         ("generation", 1, 0, 0),  # negative: clamped to 0
         ("training", 1, 10, 10),  # valid_tokens > tokens: clamped to tokens
@@ -221,8 +221,8 @@ def test_a_sender_thread_that_dies_of_a_bug_closes_its_daemon_session_and_the_gp
                 raise RuntimeError("injected bug outside the per-event guard")
 
             monkeypatch.setattr(Sender, "_pop", bug)
-        reset = _wait(lambda: fake.locked() == {} and handle.daemon.sessions() == ())
-        assert reset, f"locks {fake.locked()}, sessions {handle.daemon.sessions()}"
+        reset = _wait(lambda: fake.locked() == {} and handle.daemon.reads.sessions() == ())
+        assert reset, f"locks {fake.locked()}, sessions {handle.daemon.reads.sessions()}"
         assert not session.stats().connected
         with session.phase("generation", iteration=2):  # the job runs on, eerl off
             pass

@@ -154,10 +154,10 @@ class TestStuckClients:
                 os.kill(client.pid, signal.SIGSTOP)
                 deadline = time.monotonic() + 30
                 # The GPU is reset before the session is dropped: wait for both, not just the first.
-                while (fake.locked() or handle.daemon.sessions()) and time.monotonic() < deadline:
+                while (fake.locked() or handle.daemon.reads.sessions()) and time.monotonic() < deadline:
                     time.sleep(0.1)
                 after = fake.locked()
-                sessions = handle.daemon.sessions()
+                sessions = handle.daemon.reads.sessions()
             finally:
                 os.kill(client.pid, signal.SIGKILL)
                 client.wait()

@@ -364,7 +364,7 @@ class TestPinsReadAtStart:
             structlog.testing.capture_logs() as logs,
             running_daemon(sock_dir, backend=fake, reaper=False) as handle,
         ):
-            status = handle.daemon.gpu_status()
+            status = handle.daemon.reads.gpu_status()
             assert fake.locked() == {0: 900}
         assert [g.pin is not None for g in status] == [True, False, False, False]
         assert all(not g.degraded_reason for g in status)
@@ -381,7 +381,7 @@ class TestPinsReadAtStart:
         state.mkdir(mode=0o700)
         (state / PINS_FILE).write_bytes(content)
         with running_daemon(sock_dir, backend=fake, reaper=False) as handle:
-            assert all(g.pin is None for g in handle.daemon.gpu_status())
+            assert all(g.pin is None for g in handle.daemon.reads.gpu_status())
         [moved] = state.glob(f"{PINS_FILE}.corrupt-*")
         assert moved.read_bytes() == content
 
@@ -394,7 +394,7 @@ class TestPinsReadAtStart:
         pins = [pin_entry(fake.inventory()[1].uuid, sm_clock_mhz=1201)]
         (state / PINS_FILE).write_text(json.dumps({"version": 1, "pins": pins}))
         with running_daemon(sock_dir, backend=fake, reaper=False) as handle:
-            gpu = handle.daemon.gpu_status()[1]
+            gpu = handle.daemon.reads.gpu_status()[1]
         assert gpu.pin is None
         assert gpu.degraded_reason == ""
         assert json.loads((state / PINS_FILE).read_text())["pins"] == []

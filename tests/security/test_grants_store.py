@@ -71,7 +71,7 @@ def daemon(directory: Path, gpus: int = 4) -> Iterator[DaemonHandle]:
 
 
 def names(handle: DaemonHandle) -> list[str]:
-    return [g.grant.name for g in handle.daemon.grants()]
+    return [g.grant.name for g in handle.daemon.reads.grants()]
 
 
 def set_aside_files(state: Path) -> list[Path]:

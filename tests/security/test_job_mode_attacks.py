@@ -178,7 +178,7 @@ class TestFencing:
         outcome = run_as(target, [open_job(incarnation=2)])[0]
         assert outcome.code == "FAILED_PRECONDITION"
         assert "incarnation 2 is older than incarnation 3" in outcome.details
-        assert handle.daemon.sessions() == ()
+        assert handle.daemon.reads.sessions() == ()
 
     def test_another_grants_user_cannot_fence_a_job_by_claiming_its_id(
         self, node: tuple[DaemonHandle, str]
@@ -436,8 +436,8 @@ class TestReach:
         assert from_victims.code == "UNAVAILABLE"  # the kernel: the neighbour's socket is not ours
         assert [o.code for o in with_tickets] == ["FAILED_PRECONDITION", "PERMISSION_DENIED"]
         assert every_lock_asked(handle) == {2: [1500]}
-        assert {s.job_id for s in handle.daemon.sessions()} == {"job-a", "job-v"}
-        assert len(handle.daemon.sessions()) == 2
+        assert {s.job_id for s in handle.daemon.reads.sessions()} == {"job-a", "job-v"}
+        assert len(handle.daemon.reads.sessions()) == 2
 
     def test_the_neighbours_job_id_on_the_attackers_other_grant_steers_only_the_attackers_gpu(
         self, neighbours: tuple[DaemonHandle, str, str, str, str]

@@ -83,7 +83,7 @@ def test_the_jobs_user_gets_clock_control_of_its_gpus_and_nobody_else_does(
         other_connected = other.stdout.readline().strip()
         in_phase = job.stdout.readline().strip()
         locked_in_phase = fake.locked()
-        holders = [(s.job_id, s.gpu_indices, s.grant) for s in handle.daemon.sessions()]
+        holders = [(s.job_id, s.gpu_indices, s.grant) for s in handle.daemon.reads.sessions()]
         stats = finish(job)
         finish(other)
     finally:
@@ -92,7 +92,7 @@ def test_the_jobs_user_gets_clock_control_of_its_gpus_and_nobody_else_does(
                 proc.kill()
                 proc.wait()
     epilog = slurm("epilog.sh", handle)
-    grants = [g.grant.name for g in handle.daemon.grants()]
+    grants = [g.grant.name for g in handle.daemon.reads.grants()]
     assert (prolog.returncode, prolog.stderr) == (0, "")
     assert owner == JOB_UID
     assert (connected, in_phase) == ("connected", "in phase")
@@ -121,12 +121,12 @@ def test_the_prolog_and_epilog_reset_sessions_and_locks_but_never_an_operators_p
     with grpc.insecure_channel(f"unix:{reachable_dir / 'grants' / f'job-{JOB_ID}.sock'}") as channel:
         stub = pb_grpc.PhaseServiceStub(channel)
         left = stub.OpenSession(pb.OpenSessionRequest(job_id=JOB_ID, gpus=[pb.GpuRef(index=1)]), timeout=10)
-    assert [s.session_id for s in handle.daemon.sessions()] == [left.session_id]
+    assert [s.session_id for s in handle.daemon.reads.sessions()] == [left.session_id]
     prolog = slurm("prolog.sh", handle)  # the next job on the same GPU
-    after_prolog = [s.session_id for s in handle.daemon.sessions()]
+    after_prolog = [s.session_id for s in handle.daemon.reads.sessions()]
     locked_after_prolog = fake.locked()
     epilog = slurm("epilog.sh", handle)
-    gpus = handle.daemon.gpu_status()
+    gpus = handle.daemon.reads.gpu_status()
     assert (prolog.returncode, prolog.stderr, epilog.returncode, epilog.stderr) == (0, "", 0, "")
     assert after_prolog == []
     assert locked_after_prolog == {1: 1005}

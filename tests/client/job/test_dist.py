@@ -57,7 +57,7 @@ def test_rank_0_decides_and_each_node_leader_applies(daemons: list[DaemonHandle]
     assert all(p.get("accepted") for p in results[0]["phases"])
     for daemon in daemons:
         assert daemon.backend.locked() == {}  # closed: back at default
-        assert not daemon.daemon.sessions()
+        assert not daemon.daemon.reads.sessions()
 
 
 def run_job_that_turns_control_off(

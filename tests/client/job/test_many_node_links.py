@@ -50,8 +50,8 @@ def test_one_process_holds_sixteen_job_mode_sessions_on_one_socket(daemon: Daemo
         assert daemon.backend.locked() == dict.fromkeys(range(LINKS), 1200)  # type: ignore[attr-defined]
         ended = [link.end(GEN, 0, Workload(tokens=100)) for link in links]
         assert [e.verdict for e in ended] == [DirectiveVerdict.ACCEPTED] * LINKS
-        assert all(session.attached for session in daemon.daemon.sessions())
-        assert len(daemon.daemon.sessions()) == LINKS
+        assert all(session.attached for session in daemon.daemon.reads.sessions())
+        assert len(daemon.daemon.reads.sessions()) == LINKS
     finally:
         for link in links:
             link.close()

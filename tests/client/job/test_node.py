@@ -58,7 +58,7 @@ def test_opens_a_job_mode_session_with_the_grid(daemon: DaemonHandle) -> None:
         assert grid == tuple(c for c in FAKE_SM_CLOCKS_MHZ if c >= grid[0])
         assert grid[-1] == FAKE_SM_CLOCKS_MHZ[-1]
         assert grid[0] >= 0.4 * FAKE_SM_CLOCKS_MHZ[-1]
-        (session,) = daemon.daemon.sessions()
+        (session,) = daemon.daemon.reads.sessions()
         assert session.job_id == "job-1"
         assert session.gpu_indices == (0, 1)
         assert session.attached
@@ -150,7 +150,7 @@ def test_a_restarted_daemon_gets_a_new_session_epoch(sock_dir: Path) -> None:
         assert wait_until(lambda: link.begin(directive(1, GEN, 1200, epoch=1), GEN, 1).reached)
         assert link.session_epoch == 2
         assert link.end(GEN, 1, WORK).session_epoch == 2
-        assert len(second.daemon.sessions()) == 1
+        assert len(second.daemon.reads.sessions()) == 1
         link.close()
 
 
@@ -165,7 +165,7 @@ def test_the_holder_s_death_resets_the_node(daemon: DaemonHandle) -> None:
     link_state.cancel_attach()
     link_state.link.close()
     assert wait_until(lambda: daemon.backend.locked() == {}, 2.0)
-    assert wait_until(lambda: not daemon.daemon.sessions(), 2.0)
+    assert wait_until(lambda: not daemon.daemon.reads.sessions(), 2.0)
 
 
 def test_close_returns_the_gpus_to_default(daemon: DaemonHandle) -> None:
@@ -174,7 +174,7 @@ def test_close_returns_the_gpus_to_default(daemon: DaemonHandle) -> None:
     link.close()
     link.close()
     assert daemon.backend.locked() == {}
-    assert not daemon.daemon.sessions()
+    assert not daemon.daemon.reads.sessions()
     assert link.begin(directive(1, GEN, 1200), GEN, 1).verdict is DirectiveVerdict.MISSING
 
 

@@ -1,5 +1,6 @@
-"""The clock arbiter through the daemon and its gRPC services: pin > session > default, dry-run, degraded
-GPUs, the ledger and persisted pins. The arbiter built directly is tested in tests/clocks/test_arbiter.py."""
+"""Clock control through the daemon and its gRPC services (the arbiter as eerld uses it): pin > session >
+default, dry-run, degraded GPUs, the ledger and persisted pins. The arbiter built directly is tested in
+tests/clocks/test_arbiter.py."""
 
 from __future__ import annotations
 
@@ -247,8 +248,8 @@ class TestStuckGpu:
             "j", 0, 0, tuple(GpuSelector(f"gpus[{i}]", index=i) for i in range(3)), ExecutionMode.SYNC,
             GpuRole.BOTH, None, None,
         )  # fmt: skip
-        session_id = daemon.open_session(spec).session_id
-        began = daemon.begin_phase(session_id, PhaseKind.GENERATION, 0, None)
+        session_id = daemon.book.open_session(spec).session_id
+        began = daemon.phases.begin_phase(session_id, PhaseKind.GENERATION, 0, None)
         try:
             assert fake.locked() == {0: 1200, 2: 1200}
             assert {c.index: bool(c.degraded_reason) for c in began.clocks} == {0: False, 1: True, 2: False}
