@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,9 +25,29 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 @pytest.fixture(autouse=True)
 def _default_logging() -> Iterator[None]:
-    """In-process daemons and ``main()`` configure structlog process-wide; give every test the defaults."""
+    """In-process daemons and ``main()`` configure structlog process-wide; give every test the defaults.
+
+    ``cache_logger_on_first_use`` binds each module's logger to the configuration of its first line, and
+    eerld's JSON logger writes plain lines without the processor chain, where ``capture_logs`` listens: so
+    the loggers cached during a test are un-cached too, and a later test's ``capture_logs`` sees every line
+    whatever ran before it.
+    """
     yield
     structlog.reset_defaults()
+    _uncache_module_loggers()
+
+
+_LAZY_LOGGER = type(structlog.get_logger())
+_OUR_PACKAGES = ("eerld", "eerlctl", "eerl", "eerl_sim", "demo", "perf", "soak", "tests")
+
+
+def _uncache_module_loggers() -> None:
+    for name, module in list(sys.modules.items()):
+        if module is None or name.split(".", 1)[0] not in _OUR_PACKAGES:
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, _LAZY_LOGGER) and "bind" in vars(value):
+                del value.bind  # the instance's cached bind: the class's assembles from the configuration
 
 
 @contextmanager

@@ -30,8 +30,8 @@ from eerld.csi.mounts import is_mount_point, mount_points
 from eerld.csi.records import RECORDS_FILE
 from eerld.testing import DaemonHandle
 from tests.conftest import short_socket_dir
-from tests.csi.conftest import grant_names, holders, uuids
-from tests.csi.harness import (
+from tests.eerld.csi.conftest import grant_names, holders, uuids
+from tests.eerld.csi.harness import (
     POD_USER,
     CsiPlugin,
     FakeKubelet,

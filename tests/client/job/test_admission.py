@@ -1,7 +1,7 @@
 """Job admission (eerl.job.admission): each check on a job-level directive, in order, and the fallback.
 
 Pure tests: a directive, what the session accepted so far and the time go in; a ruling comes out. The same
-rules over the daemon's sockets: tests/daemon/test_job_mode.py, tests/security/test_job_mode_attacks.py.
+rules over the daemon's sockets: tests/eerld/api/test_job_mode.py, tests/security/test_job_mode_attacks.py.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from eerl_sim.gpu import create_sim_backend
 from eerld.errors import GpuLost
 from tests.sim.gpu.sim_fixtures import QUIET_H100, virtual_backend
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 SPEEDUP = 1000.0
 
 CHILD = """

@@ -17,7 +17,7 @@ from eerl_sim.gpu import RealTimeClock, VirtualClock, create_sim_backend, open_s
 from eerld.errors import BackendFailure, ConfigError, GpuLost
 from tests.sim.gpu.sim_fixtures import H100, HEAVY_COMPUTE_MHZ_S, QUIET_H100, virtual_backend
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 SPEEDUP = 1000.0
 
 

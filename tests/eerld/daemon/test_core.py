@@ -13,7 +13,7 @@ from eerld.daemon import Daemon
 from eerld.daemon.lifecycle import LifeCycle
 from eerld.errors import Unavailable
 from eerld.testing import FakeGpuBackend, ManualClock
-from tests.daemon.conftest import HUB_CLOCK_MHZ, gpu_spec
+from tests.eerld.conftest import HUB_CLOCK_MHZ, gpu_spec
 
 WAIT_S = 10.0
 

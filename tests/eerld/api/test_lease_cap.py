@@ -18,8 +18,7 @@ from eerld.errors import ConfigError
 from eerld.main import main
 from eerld.sessions import DEFAULT_MAX_LEASE_TTL_S
 from eerld.testing import FakeGpuBackend, ManualClock
-
-from .conftest import GEN, DaemonFactory, begin, open_session
+from tests.eerld.conftest import GEN, DaemonFactory, begin, open_session
 
 
 class TestTheCap:

@@ -1,6 +1,6 @@
 """Clock control through the daemon and its gRPC services (the arbiter as eerld uses it): pin > session >
 default, dry-run, degraded GPUs, the ledger and persisted pins. The arbiter built directly is tested in
-tests/clocks/test_arbiter.py."""
+tests/eerld/clocks/test_arbiter.py."""
 
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ from eerld.daemon import Daemon
 from eerld.errors import GpuLost, NoPermission
 from eerld.sessions import GpuSelector, SessionSpec
 from eerld.testing import FakeGpuBackend, ManualClock
-
-from .conftest import GEN, TRAIN, begin, end, open_session
+from tests.eerld.conftest import GEN, TRAIN, begin, end, open_session
 
 
 def pin(admin, *gpus: int, sm_clock_mhz: int = 900, **kwargs) -> pb.PinResponse:

@@ -18,8 +18,7 @@ from eerld.daemon import Daemon
 from eerld.errors import BackendFailure
 from eerld.sessions import GpuSelector, SessionSpec
 from eerld.testing import FakeGpuBackend, ManualClock
-
-from .conftest import GEN, TRAIN, begin, end, open_session
+from tests.eerld.conftest import GEN, TRAIN, begin, end, open_session
 
 
 class TestClaims:

@@ -11,7 +11,7 @@ import pytest
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
-from .conftest import open_session
+from tests.eerld.conftest import open_session
 
 
 def openssl(*args: str) -> None:

@@ -16,7 +16,7 @@ from eerld.errors import BackendFailure, GpuError, InvalidArgument, NoPermission
 from eerld.gpu.base import ClockEventReasons, GpuBackend, GpuClocks, GpuIdentity, GpuUtilization
 from eerld.gpu.counters import EnergyCounter
 from eerld.gpu.nvml import REASON_BY_NVML_BIT, NvmlBackend
-from tests.gpu.fake_pynvml import H100_SM_CLOCKS_MHZ, FakeGpu, FakePynvml, LegacyFakePynvml, make_gpus
+from tests.eerld.gpu.fake_pynvml import H100_SM_CLOCKS_MHZ, FakeGpu, FakePynvml, LegacyFakePynvml, make_gpus
 
 
 @pytest.fixture

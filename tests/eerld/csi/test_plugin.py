@@ -18,8 +18,8 @@ from eerld.csi import DRIVER_NAME
 from eerld.csi.grant import grant_name
 from eerld.csi.mounts import is_mount_point
 from eerld.testing import DaemonHandle
-from tests.csi.conftest import grant_names, holders, uuids
-from tests.csi.harness import (
+from tests.eerld.csi.conftest import grant_names, holders, uuids
+from tests.eerld.csi.harness import (
     POD_USER,
     CsiPlugin,
     FakeKubelet,

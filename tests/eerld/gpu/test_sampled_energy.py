@@ -10,8 +10,7 @@ from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
 from eerld.gpu.energy_sampler import SampledEnergyBackend
 from eerld.testing import FakeGpuBackend, running_daemon
-
-from .conftest import GEN, TRAIN, begin, end, open_session
+from tests.eerld.conftest import GEN, TRAIN, begin, end, open_session
 
 
 def test_phase_energy_from_sampled_counters_matches_the_power_drawn(sock_dir: Path) -> None:

@@ -15,7 +15,7 @@ from eerld.daemon.jobmode import ReceivedDirective
 from eerld.errors import Conflict, NotFound, Unavailable
 from eerld.sessions import JobModeSpec
 from eerld.testing import FakeGpuBackend, ManualClock
-from tests.daemon.conftest import HUB_CLOCK_MHZ, gpu_spec
+from tests.eerld.conftest import HUB_CLOCK_MHZ, gpu_spec
 
 GEN = PhaseKind.GENERATION
 TRAIN = PhaseKind.TRAINING

@@ -13,7 +13,7 @@ from eerld.errors import GpuLost
 from eerld.gpu.delegating import DelegatingBackend
 from eerld.gpu.energy_sampler import EnergySample, SampledEnergyBackend, estimate_energy_mj
 from eerld.testing import FakeGpuBackend, ManualClock
-from tests.gpu.fake_pynvml import FakePynvml, make_gpus
+from tests.eerld.gpu.fake_pynvml import FakePynvml, make_gpus
 
 
 class CountingBackend(DelegatingBackend):

@@ -9,7 +9,7 @@ import pytest
 
 from eerld.errors import BackendFailure, GpuError, GpuLost, InvalidArgument, NoPermission, NotSupported
 from eerld.gpu.nvml import ERROR_CLASS_BY_NVML_NAME, NvmlBackend
-from tests.gpu.fake_pynvml import NVML_ERROR_CODES, FakePynvml, make_gpus
+from tests.eerld.gpu.fake_pynvml import NVML_ERROR_CODES, FakePynvml, make_gpus
 
 # The mapping as specified in docs/nvml.md. Codes not listed are BackendFailure.
 EXPECTED: dict[str, type[GpuError]] = {

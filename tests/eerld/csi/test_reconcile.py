@@ -19,8 +19,8 @@ from eerld.csi.grant import grant_name
 from eerld.csi.mounts import is_mount_point
 from eerld.csi.node import NodePlugin
 from eerld.testing import DaemonHandle
-from tests.csi.conftest import Listing, grant_names, make_plugin, publish, uuids
-from tests.csi.harness import POD_USER, FakeKubelet, Pod, volume_id
+from tests.eerld.csi.conftest import Listing, grant_names, make_plugin, publish, uuids
+from tests.eerld.csi.harness import POD_USER, FakeKubelet, Pod, volume_id
 
 
 @pytest.fixture

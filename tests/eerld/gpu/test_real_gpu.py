@@ -4,7 +4,7 @@ Nothing here changes a GPU: no lock, no reset, no application clocks - only quer
 safe on a node that is running jobs. Without ``EERL_TEST_GPU=1`` every test reports as skipped with the
 reason, so a run without a GPU never counts them as passed.
 
-Run on a GPU node: ``EERL_TEST_GPU=1 .venv/bin/pytest -m gpu tests/gpu/test_real_gpu.py``.
+Run on a GPU node: ``EERL_TEST_GPU=1 .venv/bin/pytest -m gpu tests/eerld/gpu/test_real_gpu.py``.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from eerld.testing import DaemonHandle, FakeGpuBackend, ManualClock, running_dae
 HUB_CLOCK_MHZ = 1200
 """The clock the hub's fixed controller asks for, in every phase."""
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 DaemonFactory = Callable[..., AbstractContextManager[DaemonHandle]]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pynvml
 import pytest
 
-from tests.gpu.fake_pynvml import FakeHandle, FakePynvml, make_gpus
+from tests.eerld.gpu.fake_pynvml import FakeHandle, FakePynvml, make_gpus
 
 
 @pytest.fixture

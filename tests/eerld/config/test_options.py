@@ -1,7 +1,7 @@
 """eerld's options, each declared once (eerld/config/options.py): what the parser, the file and the docs make.
 
 The behaviour of single options (precedence, the error of each bad value, exit code 2) is tested where it is
-used: tests/daemon/test_server.py (TestConfig), test_job_mode.py, test_lease_cap.py, tests/ops.
+used: tests/eerld/api/test_server.py (TestConfig), test_job_mode.py, test_lease_cap.py, tests/ops.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from eerld.config.options import CONFIG_FILE, Option, options
 from eerld.config.values import true_or_false
 from eerld.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "scripts" / "gen_options_doc.py"
 OPTIONS = dict(options())
 

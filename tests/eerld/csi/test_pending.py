@@ -22,8 +22,8 @@ from eerld.csi.grant import grant_name
 from eerld.csi.mounts import is_mount_point
 from eerld.csi.node import NodePlugin, ReconcileOutcome
 from eerld.testing import DaemonHandle
-from tests.csi.conftest import Listing, grant_names, holders, make_plugin, publish, uuids
-from tests.csi.harness import (
+from tests.eerld.csi.conftest import Listing, grant_names, holders, make_plugin, publish, uuids
+from tests.eerld.csi.harness import (
     CsiPlugin,
     FakeKubelet,
     Pod,

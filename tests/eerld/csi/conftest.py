@@ -13,7 +13,7 @@ from eerld.csi.records import VolumeRecords
 from eerld.podresources import DeviceAllocation, PodDevices, PodResourcesError
 from eerld.testing import DaemonHandle
 from tests.conftest import short_socket_dir
-from tests.csi.harness import (
+from tests.eerld.csi.harness import (
     POD_USER,
     CsiPlugin,
     FakeKubelet,

@@ -9,7 +9,7 @@ import pytest
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
-from .conftest import GEN, begin, open_session
+from tests.eerld.conftest import GEN, begin, open_session
 
 SID = "<session>"
 UNKNOWN_SID = "A" * 32

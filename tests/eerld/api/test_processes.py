@@ -18,10 +18,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from eerld.app import SIM_MISSING_ERROR
 from eerld.testing import FakeGpuBackend, ManualClock, running_daemon
+from tests.eerld.conftest import GEN, REPO_ROOT, begin, open_session
 
-from .conftest import GEN, REPO_ROOT, begin, open_session
-
-CLIENT = Path(__file__).with_name("client_proc.py")
+CLIENT = Path(__file__).resolve().parents[1] / "client_proc.py"
 PATIENCE_S = 20.0
 """How long to wait for something that must happen (generous: the machine is shared and noisy)."""
 

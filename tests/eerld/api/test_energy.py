@@ -12,8 +12,7 @@ from eerl_sim.profiles import builtin_profile
 
 from eerld.energy import CounterReading, phase_energy
 from eerld.testing import FakeGpuBackend, ManualClock, running_daemon
-
-from .conftest import GEN, TRAIN, begin, end, open_session
+from tests.eerld.conftest import GEN, TRAIN, begin, end, open_session
 
 
 class TestAttribution:

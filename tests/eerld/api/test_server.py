@@ -27,8 +27,7 @@ from eerld.gpu.base import GpuBackend
 from eerld.main import main
 from eerld.testing import FakeGpuBackend, running_daemon
 from soak.daemon import DaemonProcess, wait_for
-
-from .conftest import GEN, begin, open_session
+from tests.eerld.conftest import GEN, begin, open_session
 
 
 class TestSockets:

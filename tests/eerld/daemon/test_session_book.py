@@ -11,7 +11,7 @@ from eerld.daemon import Daemon
 from eerld.errors import Conflict, NotFound, Unavailable
 from eerld.sessions import JobModeSpec
 from eerld.testing import FakeGpuBackend, ManualClock
-from tests.daemon.conftest import HUB_CLOCK_MHZ, gpu_spec
+from tests.eerld.conftest import HUB_CLOCK_MHZ, gpu_spec
 
 GEN = PhaseKind.GENERATION
 
