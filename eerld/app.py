@@ -26,8 +26,8 @@ from eerld.gpu.base import GpuBackend
 from eerld.gpu.energy_sampler import SampledEnergyBackend
 from eerld.gpu.observe_only import ObserveOnlyBackend
 from eerld.metrics import MetricsServer, start_metrics_server
-from eerld.podresources import GpuOwners
-from eerld.podwatch import PodClaimWatch
+from eerld.pods.owners import GpuOwners
+from eerld.pods.watch import PodClaimWatch
 
 __all__ = ["SIM_BACKEND_MODULE", "SIM_MISSING_ERROR", "App", "build", "create_backend"]
 

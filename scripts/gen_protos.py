@@ -4,7 +4,7 @@ The generated files are committed (users install the client without protoc); thi
 one way they are made, with the tool versions pinned in pyproject.toml's dev extra. It also generates the
 messages of the kubelet's pod-resources API that the daemon reads (``eerld/api/podresources/api.proto``,
 messages only: the daemon's client calls the one method by name), and the Container Storage Interface
-that ``eerl-csi`` serves (``eerld/api/csi/csi.proto``, the spec's own file, unchanged: messages and the
+that ``eerl-csi`` serves (``eerld/csi/proto/csi.proto``, the spec's own file, unchanged: messages and the
 gRPC services, whose stubs the tests call as the kubelet would).
 """
 
@@ -25,7 +25,7 @@ PACKAGE_DIR = Path("eerl") / "v1"
 GENERATED = ("eerl_pb2.py", "eerl_pb2.pyi", "eerl_pb2_grpc.py", "eerl_pb2_grpc.pyi")
 KUBELET_PROTO = Path("eerld") / "api" / "podresources" / "api.proto"
 KUBELET_GENERATED = ("api_pb2.py", "api_pb2.pyi")
-CSI_PROTO = Path("eerld") / "api" / "csi" / "csi.proto"
+CSI_PROTO = Path("eerld") / "csi" / "proto" / "csi.proto"
 """container-storage-interface/spec v1.12.0 (commit e6fc13ea4d529db12e211ef79c924ee3186c39d5), as released."""
 CSI_GENERATED = ("csi_pb2.py", "csi_pb2.pyi", "csi_pb2_grpc.py", "csi_pb2_grpc.pyi")
 

@@ -1,5 +1,6 @@
 """A fake kubelet's pod-resources API, the one the eerld metrics tests (tests/ops) and the eerl-csi tests
-(tests/eerld/csi) both serve: ``v1.PodResourcesLister/List`` on a Unix socket, answered by the test's function."""
+(tests/eerld/csi) both serve: ``v1.PodResourcesLister/List`` on a Unix socket, answered by the test's
+function."""
 
 from __future__ import annotations
 

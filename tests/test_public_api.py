@@ -27,7 +27,7 @@ PACKAGES = [
     "eerl.link",
     "eerl.ray",
     "eerld",
-    "eerld.api.csi",
+    "eerld.csi.proto",
     "eerld.api.podresources",
     "eerld.config",
     "eerld.csi",

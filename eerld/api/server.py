@@ -40,8 +40,8 @@ from eerld.config import Config
 from eerld.errors import ConfigError
 from eerld.gpu.base import GpuBackend
 from eerld.grants import GRANT_DIR_MODE, OWN_DIRECTORY_SOCKET, SHARED_NAME, Grant, GrantKind
-from eerld.podresources import GpuOwners
-from eerld.podwatch import PodClaimWatch
+from eerld.pods.owners import GpuOwners
+from eerld.pods.watch import PodClaimWatch
 from eerld.sdnotify import sd_notify
 from eerld.signals import serve_until_signal
 

@@ -39,7 +39,7 @@ from eerld.config.values import (
 )
 from eerld.daemon.core import DEFAULT_LEASE_TTL_S
 from eerld.errors import ConfigError
-from eerld.podresources import DEFAULT_POD_RESOURCES_SOCKET, REFRESH_S
+from eerld.pods.owners import DEFAULT_POD_RESOURCES_SOCKET, REFRESH_S
 from eerld.sessions import DEFAULT_MAX_LEASE_TTL_S
 
 __all__ = [

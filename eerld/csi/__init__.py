@@ -17,7 +17,7 @@ The parts, each one job:
 - :mod:`eerld.csi.servicers` (CSI Identity and Node over gRPC), :mod:`eerld.csi.server` and
   :mod:`eerld.csi.main` (the ``eerl-csi`` command).
 
-The generated CSI code is :mod:`eerld.api.csi` (the spec's ``csi.proto``, v1.12.0, ``make proto``).
+The generated CSI code is :mod:`eerld.csi.proto` (the spec's ``csi.proto``, v1.12.0, ``make proto``).
 """
 
 DRIVER_NAME = "csi.eerl.dev"

@@ -44,7 +44,7 @@ from eerld.csi.records import VolumeRecord, VolumeRecords, VolumeState
 from eerld.csi.volume import PodVolume, check_target_path, parse_publish
 from eerld.errors import ConfigError, Conflict, DaemonError, Unavailable
 from eerld.grants import GRANT_DIR_MODE, OWN_DIRECTORY_SOCKET
-from eerld.podresources import PodDevices, PodResourcesError
+from eerld.pods.owners import PodDevices, PodResourcesError
 
 log = structlog.get_logger("eerld.csi")
 

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from eerld.errors import Conflict, NotFound
-from eerld.podresources import GPU_RESOURCE_NAMES, PodDevices
+from eerld.pods.owners import GPU_RESOURCE_NAMES, PodDevices
 
 _GPU_UUID = re.compile(r"GPU-[0-9A-Za-z-]{1,92}")  # eerld checks that it names a GPU of the node
 _INDEX = re.compile(r"[0-9]{1,4}")
 
 
 class PodLister(Protocol):
-    """The kubelet's pod-resources ``List``, per pod; :class:`~eerld.podresources.PodResourcesError` when it
+    """The kubelet's pod-resources ``List``, per pod; :class:`~eerld.pods.owners.PodResourcesError` when it
     fails."""
 
     def list_pods(self, timeout_s: float) -> Sequence[PodDevices]:

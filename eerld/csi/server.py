@@ -19,11 +19,11 @@ import grpc
 import structlog
 
 from eerld import files
-from eerld.api.csi import csi_pb2_grpc as pb_grpc
 from eerld.api.podresources import KubeletPodResources
 from eerld.config import DEFAULT_GRANT_DIR
 from eerld.csi.eerld_admin import EerldAdmin
 from eerld.csi.node import NodePlugin
+from eerld.csi.proto import csi_pb2_grpc as pb_grpc
 from eerld.csi.records import VolumeRecords
 from eerld.csi.servicers import IdentityServicer, NodeServicer
 from eerld.errors import ConfigError

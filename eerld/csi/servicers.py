@@ -17,11 +17,11 @@ import structlog
 from google.protobuf import wrappers_pb2
 
 from eerld import __version__
-from eerld.api.csi import csi_pb2 as pb
-from eerld.api.csi import csi_pb2_grpc as pb_grpc
 from eerld.api.interceptors import status_code_for
 from eerld.csi import DRIVER_NAME
 from eerld.csi.node import NodePlugin
+from eerld.csi.proto import csi_pb2 as pb
+from eerld.csi.proto import csi_pb2_grpc as pb_grpc
 from eerld.errors import DaemonError, ValidationError
 
 log = structlog.get_logger("eerld.csi")

@@ -22,7 +22,7 @@ from eerld.metrics.http import (
     parse_address,
 )
 from eerld.metrics.source import DaemonMetricsSource, MetricsDaemon, subscribe
-from eerld.podresources import GpuOwners
+from eerld.pods.owners import GpuOwners
 
 __all__ = ["MetricsServer", "start_metrics_server"]
 

@@ -30,7 +30,7 @@ from eerld.metrics.collector import (
     PodSample,
     SessionSample,
 )
-from eerld.podresources import GpuOwners
+from eerld.pods.owners import GpuOwners
 
 __all__ = [
     "DaemonEvents",

@@ -1,5 +1,5 @@
-"""A GPU that left its pod: the pure decision (:mod:`eerld.podclaims`) and the polling edge
-(:mod:`eerld.podwatch`) with a fake kubelet and a fake daemon, on manual time.
+"""A GPU that left its pod: the pure decision (:mod:`eerld.pods.claims`) and the polling edge
+(:mod:`eerld.pods.watch`) with a fake kubelet and a fake daemon, on manual time.
 
 The attack over real sockets, as ``nobody`` on a per-GPU socket, is tests/security/test_claim_lifetime.py.
 """
@@ -14,9 +14,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from eerld.daemon import ClaimView
-from eerld.podclaims import PodClaims
-from eerld.podresources import DeviceAllocation, PodOwner, PodResourcesError, pods_by_uuid
-from eerld.podwatch import PodClaimWatch
+from eerld.pods.claims import PodClaims
+from eerld.pods.owners import DeviceAllocation, PodOwner, PodResourcesError, pods_by_uuid
+from eerld.pods.watch import PodClaimWatch
 from soak.daemon import wait_for
 
 G0 = "GPU-0000"

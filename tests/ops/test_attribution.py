@@ -29,7 +29,7 @@ from eerld.errors import BackendFailure, ConfigError
 from eerld.gpu.base import ClockEventReasons
 from eerld.grants import GrantSpec
 from eerld.metrics import CLOCK_EVENT_NAMES, DaemonMetricsSource, EerlMetrics, start_metrics_server
-from eerld.podresources import (
+from eerld.pods.owners import (
     DEFAULT_POD_RESOURCES_SOCKET,
     DeviceAllocation,
     GpuOwners,

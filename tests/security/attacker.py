@@ -33,7 +33,7 @@ from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2_grpc
 
-from eerld.api.csi import csi_pb2, csi_pb2_grpc
+from eerld.csi.proto import csi_pb2, csi_pb2_grpc
 
 STUBS: dict[str, Any] = {
     "PhaseService": pb_grpc.PhaseServiceStub,

@@ -2,7 +2,7 @@
 
 ``api.proto`` holds the few messages eerld needs (upstream's names and field numbers); ``api_pb2`` is
 generated from it (``make proto``). :class:`KubeletPodResources` is the
-:class:`~eerld.podresources.PodResourcesLister` that :mod:`eerld.api.server` hands the metrics.
+:class:`~eerld.pods.owners.PodResourcesLister` that :mod:`eerld.api.server` hands the metrics.
 """
 
 from eerld.api.podresources.client import LIST_METHOD, KubeletPodResources

@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 
 from eerld.api.podresources import api_pb2 as pb
-from eerld.podresources import DeviceAllocation, PodDevices, PodResourcesError
+from eerld.pods.owners import DeviceAllocation, PodDevices, PodResourcesError
 
 __all__ = ["LIST_METHOD", "MAX_RESPONSE_BYTES", "KubeletPodResources"]
 

@@ -10,7 +10,7 @@ import pytest
 from eerld.csi.eerld_admin import EerldAdmin
 from eerld.csi.node import NodePlugin
 from eerld.csi.records import VolumeRecords
-from eerld.podresources import DeviceAllocation, PodDevices, PodResourcesError
+from eerld.pods.owners import DeviceAllocation, PodDevices, PodResourcesError
 from eerld.testing import DaemonHandle
 from tests.conftest import short_socket_dir
 from tests.eerld.csi.harness import (

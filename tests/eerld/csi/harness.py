@@ -23,10 +23,10 @@ from typing import Any
 
 import grpc
 
-from eerld.api.csi import csi_pb2 as csi
-from eerld.api.csi import csi_pb2_grpc as csi_grpc
 from eerld.api.podresources import api_pb2 as kpb
 from eerld.csi.mounts import mount_points, unmount
+from eerld.csi.proto import csi_pb2 as csi
+from eerld.csi.proto import csi_pb2_grpc as csi_grpc
 from eerld.testing import DaemonHandle, FakeGpuBackend, running_daemon
 from soak.daemon import stop_process
 from tests.kubelet import pod_resources_server

@@ -13,10 +13,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from eerld.api.csi import csi_pb2 as csi
 from eerld.csi import DRIVER_NAME
 from eerld.csi.grant import grant_name
 from eerld.csi.mounts import is_mount_point
+from eerld.csi.proto import csi_pb2 as csi
 from eerld.testing import DaemonHandle
 from tests.eerld.csi.conftest import grant_names, holders, uuids
 from tests.eerld.csi.harness import (

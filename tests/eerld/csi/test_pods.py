@@ -9,7 +9,7 @@ from eerld.csi.pods import GpuRef, pod_gpus
 from eerld.csi.volume import parse_publish
 from eerld.errors import Conflict, NotFound, ValidationError
 from eerld.grants import is_grant_name
-from eerld.podresources import DeviceAllocation, PodDevices
+from eerld.pods.owners import DeviceAllocation, PodDevices
 
 UID = "0f8e2b1c-3d4a-4b5c-8d6e-7f8091a2b3c4"
 TARGET = f"/var/lib/kubelet/pods/{UID}/volumes/kubernetes.io~csi/eerl/mount"

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from eerld.api.csi import csi_pb2 as eerld_dot_api_dot_csi_dot_csi__pb2
+from eerld.csi.proto import csi_pb2 as eerld_dot_csi_dot_proto_dot_csi__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in eerld/api/csi/csi_pb2_grpc.py depends on'
+        + ' but the generated code in eerld/csi/proto/csi_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,18 +36,18 @@ class IdentityStub:
         """
         self.GetPluginInfo = channel.unary_unary(
                 '/csi.v1.Identity/GetPluginInfo',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetPluginInfoRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetPluginInfoResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetPluginInfoRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetPluginInfoResponse.FromString,
                 _registered_method=True)
         self.GetPluginCapabilities = channel.unary_unary(
                 '/csi.v1.Identity/GetPluginCapabilities',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetPluginCapabilitiesRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetPluginCapabilitiesResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetPluginCapabilitiesRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetPluginCapabilitiesResponse.FromString,
                 _registered_method=True)
         self.Probe = channel.unary_unary(
                 '/csi.v1.Identity/Probe',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.ProbeRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.ProbeResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ProbeRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ProbeResponse.FromString,
                 _registered_method=True)
 
 
@@ -77,18 +77,18 @@ def add_IdentityServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'GetPluginInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetPluginInfo,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetPluginInfoRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetPluginInfoResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetPluginInfoRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetPluginInfoResponse.SerializeToString,
             ),
             'GetPluginCapabilities': grpc.unary_unary_rpc_method_handler(
                     servicer.GetPluginCapabilities,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetPluginCapabilitiesRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetPluginCapabilitiesResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetPluginCapabilitiesRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetPluginCapabilitiesResponse.SerializeToString,
             ),
             'Probe': grpc.unary_unary_rpc_method_handler(
                     servicer.Probe,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.ProbeRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.ProbeResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ProbeRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ProbeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -116,8 +116,8 @@ class Identity:
             request,
             target,
             '/csi.v1.Identity/GetPluginInfo',
-            eerld_dot_api_dot_csi_dot_csi__pb2.GetPluginInfoRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.GetPluginInfoResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.GetPluginInfoRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.GetPluginInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -143,8 +143,8 @@ class Identity:
             request,
             target,
             '/csi.v1.Identity/GetPluginCapabilities',
-            eerld_dot_api_dot_csi_dot_csi__pb2.GetPluginCapabilitiesRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.GetPluginCapabilitiesResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.GetPluginCapabilitiesRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.GetPluginCapabilitiesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -170,8 +170,8 @@ class Identity:
             request,
             target,
             '/csi.v1.Identity/Probe',
-            eerld_dot_api_dot_csi_dot_csi__pb2.ProbeRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.ProbeResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.ProbeRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.ProbeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -194,78 +194,78 @@ class ControllerStub:
         """
         self.CreateVolume = channel.unary_unary(
                 '/csi.v1.Controller/CreateVolume',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.CreateVolumeRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.CreateVolumeResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.CreateVolumeRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.CreateVolumeResponse.FromString,
                 _registered_method=True)
         self.DeleteVolume = channel.unary_unary(
                 '/csi.v1.Controller/DeleteVolume',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.DeleteVolumeRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.DeleteVolumeResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.DeleteVolumeRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.DeleteVolumeResponse.FromString,
                 _registered_method=True)
         self.ControllerPublishVolume = channel.unary_unary(
                 '/csi.v1.Controller/ControllerPublishVolume',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.ControllerPublishVolumeRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.ControllerPublishVolumeResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerPublishVolumeRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerPublishVolumeResponse.FromString,
                 _registered_method=True)
         self.ControllerUnpublishVolume = channel.unary_unary(
                 '/csi.v1.Controller/ControllerUnpublishVolume',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.ControllerUnpublishVolumeRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.ControllerUnpublishVolumeResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerUnpublishVolumeRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerUnpublishVolumeResponse.FromString,
                 _registered_method=True)
         self.ValidateVolumeCapabilities = channel.unary_unary(
                 '/csi.v1.Controller/ValidateVolumeCapabilities',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.ValidateVolumeCapabilitiesRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.ValidateVolumeCapabilitiesResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ValidateVolumeCapabilitiesRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ValidateVolumeCapabilitiesResponse.FromString,
                 _registered_method=True)
         self.ListVolumes = channel.unary_unary(
                 '/csi.v1.Controller/ListVolumes',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.ListVolumesRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.ListVolumesResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ListVolumesRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ListVolumesResponse.FromString,
                 _registered_method=True)
         self.GetCapacity = channel.unary_unary(
                 '/csi.v1.Controller/GetCapacity',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetCapacityRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetCapacityResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetCapacityRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetCapacityResponse.FromString,
                 _registered_method=True)
         self.ControllerGetCapabilities = channel.unary_unary(
                 '/csi.v1.Controller/ControllerGetCapabilities',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.ControllerGetCapabilitiesRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.ControllerGetCapabilitiesResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerGetCapabilitiesRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerGetCapabilitiesResponse.FromString,
                 _registered_method=True)
         self.CreateSnapshot = channel.unary_unary(
                 '/csi.v1.Controller/CreateSnapshot',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.CreateSnapshotRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.CreateSnapshotResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.CreateSnapshotRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.CreateSnapshotResponse.FromString,
                 _registered_method=True)
         self.DeleteSnapshot = channel.unary_unary(
                 '/csi.v1.Controller/DeleteSnapshot',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.DeleteSnapshotRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.DeleteSnapshotResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.DeleteSnapshotRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.DeleteSnapshotResponse.FromString,
                 _registered_method=True)
         self.ListSnapshots = channel.unary_unary(
                 '/csi.v1.Controller/ListSnapshots',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.ListSnapshotsRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.ListSnapshotsResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ListSnapshotsRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ListSnapshotsResponse.FromString,
                 _registered_method=True)
         self.GetSnapshot = channel.unary_unary(
                 '/csi.v1.Controller/GetSnapshot',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetSnapshotRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetSnapshotResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetSnapshotRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetSnapshotResponse.FromString,
                 _registered_method=True)
         self.ControllerExpandVolume = channel.unary_unary(
                 '/csi.v1.Controller/ControllerExpandVolume',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.ControllerExpandVolumeRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.ControllerExpandVolumeResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerExpandVolumeRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerExpandVolumeResponse.FromString,
                 _registered_method=True)
         self.ControllerGetVolume = channel.unary_unary(
                 '/csi.v1.Controller/ControllerGetVolume',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.ControllerGetVolumeRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.ControllerGetVolumeResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerGetVolumeRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerGetVolumeResponse.FromString,
                 _registered_method=True)
         self.ControllerModifyVolume = channel.unary_unary(
                 '/csi.v1.Controller/ControllerModifyVolume',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.ControllerModifyVolumeRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.ControllerModifyVolumeResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerModifyVolumeRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerModifyVolumeResponse.FromString,
                 _registered_method=True)
 
 
@@ -367,78 +367,78 @@ def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'CreateVolume': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateVolume,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.CreateVolumeRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.CreateVolumeResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.CreateVolumeRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.CreateVolumeResponse.SerializeToString,
             ),
             'DeleteVolume': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteVolume,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.DeleteVolumeRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.DeleteVolumeResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.DeleteVolumeRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.DeleteVolumeResponse.SerializeToString,
             ),
             'ControllerPublishVolume': grpc.unary_unary_rpc_method_handler(
                     servicer.ControllerPublishVolume,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.ControllerPublishVolumeRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.ControllerPublishVolumeResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerPublishVolumeRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerPublishVolumeResponse.SerializeToString,
             ),
             'ControllerUnpublishVolume': grpc.unary_unary_rpc_method_handler(
                     servicer.ControllerUnpublishVolume,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.ControllerUnpublishVolumeRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.ControllerUnpublishVolumeResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerUnpublishVolumeRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerUnpublishVolumeResponse.SerializeToString,
             ),
             'ValidateVolumeCapabilities': grpc.unary_unary_rpc_method_handler(
                     servicer.ValidateVolumeCapabilities,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.ValidateVolumeCapabilitiesRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.ValidateVolumeCapabilitiesResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ValidateVolumeCapabilitiesRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ValidateVolumeCapabilitiesResponse.SerializeToString,
             ),
             'ListVolumes': grpc.unary_unary_rpc_method_handler(
                     servicer.ListVolumes,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.ListVolumesRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.ListVolumesResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ListVolumesRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ListVolumesResponse.SerializeToString,
             ),
             'GetCapacity': grpc.unary_unary_rpc_method_handler(
                     servicer.GetCapacity,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetCapacityRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetCapacityResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetCapacityRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetCapacityResponse.SerializeToString,
             ),
             'ControllerGetCapabilities': grpc.unary_unary_rpc_method_handler(
                     servicer.ControllerGetCapabilities,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.ControllerGetCapabilitiesRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.ControllerGetCapabilitiesResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerGetCapabilitiesRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerGetCapabilitiesResponse.SerializeToString,
             ),
             'CreateSnapshot': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateSnapshot,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.CreateSnapshotRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.CreateSnapshotResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.CreateSnapshotRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.CreateSnapshotResponse.SerializeToString,
             ),
             'DeleteSnapshot': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteSnapshot,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.DeleteSnapshotRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.DeleteSnapshotResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.DeleteSnapshotRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.DeleteSnapshotResponse.SerializeToString,
             ),
             'ListSnapshots': grpc.unary_unary_rpc_method_handler(
                     servicer.ListSnapshots,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.ListSnapshotsRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.ListSnapshotsResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ListSnapshotsRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ListSnapshotsResponse.SerializeToString,
             ),
             'GetSnapshot': grpc.unary_unary_rpc_method_handler(
                     servicer.GetSnapshot,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetSnapshotRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetSnapshotResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetSnapshotRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetSnapshotResponse.SerializeToString,
             ),
             'ControllerExpandVolume': grpc.unary_unary_rpc_method_handler(
                     servicer.ControllerExpandVolume,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.ControllerExpandVolumeRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.ControllerExpandVolumeResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerExpandVolumeRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerExpandVolumeResponse.SerializeToString,
             ),
             'ControllerGetVolume': grpc.unary_unary_rpc_method_handler(
                     servicer.ControllerGetVolume,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.ControllerGetVolumeRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.ControllerGetVolumeResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerGetVolumeRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerGetVolumeResponse.SerializeToString,
             ),
             'ControllerModifyVolume': grpc.unary_unary_rpc_method_handler(
                     servicer.ControllerModifyVolume,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.ControllerModifyVolumeRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.ControllerModifyVolumeResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerModifyVolumeRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerModifyVolumeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -466,8 +466,8 @@ class Controller:
             request,
             target,
             '/csi.v1.Controller/CreateVolume',
-            eerld_dot_api_dot_csi_dot_csi__pb2.CreateVolumeRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.CreateVolumeResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.CreateVolumeRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.CreateVolumeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -493,8 +493,8 @@ class Controller:
             request,
             target,
             '/csi.v1.Controller/DeleteVolume',
-            eerld_dot_api_dot_csi_dot_csi__pb2.DeleteVolumeRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.DeleteVolumeResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.DeleteVolumeRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.DeleteVolumeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -520,8 +520,8 @@ class Controller:
             request,
             target,
             '/csi.v1.Controller/ControllerPublishVolume',
-            eerld_dot_api_dot_csi_dot_csi__pb2.ControllerPublishVolumeRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.ControllerPublishVolumeResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerPublishVolumeRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerPublishVolumeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -547,8 +547,8 @@ class Controller:
             request,
             target,
             '/csi.v1.Controller/ControllerUnpublishVolume',
-            eerld_dot_api_dot_csi_dot_csi__pb2.ControllerUnpublishVolumeRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.ControllerUnpublishVolumeResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerUnpublishVolumeRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerUnpublishVolumeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -574,8 +574,8 @@ class Controller:
             request,
             target,
             '/csi.v1.Controller/ValidateVolumeCapabilities',
-            eerld_dot_api_dot_csi_dot_csi__pb2.ValidateVolumeCapabilitiesRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.ValidateVolumeCapabilitiesResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.ValidateVolumeCapabilitiesRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.ValidateVolumeCapabilitiesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -601,8 +601,8 @@ class Controller:
             request,
             target,
             '/csi.v1.Controller/ListVolumes',
-            eerld_dot_api_dot_csi_dot_csi__pb2.ListVolumesRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.ListVolumesResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.ListVolumesRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.ListVolumesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -628,8 +628,8 @@ class Controller:
             request,
             target,
             '/csi.v1.Controller/GetCapacity',
-            eerld_dot_api_dot_csi_dot_csi__pb2.GetCapacityRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.GetCapacityResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.GetCapacityRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.GetCapacityResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -655,8 +655,8 @@ class Controller:
             request,
             target,
             '/csi.v1.Controller/ControllerGetCapabilities',
-            eerld_dot_api_dot_csi_dot_csi__pb2.ControllerGetCapabilitiesRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.ControllerGetCapabilitiesResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerGetCapabilitiesRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerGetCapabilitiesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -682,8 +682,8 @@ class Controller:
             request,
             target,
             '/csi.v1.Controller/CreateSnapshot',
-            eerld_dot_api_dot_csi_dot_csi__pb2.CreateSnapshotRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.CreateSnapshotResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.CreateSnapshotRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.CreateSnapshotResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -709,8 +709,8 @@ class Controller:
             request,
             target,
             '/csi.v1.Controller/DeleteSnapshot',
-            eerld_dot_api_dot_csi_dot_csi__pb2.DeleteSnapshotRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.DeleteSnapshotResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.DeleteSnapshotRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.DeleteSnapshotResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -736,8 +736,8 @@ class Controller:
             request,
             target,
             '/csi.v1.Controller/ListSnapshots',
-            eerld_dot_api_dot_csi_dot_csi__pb2.ListSnapshotsRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.ListSnapshotsResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.ListSnapshotsRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.ListSnapshotsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -763,8 +763,8 @@ class Controller:
             request,
             target,
             '/csi.v1.Controller/GetSnapshot',
-            eerld_dot_api_dot_csi_dot_csi__pb2.GetSnapshotRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.GetSnapshotResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.GetSnapshotRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.GetSnapshotResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -790,8 +790,8 @@ class Controller:
             request,
             target,
             '/csi.v1.Controller/ControllerExpandVolume',
-            eerld_dot_api_dot_csi_dot_csi__pb2.ControllerExpandVolumeRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.ControllerExpandVolumeResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerExpandVolumeRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerExpandVolumeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -817,8 +817,8 @@ class Controller:
             request,
             target,
             '/csi.v1.Controller/ControllerGetVolume',
-            eerld_dot_api_dot_csi_dot_csi__pb2.ControllerGetVolumeRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.ControllerGetVolumeResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerGetVolumeRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerGetVolumeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -844,8 +844,8 @@ class Controller:
             request,
             target,
             '/csi.v1.Controller/ControllerModifyVolume',
-            eerld_dot_api_dot_csi_dot_csi__pb2.ControllerModifyVolumeRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.ControllerModifyVolumeResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerModifyVolumeRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.ControllerModifyVolumeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -868,23 +868,23 @@ class GroupControllerStub:
         """
         self.GroupControllerGetCapabilities = channel.unary_unary(
                 '/csi.v1.GroupController/GroupControllerGetCapabilities',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.GroupControllerGetCapabilitiesRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.GroupControllerGetCapabilitiesResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GroupControllerGetCapabilitiesRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GroupControllerGetCapabilitiesResponse.FromString,
                 _registered_method=True)
         self.CreateVolumeGroupSnapshot = channel.unary_unary(
                 '/csi.v1.GroupController/CreateVolumeGroupSnapshot',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.CreateVolumeGroupSnapshotRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.CreateVolumeGroupSnapshotResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.CreateVolumeGroupSnapshotRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.CreateVolumeGroupSnapshotResponse.FromString,
                 _registered_method=True)
         self.DeleteVolumeGroupSnapshot = channel.unary_unary(
                 '/csi.v1.GroupController/DeleteVolumeGroupSnapshot',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.DeleteVolumeGroupSnapshotRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.DeleteVolumeGroupSnapshotResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.DeleteVolumeGroupSnapshotRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.DeleteVolumeGroupSnapshotResponse.FromString,
                 _registered_method=True)
         self.GetVolumeGroupSnapshot = channel.unary_unary(
                 '/csi.v1.GroupController/GetVolumeGroupSnapshot',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetVolumeGroupSnapshotRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetVolumeGroupSnapshotResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetVolumeGroupSnapshotRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetVolumeGroupSnapshotResponse.FromString,
                 _registered_method=True)
 
 
@@ -920,23 +920,23 @@ def add_GroupControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'GroupControllerGetCapabilities': grpc.unary_unary_rpc_method_handler(
                     servicer.GroupControllerGetCapabilities,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.GroupControllerGetCapabilitiesRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.GroupControllerGetCapabilitiesResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GroupControllerGetCapabilitiesRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GroupControllerGetCapabilitiesResponse.SerializeToString,
             ),
             'CreateVolumeGroupSnapshot': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateVolumeGroupSnapshot,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.CreateVolumeGroupSnapshotRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.CreateVolumeGroupSnapshotResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.CreateVolumeGroupSnapshotRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.CreateVolumeGroupSnapshotResponse.SerializeToString,
             ),
             'DeleteVolumeGroupSnapshot': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteVolumeGroupSnapshot,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.DeleteVolumeGroupSnapshotRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.DeleteVolumeGroupSnapshotResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.DeleteVolumeGroupSnapshotRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.DeleteVolumeGroupSnapshotResponse.SerializeToString,
             ),
             'GetVolumeGroupSnapshot': grpc.unary_unary_rpc_method_handler(
                     servicer.GetVolumeGroupSnapshot,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetVolumeGroupSnapshotRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetVolumeGroupSnapshotResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetVolumeGroupSnapshotRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetVolumeGroupSnapshotResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -964,8 +964,8 @@ class GroupController:
             request,
             target,
             '/csi.v1.GroupController/GroupControllerGetCapabilities',
-            eerld_dot_api_dot_csi_dot_csi__pb2.GroupControllerGetCapabilitiesRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.GroupControllerGetCapabilitiesResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.GroupControllerGetCapabilitiesRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.GroupControllerGetCapabilitiesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -991,8 +991,8 @@ class GroupController:
             request,
             target,
             '/csi.v1.GroupController/CreateVolumeGroupSnapshot',
-            eerld_dot_api_dot_csi_dot_csi__pb2.CreateVolumeGroupSnapshotRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.CreateVolumeGroupSnapshotResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.CreateVolumeGroupSnapshotRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.CreateVolumeGroupSnapshotResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1018,8 +1018,8 @@ class GroupController:
             request,
             target,
             '/csi.v1.GroupController/DeleteVolumeGroupSnapshot',
-            eerld_dot_api_dot_csi_dot_csi__pb2.DeleteVolumeGroupSnapshotRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.DeleteVolumeGroupSnapshotResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.DeleteVolumeGroupSnapshotRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.DeleteVolumeGroupSnapshotResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1045,8 +1045,8 @@ class GroupController:
             request,
             target,
             '/csi.v1.GroupController/GetVolumeGroupSnapshot',
-            eerld_dot_api_dot_csi_dot_csi__pb2.GetVolumeGroupSnapshotRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.GetVolumeGroupSnapshotResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.GetVolumeGroupSnapshotRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.GetVolumeGroupSnapshotResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1069,13 +1069,13 @@ class SnapshotMetadataStub:
         """
         self.GetMetadataAllocated = channel.unary_stream(
                 '/csi.v1.SnapshotMetadata/GetMetadataAllocated',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetMetadataAllocatedRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetMetadataAllocatedResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetMetadataAllocatedRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetMetadataAllocatedResponse.FromString,
                 _registered_method=True)
         self.GetMetadataDelta = channel.unary_stream(
                 '/csi.v1.SnapshotMetadata/GetMetadataDelta',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetMetadataDeltaRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetMetadataDeltaResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetMetadataDeltaRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetMetadataDeltaResponse.FromString,
                 _registered_method=True)
 
 
@@ -1099,13 +1099,13 @@ def add_SnapshotMetadataServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'GetMetadataAllocated': grpc.unary_stream_rpc_method_handler(
                     servicer.GetMetadataAllocated,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetMetadataAllocatedRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetMetadataAllocatedResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetMetadataAllocatedRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetMetadataAllocatedResponse.SerializeToString,
             ),
             'GetMetadataDelta': grpc.unary_stream_rpc_method_handler(
                     servicer.GetMetadataDelta,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetMetadataDeltaRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.GetMetadataDeltaResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetMetadataDeltaRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.GetMetadataDeltaResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1133,8 +1133,8 @@ class SnapshotMetadata:
             request,
             target,
             '/csi.v1.SnapshotMetadata/GetMetadataAllocated',
-            eerld_dot_api_dot_csi_dot_csi__pb2.GetMetadataAllocatedRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.GetMetadataAllocatedResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.GetMetadataAllocatedRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.GetMetadataAllocatedResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1160,8 +1160,8 @@ class SnapshotMetadata:
             request,
             target,
             '/csi.v1.SnapshotMetadata/GetMetadataDelta',
-            eerld_dot_api_dot_csi_dot_csi__pb2.GetMetadataDeltaRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.GetMetadataDeltaResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.GetMetadataDeltaRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.GetMetadataDeltaResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1184,43 +1184,43 @@ class NodeStub:
         """
         self.NodeStageVolume = channel.unary_unary(
                 '/csi.v1.Node/NodeStageVolume',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeStageVolumeRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeStageVolumeResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeStageVolumeRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeStageVolumeResponse.FromString,
                 _registered_method=True)
         self.NodeUnstageVolume = channel.unary_unary(
                 '/csi.v1.Node/NodeUnstageVolume',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeUnstageVolumeRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeUnstageVolumeResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeUnstageVolumeRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeUnstageVolumeResponse.FromString,
                 _registered_method=True)
         self.NodePublishVolume = channel.unary_unary(
                 '/csi.v1.Node/NodePublishVolume',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodePublishVolumeRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodePublishVolumeResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodePublishVolumeRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodePublishVolumeResponse.FromString,
                 _registered_method=True)
         self.NodeUnpublishVolume = channel.unary_unary(
                 '/csi.v1.Node/NodeUnpublishVolume',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeUnpublishVolumeRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeUnpublishVolumeResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeUnpublishVolumeRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeUnpublishVolumeResponse.FromString,
                 _registered_method=True)
         self.NodeGetVolumeStats = channel.unary_unary(
                 '/csi.v1.Node/NodeGetVolumeStats',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeGetVolumeStatsRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeGetVolumeStatsResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeGetVolumeStatsRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeGetVolumeStatsResponse.FromString,
                 _registered_method=True)
         self.NodeExpandVolume = channel.unary_unary(
                 '/csi.v1.Node/NodeExpandVolume',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeExpandVolumeRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeExpandVolumeResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeExpandVolumeRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeExpandVolumeResponse.FromString,
                 _registered_method=True)
         self.NodeGetCapabilities = channel.unary_unary(
                 '/csi.v1.Node/NodeGetCapabilities',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeGetCapabilitiesRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeGetCapabilitiesResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeGetCapabilitiesRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeGetCapabilitiesResponse.FromString,
                 _registered_method=True)
         self.NodeGetInfo = channel.unary_unary(
                 '/csi.v1.Node/NodeGetInfo',
-                request_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeGetInfoRequest.SerializeToString,
-                response_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeGetInfoResponse.FromString,
+                request_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeGetInfoRequest.SerializeToString,
+                response_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeGetInfoResponse.FromString,
                 _registered_method=True)
 
 
@@ -1280,43 +1280,43 @@ def add_NodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'NodeStageVolume': grpc.unary_unary_rpc_method_handler(
                     servicer.NodeStageVolume,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeStageVolumeRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeStageVolumeResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeStageVolumeRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeStageVolumeResponse.SerializeToString,
             ),
             'NodeUnstageVolume': grpc.unary_unary_rpc_method_handler(
                     servicer.NodeUnstageVolume,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeUnstageVolumeRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeUnstageVolumeResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeUnstageVolumeRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeUnstageVolumeResponse.SerializeToString,
             ),
             'NodePublishVolume': grpc.unary_unary_rpc_method_handler(
                     servicer.NodePublishVolume,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodePublishVolumeRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodePublishVolumeResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodePublishVolumeRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodePublishVolumeResponse.SerializeToString,
             ),
             'NodeUnpublishVolume': grpc.unary_unary_rpc_method_handler(
                     servicer.NodeUnpublishVolume,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeUnpublishVolumeRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeUnpublishVolumeResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeUnpublishVolumeRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeUnpublishVolumeResponse.SerializeToString,
             ),
             'NodeGetVolumeStats': grpc.unary_unary_rpc_method_handler(
                     servicer.NodeGetVolumeStats,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeGetVolumeStatsRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeGetVolumeStatsResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeGetVolumeStatsRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeGetVolumeStatsResponse.SerializeToString,
             ),
             'NodeExpandVolume': grpc.unary_unary_rpc_method_handler(
                     servicer.NodeExpandVolume,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeExpandVolumeRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeExpandVolumeResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeExpandVolumeRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeExpandVolumeResponse.SerializeToString,
             ),
             'NodeGetCapabilities': grpc.unary_unary_rpc_method_handler(
                     servicer.NodeGetCapabilities,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeGetCapabilitiesRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeGetCapabilitiesResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeGetCapabilitiesRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeGetCapabilitiesResponse.SerializeToString,
             ),
             'NodeGetInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.NodeGetInfo,
-                    request_deserializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeGetInfoRequest.FromString,
-                    response_serializer=eerld_dot_api_dot_csi_dot_csi__pb2.NodeGetInfoResponse.SerializeToString,
+                    request_deserializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeGetInfoRequest.FromString,
+                    response_serializer=eerld_dot_csi_dot_proto_dot_csi__pb2.NodeGetInfoResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1344,8 +1344,8 @@ class Node:
             request,
             target,
             '/csi.v1.Node/NodeStageVolume',
-            eerld_dot_api_dot_csi_dot_csi__pb2.NodeStageVolumeRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.NodeStageVolumeResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.NodeStageVolumeRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.NodeStageVolumeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1371,8 +1371,8 @@ class Node:
             request,
             target,
             '/csi.v1.Node/NodeUnstageVolume',
-            eerld_dot_api_dot_csi_dot_csi__pb2.NodeUnstageVolumeRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.NodeUnstageVolumeResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.NodeUnstageVolumeRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.NodeUnstageVolumeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1398,8 +1398,8 @@ class Node:
             request,
             target,
             '/csi.v1.Node/NodePublishVolume',
-            eerld_dot_api_dot_csi_dot_csi__pb2.NodePublishVolumeRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.NodePublishVolumeResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.NodePublishVolumeRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.NodePublishVolumeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1425,8 +1425,8 @@ class Node:
             request,
             target,
             '/csi.v1.Node/NodeUnpublishVolume',
-            eerld_dot_api_dot_csi_dot_csi__pb2.NodeUnpublishVolumeRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.NodeUnpublishVolumeResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.NodeUnpublishVolumeRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.NodeUnpublishVolumeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1452,8 +1452,8 @@ class Node:
             request,
             target,
             '/csi.v1.Node/NodeGetVolumeStats',
-            eerld_dot_api_dot_csi_dot_csi__pb2.NodeGetVolumeStatsRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.NodeGetVolumeStatsResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.NodeGetVolumeStatsRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.NodeGetVolumeStatsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1479,8 +1479,8 @@ class Node:
             request,
             target,
             '/csi.v1.Node/NodeExpandVolume',
-            eerld_dot_api_dot_csi_dot_csi__pb2.NodeExpandVolumeRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.NodeExpandVolumeResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.NodeExpandVolumeRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.NodeExpandVolumeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1506,8 +1506,8 @@ class Node:
             request,
             target,
             '/csi.v1.Node/NodeGetCapabilities',
-            eerld_dot_api_dot_csi_dot_csi__pb2.NodeGetCapabilitiesRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.NodeGetCapabilitiesResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.NodeGetCapabilitiesRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.NodeGetCapabilitiesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1533,8 +1533,8 @@ class Node:
             request,
             target,
             '/csi.v1.Node/NodeGetInfo',
-            eerld_dot_api_dot_csi_dot_csi__pb2.NodeGetInfoRequest.SerializeToString,
-            eerld_dot_api_dot_csi_dot_csi__pb2.NodeGetInfoResponse.FromString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.NodeGetInfoRequest.SerializeToString,
+            eerld_dot_csi_dot_proto_dot_csi__pb2.NodeGetInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,

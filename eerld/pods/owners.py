@@ -9,7 +9,7 @@ This module is plain Python: the gRPC client (:mod:`eerld.api.podresources`) is 
 owners`, which lists again when the last answer is older than ``refresh_s``, waiting at most ``timeout_s``;
 when the kubelet does not answer, the last answer serves for up to ``max_stale_s`` (then nothing), so that
 a slow or restarting kubelet never slows or fails a scrape. :func:`pods_by_uuid` gives every pod of each GPU
-for the watch that ends the sessions of GPUs that left their pod (:mod:`eerld.podclaims`).
+for the watch that ends the sessions of GPUs that left their pod (:mod:`eerld.pods.claims`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ __all__ = [
     "pods_by_uuid",
 ]
 
-log = structlog.get_logger("eerld.podresources")
+log = structlog.get_logger("eerld.pods.owners")
 
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 GPU_RESOURCE_NAMES = ("nvidia.com/gpu", "nvidia.com/gpu.shared")

@@ -7,7 +7,7 @@ and perhaps locked low, while the kubelet gives it to the next pod. :class:`PodC
 session, which pods the kubelet allocated each of its GPUs to when a listing first showed the GPU allocated
 after the session opened, and names the sessions to end once a GPU is allocated to none of those pods.
 
-It takes the kubelet's listings and the time as arguments and does no I/O; :mod:`eerld.podwatch` polls the
+It takes the kubelet's listings and the time as arguments and does no I/O; :mod:`eerld.pods.watch` polls the
 kubelet and ends the sessions. The rules, each for a reason:
 
 - A GPU no listing has shown allocated since the session opened is not judged: a host process, a node
@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from eerld.podresources import DeviceAllocation, PodOwner, pods_by_uuid
+from eerld.pods.owners import DeviceAllocation, PodOwner, pods_by_uuid
 
 __all__ = ["LeftPod", "PodClaims"]
 

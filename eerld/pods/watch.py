@@ -1,7 +1,7 @@
 """The pod-resources watch: end the session of a GPU that left its pod (Kubernetes), polling the kubelet.
 
 Every ``poll_s`` it takes the daemon's open sessions, then lists the kubelet's allocations (waiting at most
-``timeout_s``), and hands both to :class:`~eerld.podclaims.PodClaims`, which decides; each session it names
+``timeout_s``), and hands both to :class:`~eerld.pods.claims.PodClaims`, which decides; each session it names
 is ended as a lease expiry ends one (its GPUs reset, its claim freed) with the reason in the log. A kubelet
 that does not answer ends nothing (fail-open, one warning per outage); with ``--pod-resources-socket auto``
 and no kubelet on the node it lists nothing and says nothing.
@@ -17,13 +17,13 @@ from typing import Protocol
 import structlog
 
 from eerld.daemon import ClaimView
-from eerld.podclaims import LeftPod, PodClaims
-from eerld.podresources import REFRESH_S, TIMEOUT_S, DeviceAllocation, PodResourcesLister
+from eerld.pods.claims import LeftPod, PodClaims
+from eerld.pods.owners import REFRESH_S, TIMEOUT_S, DeviceAllocation, PodResourcesLister
 from eerld.sessions import short_id
 
 __all__ = ["PodClaimWatch", "SessionHolder"]
 
-log = structlog.get_logger("eerld.podwatch")
+log = structlog.get_logger("eerld.pods.watch")
 
 
 class SessionHolder(Protocol):
@@ -53,7 +53,7 @@ class PodClaimWatch:
     ) -> None:
         """``present`` says whether the kubelet is on this node at all (``auto``: its socket exists); when
         it is not, a poll lists nothing and logs nothing. A GPU is gone from its pod once listings for
-        ``poll_s`` in a row said so (:class:`~eerld.podclaims.PodClaims`)."""
+        ``poll_s`` in a row said so (:class:`~eerld.pods.claims.PodClaims`)."""
         self._daemon = daemon
         self._lister = lister
         self._poll_s = poll_s
