@@ -18,7 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from eerl.control import numeric
+
 FloatArray = npt.NDArray[np.float64]
+
+_LN2 = 0.6931471805599453
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +127,7 @@ class ClockCurve:
         clocks = np.array([t.sm_clock_mhz for t in trials], dtype=np.float64)
         times, energies = self.ratios(trials)
         ages = now_iteration - np.array([t.iteration for t in trials], dtype=np.float64)
-        age_weight = 0.5 ** (np.maximum(ages, 0.0) / self._half_life)
+        age_weight = numeric.exp(np.maximum(ages, 0.0) * (-_LN2 / self._half_life))  # halves per half-life
         base = _weights(grid, clocks, self._bandwidth_mhz, age_weight)
         # The fit at a trial depends only on its clock: fit once per distinct clock (a committed clock
         # holds most trials) and spread the result back to the trials.
@@ -148,7 +152,8 @@ def _weights(
     points: FloatArray, clocks: FloatArray, bandwidth_mhz: float, age_weight: FloatArray
 ) -> FloatArray:
     """Gaussian kernel of each point (rows) to each trial clock (columns), times the trials' age weights."""
-    kernel = np.exp(-0.5 * ((points[:, None] - clocks[None, :]) / bandwidth_mhz) ** 2)
+    z = (points[:, None] - clocks[None, :]) / bandwidth_mhz
+    kernel = numeric.exp(-0.5 * z * z)
     return kernel * age_weight[None, :]
 
 
@@ -178,8 +183,8 @@ def _local_linear(
     """Weighted local-linear regression of values on clock, evaluated at each grid point."""
     sw = weights.sum(axis=1)
     safe = np.maximum(sw, 1e-300)
-    mean_x = (weights @ clocks) / safe
-    mean_y = (weights @ values) / safe
+    mean_x = numeric.dot_rows(weights, clocks) / safe
+    mean_y = numeric.dot_rows(weights, values) / safe
     dx = clocks[None, :] - mean_x[:, None]
     var_x = (weights * dx * dx).sum(axis=1)
     cov = (weights * dx * (values[None, :] - mean_y[:, None])).sum(axis=1)

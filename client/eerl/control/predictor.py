@@ -22,6 +22,7 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from eerl.control import numeric
 from eerl.phases import PhaseKind, Workload
 
 _T = TypeVar("_T")
@@ -230,8 +231,8 @@ class BaselinePredictor:
             self._model = self._fit()
         x_mean, slopes_d_e, d_mean, e_mean = self._model
         rel = np.clip(_relative(workload_features(self._kind, workload), x_mean), -0.9, 3.0)
-        factor_d = max(0.05, 1.0 + float(rel @ slopes_d_e[0]))
-        factor_e = max(0.05, 1.0 + float(rel @ slopes_d_e[1]))
+        factor_d = max(0.05, 1.0 + numeric.dot(rel, slopes_d_e[0]))
+        factor_e = max(0.05, 1.0 + numeric.dot(rel, slopes_d_e[1]))
         return Prediction(duration_s=d_mean * factor_d, energy_j=e_mean * factor_e)
 
     def predict_many(
@@ -245,8 +246,8 @@ class BaselinePredictor:
             self._model = self._fit()
         x_mean, slopes, d_mean, e_mean = self._model
         rel = np.clip(_relative(features, x_mean), -0.9, 3.0)
-        factor_d = np.maximum(0.05, 1.0 + rel @ slopes[0])
-        factor_e = np.maximum(0.05, 1.0 + rel @ slopes[1])
+        factor_d = np.maximum(0.05, 1.0 + numeric.dot_rows(rel, slopes[0]))
+        factor_e = np.maximum(0.05, 1.0 + numeric.dot_rows(rel, slopes[1]))
         return d_mean * factor_d, e_mean * factor_e
 
     def _fit(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], float, float]:
@@ -279,7 +280,8 @@ class BaselinePredictor:
         gram = total.gram + _RIDGE * np.eye(len(x_mean))
         # Shrunk towards the prior: solve for the deviation from it, duration and energy at once.
         moments = np.stack((total.moment_duration, total.moment_energy), axis=1)
-        deviation = np.linalg.solve(gram, moments - (total.gram @ prior)[:, None])
+        # Solved in plain floats (numeric.solve): a LAPACK kernel's rounding must not steer a decision.
+        deviation = numeric.solve(gram, moments - numeric.dot_rows(total.gram, prior)[:, None])
         slopes = prior[None, :] + deviation.T
         return x_mean, slopes, level_duration, level_energy
 
@@ -306,9 +308,9 @@ def _moments(
     """A group's terms, relative to its own means: the slopes are elasticities, whatever its level."""
     rel = _relative(features, features.mean(axis=0))
     return _Moments(
-        rel.T @ rel,
-        rel.T @ (durations / float(durations.mean()) - 1.0),
-        rel.T @ (energies / float(energies.mean()) - 1.0),
+        numeric.gram(rel),
+        numeric.cross(rel, durations / float(durations.mean()) - 1.0),
+        numeric.cross(rel, energies / float(energies.mean()) - 1.0),
     )
 
 
