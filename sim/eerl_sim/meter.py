@@ -16,6 +16,7 @@ from collections import deque
 
 import numpy as np
 
+from eerl_sim.counters import last_steps_s
 from eerl_sim.workload import FloatArray
 
 
@@ -67,7 +68,7 @@ class EnergyCounters:
 
     def read(self) -> FloatArray:
         """Each GPU's counter at :attr:`now_s`: the true energy at its last step (joules)."""
-        steps = self._offset + self._period * np.floor((self._now - self._offset) / self._period)
+        steps = last_steps_s(self._now, self._period, self._offset)
         value = self._total.copy()
         for start, busy, power, end, at_start in self._recent:
             inside = (steps >= start) & (steps < end)

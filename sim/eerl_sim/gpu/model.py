@@ -20,6 +20,7 @@ from functools import partial
 import numpy as np
 
 from eerl_sim import physics
+from eerl_sim.counters import last_step_s
 from eerl_sim.gpu.state import (
     H_CLOCK,
     H_END,
@@ -313,7 +314,7 @@ class GpuModel:
         Advancing a GPU from ``t0`` to ``t1`` moves its counter only when ``counter_step_s(t1) > t0``: a
         read in the same step as the stored state needs no advance (:meth:`SimDevice.read_counter_mj`).
         """
-        return math.floor(time_s / self.counter_period_s) * self.counter_period_s
+        return last_step_s(time_s, self.counter_period_s)
 
     @staticmethod
     def counter_mj(gpu: GpuState) -> int:
