@@ -25,6 +25,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from eerl._version import __version__
 from eerl.errors import ConfigError
 from eerl.link.sidecar import SidecarForeign, SidecarHttp, SidecarUnreachable
 from eerl.sidecar._address import SidecarAddress, parse_address
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--strict", action="store_true", help="exit 1 when the event did not get through")
     common.add_argument("--json", action="store_true", help="print the sidecar's answer")
     parser = argparse.ArgumentParser(prog="eerl", description="eerl phase events through the job's sidecar")
+    parser.add_argument("--version", action="version", version=f"eerl {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     phase = commands.add_parser("phase", help="a phase begins or ends")
     edges = phase.add_subparsers(dest="edge", required=True)
