@@ -386,6 +386,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Administer eerld, the energy-efficient RL clock daemon of this node.",
         parents=[_common_options(suppress=False)],
     )
+    parser.add_argument("--version", action="version", version=f"eerlctl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = _common_options(suppress=True)
     parsers = {

@@ -12,6 +12,7 @@ alone.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from eerl.job.admission import JobPolicy
 
 from eerld.config import Config
 from eerld.daemon import Daemon
-from eerld.errors import ConfigError
+from eerld.errors import BackendFailure, ConfigError
 from eerld.gpu.base import GpuBackend
 from eerld.gpu.energy_sampler import SampledEnergyBackend
 from eerld.gpu.observe_only import ObserveOnlyBackend
@@ -29,7 +30,7 @@ from eerld.metrics import MetricsServer, start_metrics_server
 from eerld.pods.owners import GpuOwners
 from eerld.pods.watch import PodClaimWatch
 
-__all__ = ["SIM_BACKEND_MODULE", "SIM_MISSING_ERROR", "App", "build", "create_backend"]
+__all__ = ["SIM_BACKEND_MODULE", "SIM_MISSING_ERROR", "App", "build", "create_backend", "nvml_unavailable"]
 
 SIM_BACKEND_MODULE = "eerl_sim.gpu"
 """The sim backend: a distribution of its own (eerl-sim), loaded by this name when ``--backend sim`` runs."""
@@ -37,6 +38,14 @@ SIM_MISSING_ERROR = (
     "--backend sim: the simulator is not installed: pip install eerl-sim "
     "(from a checkout: pip install -e ./sim)"
 )
+
+
+def nvml_unavailable(error: Exception) -> str:
+    """The one line for a node where NVML cannot start: why, and the simulator to try eerld without GPUs."""
+    sim = "eerld --backend sim"
+    if importlib.util.find_spec("eerl_sim") is None:
+        sim += " (pip install eerl-sim)"
+    return f"NVML is not available ({error}); to try eerld without NVIDIA GPUs, run the simulator: {sim}"
 
 
 @dataclass
@@ -99,7 +108,10 @@ def create_backend(config: Config, *, backend: GpuBackend | None = None) -> GpuB
         else:
             from eerld.gpu.nvml import NvmlBackend  # noqa: PLC0415 - the only path that loads pynvml
 
-            backend = NvmlBackend(use_locked_clocks=config.clock_actuator == "lock")
+            try:
+                backend = NvmlBackend(use_locked_clocks=config.clock_actuator == "lock")
+            except BackendFailure as e:  # no pynvml, no libnvidia-ml, no driver: say what to try instead
+                raise BackendFailure(nvml_unavailable(e)) from e
             if config.energy_sample_ms > 0 and not config.reset_clocks:
                 backend = SampledEnergyBackend(backend, period_s=config.energy_sample_ms / 1000.0)
     if config.dry_run:

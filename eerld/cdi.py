@@ -70,7 +70,7 @@ from typing import Any, NoReturn, TextIO
 
 import yaml
 
-from eerld import files
+from eerld import __version__, files
 from eerld.errors import ConfigError
 
 GPU_KINDS = ("nvidia.com/gpu", "k8s.device-plugin.nvidia.com/gpu")
@@ -368,6 +368,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="eerl-cdi",
         description="Give each GPU device of an NVIDIA CDI spec a bind mount of its eerld socket directory.",
     )
+    p.add_argument("--version", action="version", version=f"eerl-cdi {__version__}")
     p.add_argument("--nvidia-spec", type=Path, required=True, help="the CDI spec (.yaml or .json) to patch")
     p.add_argument(
         "--socket-dir", required=True, help="eerld's --gpu-socket-dir as the host sees it (/run/eerld/gpus)"

@@ -44,6 +44,8 @@ import grpc
 from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
+from eerld.app import nvml_unavailable
+from eerld.errors import BackendFailure
 from eerld.gpu.nvml import NvmlBackend
 from perf.stats import percentile as pct
 
@@ -315,7 +317,11 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {}
-    with NvmlBackend() as backend, tempfile.TemporaryDirectory(prefix="eerl-gpu-", dir="/tmp") as d:
+    try:
+        nvml = NvmlBackend()
+    except BackendFailure as e:  # no NVML here: one line, not a traceback
+        sys.exit(f"python -m perf.real_gpu: needs an NVIDIA GPU: {nvml_unavailable(e)}")
+    with nvml as backend, tempfile.TemporaryDirectory(prefix="eerl-gpu-", dir="/tmp") as d:
         tmp = Path(d)
         gpu = backend.inventory()[0]
         clocks_before = backend.clocks(0)

@@ -1,3 +1,8 @@
-"""The client's version, in one place."""
+"""The client's version, in one place: the installed eerl-client distribution's (what its wheel carries)."""
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("eerl-client")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
+    __version__ = "0.0.0+unknown"

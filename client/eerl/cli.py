@@ -22,9 +22,10 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from eerl._version import __version__
 from eerl.errors import ConfigError
 from eerl.link.sidecar import SidecarForeign, SidecarHttp, SidecarUnreachable
 from eerl.sidecar._address import SidecarAddress, parse_address
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--strict", action="store_true", help="exit 1 when the event did not get through")
     common.add_argument("--json", action="store_true", help="print the sidecar's answer")
     parser = argparse.ArgumentParser(prog="eerl", description="eerl phase events through the job's sidecar")
+    parser.add_argument("--version", action="version", version=f"eerl {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     phase = commands.add_parser("phase", help="a phase begins or ends")
     edges = phase.add_subparsers(dest="edge", required=True)
@@ -104,7 +106,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1 if args.strict else 0
     if args.json:
         print(json.dumps(reply, separators=(",", ":")))
+    elif args.command == "status":
+        print("\n".join(status_lines(reply)))
     return 0
+
+
+def status_lines(reply: Mapping[str, Any]) -> list[str]:
+    """``eerl status`` for people: the sidecar's answer (``GET /v1/status``) in a few lines."""
+    gpus = ",".join(str(g) for g in reply.get("gpus") or []) or "none named"
+    if not reply.get("enabled", True):
+        link = "off (eerl is disabled for this job; it runs at the default clocks)"
+    elif reply.get("connected"):
+        session = reply.get("session")
+        link = f"connected to eerld, session {session}" if session else "connected to eerld"
+    else:
+        link = "not connected to eerld (the job runs at the default clocks)"
+    lines = [f"job {reply.get('job_id', '?')} on GPUs {gpus}: {link}"]
+    for kind, tally in sorted((reply.get("phases") or {}).items()):
+        clock = tally.get("sm_clock_mhz")
+        at = f"SM clock {clock} MHz" if clock else "default clocks"
+        lines.append(
+            f"  {kind}: {tally.get('state') or '-'}, {at}; {tally.get('metered', 0)} phases metered, "
+            f"{tally.get('duration_s', 0):.1f} s, {tally.get('energy_j', 0):.1f} J"
+        )
+    opened = ", ".join(f"{p.get('kind')} {p.get('iteration')}" for p in reply.get("open_phases") or [])
+    lines.append(f"  open phases: {opened or 'none'}")
+    job = reply.get("job")
+    if isinstance(job, Mapping):
+        reason = f" ({job['reason']})" if job.get("reason") else ""
+        lines.append(
+            f"  job mode: node {job.get('node_rank')} of {job.get('nodes')}, {job.get('state')}{reason}"
+        )
+    return lines
 
 
 def _address(given: str, what: str) -> SidecarAddress | None:

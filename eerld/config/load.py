@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-from eerld import files
+from eerld import __version__, files
 from eerld.config.options import CONFIG_FILE, Config, Option, options
 from eerld.config.values import true_or_false
 from eerld.errors import ConfigError
@@ -64,6 +64,10 @@ def build_parser(*, width: int | None = None) -> argparse.ArgumentParser:
         prog="eerld",
         description="Energy-efficient RL clock-control daemon for GPU nodes.",
         formatter_class=formatter,
+    )
+    # an action, not a config value: it prints and exits, and has no config-file key
+    p.add_argument(
+        "--version", action="version", version=f"eerld {__version__}", help="print the version and exit"
     )
     flagged: list[tuple[str | None, Option]] = [(None, CONFIG_FILE)]
     flagged += [(name, spec) for name, spec in options() if spec.flag is not None]

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from eerld import __version__
 from eerld.csi.server import CsiConfig, create_server, serve
 from eerld.errors import ConfigError
 from eerld.logging import configure_logging
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The flags; defaults are those of the DaemonSet (deploy/kubernetes/daemonset.yaml)."""
     d = CsiConfig()
     parser = argparse.ArgumentParser(prog="eerl-csi", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"eerl-csi {__version__}")
     parser.add_argument(
         "--csi-socket",
         "--endpoint",

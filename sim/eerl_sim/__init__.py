@@ -5,3 +5,11 @@ A distribution of its own, above eerld's GPU protocol: :mod:`eerl_sim.gpu` is th
 workload, scenarios, nodes, meter, the virtual-time evaluator, the sweep), and :mod:`eerl_sim.bench` is
 ``eerl-bench``.
 """
+
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
+
+try:
+    __version__ = _version("eerl-sim")
+except _PackageNotFoundError:  # pragma: no cover - running from a source tree without install
+    __version__ = "0.0.0+unknown"

@@ -3,6 +3,7 @@ eerld on the sim backend; the sidecar is SIGKILLed mid-phase; the daemon is abse
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -166,6 +167,13 @@ class TestPhaseCli:
             == 0
         )
         assert eerld_sim.metered("cli-job") == {"PHASE_KIND_GENERATION": 1, "PHASE_KIND_TRAINING": 1}
+        shown = self.cli("status", env=env)  # for people without --json (#37), the JSON with it
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.startswith("job cli-job on GPUs ")
+        assert "connected to eerld" in shown.stdout
+        assert "  generation: " in shown.stdout
+        assert "1 phases metered" in shown.stdout
+        assert json.loads(self.cli("status", "--json", env=env).stdout)["job_id"] == "cli-job"
 
     def test_refused_events_exit_0_with_a_line_unless_strict(
         self, eerld_sim: SimEerld, start_sidecar: Callable[..., SidecarProcess]

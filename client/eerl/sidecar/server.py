@@ -255,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Holds a job's eerld session and takes its phase events over local HTTP "
         "(docs/sidecar.md). With `-- command ...` it runs the job itself, with EERL_SIDECAR set.",
     )
+    parser.add_argument("--version", action="version", version=f"eerl-sidecar {__version__}")
     parser.add_argument("--job-id", help="the job id (default: EERL_JOB_ID, SLURM_JOB_ID, else host-pid)")
     parser.add_argument(
         "--gpus",

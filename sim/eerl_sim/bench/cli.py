@@ -23,6 +23,7 @@ import numpy as np
 from eerl.control.eerl import create_eerl_controller
 from eerl.phases import ExecutionMode
 
+from eerl_sim import __version__
 from eerl_sim.bench.headroom import Headroom, headroom
 from eerl_sim.bench.multinode import MultinodeReport, run_multinode, with_nodes
 from eerl_sim.bench.peers import best_fixed_clock, best_power_limit
@@ -506,6 +507,7 @@ def multinode_summary(reports: Sequence[MultinodeReport], threshold: float) -> s
 def build_parser() -> argparse.ArgumentParser:
     """The command line."""
     parser = argparse.ArgumentParser(prog="eerl-bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"eerl-bench {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     commands = parser.add_subparsers(dest="command", required=True)
 

@@ -57,11 +57,14 @@ class TestDeclarations:
         assert set(Config.__dataclass_fields__) - set(OPTIONS) == {"pod_resources_optional", "max_workers"}
 
     def test_the_parser_has_exactly_the_declared_flags(self) -> None:
-        parsed = {o for action in build_parser()._actions for o in action.option_strings} - {"-h", "--help"}
+        # --help and --version are actions (print, exit), not config values: no declaration, no file key
+        actions = {"-h", "--help", "--version"}
+        parsed = {o for action in build_parser()._actions for o in action.option_strings} - actions
         assert parsed == {s.flag for s in (*OPTIONS.values(), CONFIG_FILE) if s.flag}
 
     def test_the_config_file_accepts_exactly_the_declared_keys(self) -> None:
         assert file_keys() == {s.key: name for name, s in OPTIONS.items() if s.key}
+        assert "version" not in file_keys()
 
 
 class TestDefaults:
