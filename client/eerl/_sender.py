@@ -136,6 +136,7 @@ class Sender(BackgroundSender):
         link closed, either of which makes the daemon return the GPUs to their default clocks.
         """
         held = self._held
+        self._connected.clear()  # before the close: ``connected`` never vouches for a session being ended
         try:
             if held is not None:
                 held.link.close_session(held.session_id, min(_TICKET_TIMEOUT_S, self._config.rpc_timeout_s))
