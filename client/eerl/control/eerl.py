@@ -27,6 +27,7 @@ Each part is a module with one job, over the records of :mod:`eerl.control.state
 * :mod:`eerl.control.commit` — when the searching kinds commit, and what committing resets;
 * :mod:`eerl.control.monitor` — a committed kind: control phases and drift detection;
 * :mod:`eerl.control.retune` — the refine of a commit, and the re-tunes that answer drift;
+* :mod:`eerl.control.regimes` — regime memory: a regime a step leaves is kept, and taken up on return;
 * :mod:`eerl.control.grid` — the clock grid: fine candidates, coarse descent, re-tune windows.
 
 The allocation spends the throughput threshold over the whole iteration, the work between the phases included
@@ -47,7 +48,7 @@ from eerl.control.commit import try_commit
 from eerl.control.config import EerlConfig
 from eerl.control.curve import Trial
 from eerl.control.grid import ClockGrid
-from eerl.control.monitor import control_due, judge_control_phase, probe_due, watch
+from eerl.control.monitor import control_due, judge_control_phase, probe_due, stepped_phase, watch
 from eerl.control.plan import Planner
 from eerl.control.predictor import workload_features
 from eerl.control.retune import (
@@ -212,6 +213,7 @@ class EerlController:
     # ------------------------------------------------------------------ observing
 
     def _observe_default(self, track: KindTrack, obs: PhaseObservation, now_s: float) -> Decision | None:
+        stepped = self._default_phase_stepped(track, obs)
         prediction = track.baseline.predictor.predict(obs.workload)
         predicted_s = obs.duration_s if prediction is None else prediction.duration_s
         self._planner.run.add_default(predicted_s, self._between_counted(obs))
@@ -227,7 +229,11 @@ class EerlController:
         if track.baseline.rebaseline_left > 0:
             if rebaseline_step(track.baseline, obs.workload, self._config):
                 start_retune(track, self._grid, self._pace, obs.iteration)
-            return None
+            return (
+                None
+                if stepped is None
+                else Decision(track.kind, obs.iteration, None, track.state, stepped, now_s)
+            )
         if track.searching:
             # The allocation chose the default governor for this kind: that is a measured choice too.
             reason = self._try_commit(obs.iteration)
@@ -244,10 +250,24 @@ class EerlController:
             config=self._config,
         )
         if not missed:
-            return None
+            return (
+                None
+                if stepped is None
+                else Decision(track.kind, obs.iteration, None, track.state, stepped, now_s)
+            )
         assert error is not None
         reason = respond_to_control_miss(track, obs, error, self._config)
         return Decision(track.kind, obs.iteration, None, track.state, reason, now_s)
+
+    def _default_phase_stepped(self, track: KindTrack, obs: PhaseObservation) -> str | None:
+        """A committed kind's default phase on a workload past the step band: answer the step first (the
+        regime is kept, a kept one taken up, or a re-baseline starts with this phase); the reason."""
+        if track.state is not ControllerState.COMMITTED:
+            return None
+        step = stepped_phase(track.baseline.predictor, track.kind, obs.workload, self._config)
+        if step is None:
+            return None
+        return respond_to_drift(track, step, self._pace, self._config, obs.iteration)
 
     def _observe_trial(self, track: KindTrack, obs: PhaseObservation, now_s: float) -> Decision | None:
         prediction = track.baseline.predictor.predict(obs.workload)
@@ -323,7 +343,9 @@ class EerlController:
             energy_ratio=energy_ratio,
             config=self._config,
         )
-        reason = None if drift is None else respond_to_drift(track, drift, self._pace, self._config)
+        reason = (
+            None if drift is None else respond_to_drift(track, drift, self._pace, self._config, obs.iteration)
+        )
         track.monitor.since_refine += 1
         track.monitor.since_probe += 1
         if reason is None and take_refine_turn(track.monitor, self._pace, self._config):

@@ -15,6 +15,7 @@ Its out-of-sample error (each new default phase is predicted before it is added)
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import TypeVar
@@ -121,6 +122,13 @@ class BaselinePredictor:
             return None
         return np.mean(np.stack(list(self._features)[-count:]), axis=0)  # type: ignore[no-any-return]
 
+    def feature_medians(self) -> npt.NDArray[np.float64] | None:
+        """Median workload features over the window: the regime's signature (one phase of another
+        workload learned into it cannot move it)."""
+        if not self._features:
+            return None
+        return np.median(np.stack(list(self._features)), axis=0)
+
     def feature_spread(self) -> npt.NDArray[np.float64] | None:
         """Relative standard deviation of each feature over the window (how much batches vary anyway)."""
         if len(self._features) < 2:
@@ -189,8 +197,8 @@ class BaselinePredictor:
         self._model = None
 
     def forget_far(self, workload: Workload, band: float) -> None:
-        """Drop samples whose features differ from this workload's by more than ``band`` (relative) in any
-        feature — for the tokens and the busiest worker's KV reads, by more than 2.5 of their spread over
+        """Drop samples whose features differ from this workload's by more than ×(1 + ``band``) either way in
+        any feature — for the tokens and the busiest worker's KV reads, by more than 2.5 of their spread over
         the window, where that is wider (they vary from batch to batch anyway).
 
         After a step change the old regime's samples would make the regression extrapolate; samples of a
@@ -204,9 +212,12 @@ class BaselinePredictor:
         if spread is not None:
             for index in _SPREAD_WIDENED[self._kind]:
                 bands[index] = max(band, 2.5 * float(spread[index]))
-        known = reference > 0
+        known = [i for i in range(len(reference)) if reference[i] > 0]
+        # Either way alike: a sample at half the new workload is as far as one at twice it (log ratios;
+        # math.log, the same on every CPU).
         keep = [
-            bool(np.all(np.abs(f[known] / reference[known] - 1.0) <= bands[known])) for f in self._features
+            all(abs(math.log(max(float(f[i] / reference[i]), 1e-12))) <= math.log1p(bands[i]) for i in known)
+            for f in self._features
         ]
         if sum(keep) >= 2:
             self._keep_only(keep)

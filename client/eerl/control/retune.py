@@ -16,14 +16,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
+
 from eerl.control.base import PhaseObservation
 from eerl.control.baseline import schedule_rebaseline
 from eerl.control.budget import Allocation
 from eerl.control.config import EerlConfig
 from eerl.control.grid import ClockGrid
-from eerl.control.monitor import Drift, WorkloadDrift, WorkloadStep
+from eerl.control.monitor import WATCHED_FEATURES, Drift, WorkloadDrift, WorkloadStep, reset_for_commit
 from eerl.control.plan import Planner
-from eerl.control.search import restart_descent, start_local, start_model_local
+from eerl.control.regimes import Regime, snapshot_regime
+from eerl.control.search import restart_descent, settle, start_local, start_model_local
 from eerl.control.state import KindTrack, MonitorState, RefinePace
 from eerl.phases import ControllerState, PhaseKind
 
@@ -143,23 +147,83 @@ def judge_refine_outcome(pace: RefinePace, plan: Allocation, config: EerlConfig)
     pace.from_energy = None
 
 
-def respond_to_drift(track: KindTrack, drift: Drift, pace: RefinePace, config: EerlConfig) -> str:
+def respond_to_drift(
+    track: KindTrack, drift: Drift, pace: RefinePace, config: EerlConfig, iteration: int
+) -> str:
     """Act on the monitor's drift verdict; the reason.
 
     Gradual drift: the predictor follows the workload and the clock curve (ratios against the predicted
     default) stays valid, so the monitor's control phase refreshes the baseline and the refine re-checks
-    the allocation right after it, at the normal pace. A step or ratio drift: re-baseline, then re-tune.
+    the allocation right after it, at the normal pace. A step: the regime being left is kept
+    (:mod:`eerl.control.regimes`); a step back to a kept regime takes it up again, any other step
+    re-baselines, then re-tunes. Ratio drift: re-baseline, then re-tune.
     """
     if isinstance(drift, WorkloadDrift):
         pace.backoff = 1
         track.monitor.since_refine = config.refine_interval_phases - 1
         return drift.reason
+    if isinstance(drift, WorkloadStep):
+        returned = switch_regime(track, drift, config, iteration)
+        if returned is not None:
+            return returned
     # A new regime, or ratios the predictor cannot explain: the old default phases would mislead it.
     track.state = ControllerState.RETUNING
     schedule_rebaseline(
         track.baseline, config.rebaseline_phases, same_work=not isinstance(drift, WorkloadStep)
     )
     return drift.reason
+
+
+def switch_regime(track: KindTrack, step: WorkloadStep, config: EerlConfig, iteration: int) -> str | None:
+    """Keep the regime a step leaves; take up the kept one it lands on, if any (its reason; else None).
+
+    Two signatures within half the step band on every watched feature are one regime.
+    """
+    band = config.step_feature_band / 2.0
+    returning = track.regimes.recall(np.asarray(step.signature), band) if step.signature else None
+    typical = track.baseline.predictor.feature_medians()
+    if typical is not None:
+        track.regimes.keep(regime_of(track, typical[list(WATCHED_FEATURES[track.kind])], iteration), band)
+    if returning is None:
+        return None
+    take_up_regime(track, returning, config)
+    where = "the default governor" if returning.committed_mhz is None else f"{returning.committed_mhz} MHz"
+    return (
+        f"workload stepped ({step.shift:+.0%}) back to a regime seen before: its commit at {where} again, "
+        "a control phase checks its baseline"
+    )
+
+
+def regime_of(track: KindTrack, signature: npt.NDArray[np.float64], iteration: int) -> Regime:
+    """What ``track`` knows now, kept under ``signature`` (a copy: the track goes on learning)."""
+    return snapshot_regime(
+        signature,
+        track.baseline.predictor,
+        track.curve,
+        default_duration_s=track.baseline.default_duration_s,
+        default_energy_j=track.baseline.default_energy_j,
+        committed_mhz=track.committed_mhz,
+        committed_ratios=track.committed_ratios,
+        iteration=iteration,
+    )
+
+
+def take_up_regime(track: KindTrack, regime: Regime, config: EerlConfig) -> None:
+    """Commit ``track`` as it was in ``regime``; a control phase on the default governor comes next."""
+    baseline = track.baseline
+    baseline.predictor = regime.predictor
+    baseline.default_duration_s = regime.default_duration_s
+    baseline.default_energy_j = regime.default_energy_j
+    baseline.rebaseline_left = 0
+    baseline.rebaseline_same_work = False
+    baseline.check_pending = False
+    track.curve = regime.curve
+    track.committed_mhz = regime.committed_mhz
+    track.committed_ratios = regime.committed_ratios
+    track.state = ControllerState.COMMITTED
+    settle(track.search)
+    reset_for_commit(track.monitor)
+    track.monitor.since_control = config.control_interval_phases
 
 
 def respond_to_control_miss(track: KindTrack, obs: PhaseObservation, error: float, config: EerlConfig) -> str:

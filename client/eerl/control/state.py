@@ -25,6 +25,7 @@ import numpy as np
 from eerl.control.base import Decision
 from eerl.control.curve import ClockCurve
 from eerl.control.predictor import BaselinePredictor
+from eerl.control.regimes import RegimeMemory
 from eerl.phases import ControllerState, PhaseKind, savings_fraction
 
 SEARCHING = (ControllerState.EXPLORING, ControllerState.RETUNING)
@@ -84,6 +85,8 @@ class MonitorState:
     recent_energy: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     recent_shift: dict[int, deque[float]] = field(default_factory=dict)
     """Per watched workload feature (index into :func:`workload_features`), its recent relative shifts."""
+    recent_watched: deque[tuple[float, ...]] = field(default_factory=lambda: deque(maxlen=8))
+    """The newest phases' watched features themselves (a step's signature: where the workload went)."""
 
 
 @dataclass(slots=True)
@@ -127,6 +130,8 @@ class KindTrack:
     search: SearchState = field(default_factory=SearchState)
     monitor: MonitorState = field(default_factory=MonitorState)
     ledger: Ledger = field(default_factory=Ledger)
+    regimes: RegimeMemory = field(default_factory=RegimeMemory)
+    """The workload regimes this kind has left, kept for when one returns."""
     state: ControllerState = ControllerState.BASELINE
     committed_mhz: int | None = None
     """The committed clock (None: committed to the default governor, or nothing committed yet)."""

@@ -46,6 +46,8 @@ class SyntheticJob:
     step_memory_factor: float = 0.5
     step_longest_factor: float = 1.0
     """At the step the longest response grows by this factor (a raised response cap)."""
+    alternate_every: int | None = None
+    """With a step: the workload steps back and forth every this many iterations (regimes that return)."""
     growth_per_iteration: float = 0.0
     """The tokens (and the cost) grow by this fraction every iteration: responses lengthening."""
     outliers: dict[tuple[PhaseKind, int], float] = field(default_factory=dict)
@@ -53,16 +55,24 @@ class SyntheticJob:
     def __post_init__(self) -> None:
         self._rng = np.random.default_rng(self.seed)
 
+    def stepped(self, iteration: int) -> bool:
+        """Whether ``iteration`` runs the stepped workload."""
+        if self.step_at_iteration is None or iteration < self.step_at_iteration:
+            return False
+        if self.alternate_every is None:
+            return True
+        return (iteration - self.step_at_iteration) // self.alternate_every % 2 == 0
+
     def workload(self, iteration: int) -> Workload:
         tokens, longest = int(self.tokens * (1.0 + self.growth_per_iteration) ** iteration), 8192
-        if self.step_at_iteration is not None and iteration >= self.step_at_iteration:
+        if self.stepped(iteration):
             tokens = int(tokens * self.step_tokens_factor)
             longest = int(longest * self.step_longest_factor)
         return Workload(tokens=tokens, valid_tokens=tokens // 2, sequences=2048, max_response_tokens=longest)
 
     def segment(self, kind: PhaseKind, iteration: int) -> tuple[float, float]:
         compute, memory = _SHAPE[kind]
-        if self.step_at_iteration is not None and iteration >= self.step_at_iteration:
+        if self.stepped(iteration):
             memory *= self.step_memory_factor
         scale = self.workload(iteration).tokens / 1e6
         return compute * scale, memory * scale

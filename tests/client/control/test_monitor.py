@@ -11,6 +11,7 @@ from eerl.control.monitor import (
     control_due,
     judge_control_phase,
     median_shift,
+    stepped_phase,
     watch,
 )
 from eerl.control.state import KindTrack, MonitorState
@@ -108,10 +109,31 @@ class TestDrift:
         track = _committed()
         verdicts = [_watch(track, workload(tokens=2_000_000)) for _ in range(CONFIG.monitor_window)]
         assert verdicts[:-1] == [None] * (CONFIG.monitor_window - 1)
-        assert verdicts[-1] == WorkloadStep(0, 1.0)
+        # Where it stepped to, the newest phases' tokens: what a kept regime is matched on.
+        assert verdicts[-1] == WorkloadStep(0, 1.0, (2_000_000.0,))
         assert verdicts[-1].reason == "workload stepped (+100%): re-baseline, then re-tune"
         assert control_due(track.monitor, CONFIG)
         assert track.monitor.recent_shift == {}
+
+    def test_halving_the_tokens_is_a_step_too(self) -> None:
+        """Half the tokens is as far as twice them (the band is ×1.5 either way, not ±50%)."""
+        track = _committed()
+        verdicts = [_watch(track, workload(tokens=500_000)) for _ in range(CONFIG.monitor_window)]
+        assert verdicts[-1] == WorkloadStep(0, -0.5, (500_000.0,))
+
+    def test_two_far_phases_then_the_usual_workload_are_no_step(self) -> None:
+        """Two phases at twice the tokens between usual ones: outliers, never a step."""
+        track = _committed()
+        phases = [1_000_000] * 5 + [2_000_000] * 2 + [1_000_000] + [2_000_000] * 2 + [1_000_000] * 5
+        assert all(_watch(track, workload(tokens=tokens)) is None for tokens in phases)
+
+    def test_a_control_phase_on_a_step_is_a_step(self) -> None:
+        """A committed kind's default phase at three times the tokens is a step on that one phase, with
+        its own workload as the signature; one at 1.2 times is not."""
+        track = _committed()
+        step = stepped_phase(track.baseline.predictor, track.kind, workload(tokens=3_000_000), CONFIG)
+        assert step == WorkloadStep(0, 2.0, (3_000_000.0,))
+        assert stepped_phase(track.baseline.predictor, track.kind, workload(tokens=1_200_000), CONFIG) is None
 
     def test_a_moderate_move_of_the_tokens_is_gradual_drift(self) -> None:
         """Tokens 20% up (beyond the 12% band, within the 50% step band) are drift the predictor follows."""
@@ -148,7 +170,9 @@ class TestDrift:
         """A raised response cap (longest response ×2, same tokens) is a generation step."""
         track = _committed(PhaseKind.GENERATION)
         verdicts = [_watch(track, workload(longest=16384)) for _ in range(CONFIG.monitor_window)]
-        assert verdicts[-1] == WorkloadStep(1, 1.0)
+        step = verdicts[-1]
+        assert isinstance(step, WorkloadStep)
+        assert (step.feature, step.shift, step.signature[1]) == (1, 1.0, 16384.0)
 
     def test_ratios_leaving_their_band_are_drift(self) -> None:
         """Ten phases 10% slower than the ten before are ratio drift, with the time shift named."""

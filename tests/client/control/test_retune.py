@@ -153,7 +153,7 @@ class TestResponses:
     def test_gradual_drift_asks_for_a_refine_right_after_the_control_phase(self) -> None:
         """The kind stays committed; the refine comes next phase, at the normal pace."""
         track, pace = fitted_track(state=ControllerState.COMMITTED), RefinePace(backoff=8)
-        reason = respond_to_drift(track, WorkloadDrift(0), pace, CONFIG)
+        reason = respond_to_drift(track, WorkloadDrift(0), pace, CONFIG, 0)
         assert reason == "workload left its band: control phase, then re-check the allocation"
         assert track.state is ControllerState.COMMITTED
         assert track.monitor.since_refine == CONFIG.refine_interval_phases - 1
@@ -163,7 +163,7 @@ class TestResponses:
     def test_a_step_or_ratio_drift_rebaselines_then_retunes(self, drift: WorkloadStep | RatioDrift) -> None:
         """The kind re-tunes after three fresh default phases."""
         track = fitted_track(state=ControllerState.COMMITTED)
-        assert respond_to_drift(track, drift, RefinePace(), CONFIG) == drift.reason
+        assert respond_to_drift(track, drift, RefinePace(), CONFIG, 0) == drift.reason
         assert track.state is ControllerState.RETUNING
         assert track.baseline.rebaseline_left == CONFIG.rebaseline_phases
 

@@ -1,0 +1,105 @@
+"""Regime memory: what a kind learned about a workload regime, kept for when that regime returns.
+
+Jobs often come back to a workload they ran before: data mixed in blocks (short answers, then long math,
+then short answers again), a curriculum that returns to an earlier stage, evaluation batches. Without a
+memory every return is a new regime: default phases to re-learn the baseline, then trials to re-tune —
+on a job whose regimes alternate every 30 iterations that is most of each block. So when the monitor sees
+a workload step, the regime being left is kept (its predictor, its clock curve, its commit and the typical
+cost of its phases) under its *signature*, the mean of its watched workload features over its newest
+default phases. When a step lands on a workload whose signature matches a kept one on every watched
+feature (within half the step band: two regimes closer than that are one regime), the kind takes that
+regime up again — committed at its clock at once, with one control phase on the default governor to check
+that the kept predictor still holds (a confirmed miss there re-baselines as for any regime).
+
+A regime is kept by copy: the live predictor and curve go on learning; the kept one is what the kind knew
+when it left. At most :data:`KEPT_REGIMES` per kind, the least recently left going first.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from eerl.control.curve import ClockCurve
+from eerl.control.predictor import BaselinePredictor
+
+FloatArray = npt.NDArray[np.float64]
+
+KEPT_REGIMES = 4
+"""Regimes kept per kind (each about the size of one predictor and one curve: tens of KiB)."""
+
+
+@dataclass(slots=True, eq=False)
+class Regime:
+    """One workload regime as a kind knew it when the workload stepped away from it."""
+
+    signature: FloatArray
+    """The watched workload features' means over the regime's newest default phases."""
+    predictor: BaselinePredictor
+    curve: ClockCurve
+    default_duration_s: float
+    default_energy_j: float
+    committed_mhz: int | None
+    committed_ratios: tuple[float, float]
+    left_iteration: int
+
+
+@dataclass(slots=True)
+class RegimeMemory:
+    """The regimes a kind has left, most recently left last."""
+
+    regimes: deque[Regime] = field(default_factory=lambda: deque(maxlen=KEPT_REGIMES))
+
+    def keep(self, regime: Regime, band: float) -> None:
+        """Keep ``regime``, replacing a kept one it matches (the newer knowledge of the same regime)."""
+        kept = [old for old in self.regimes if not signatures_match(old.signature, regime.signature, band)]
+        self.regimes.clear()
+        self.regimes.extend([*kept, regime])
+
+    def recall(self, signature: FloatArray, band: float) -> Regime | None:
+        """The most recently left regime whose signature matches, if any (it leaves the memory)."""
+        for index in range(len(self.regimes) - 1, -1, -1):
+            regime = self.regimes[index]
+            if signatures_match(regime.signature, signature, band):
+                del self.regimes[index]
+                return regime
+        return None
+
+
+def signatures_match(kept: FloatArray, seen: FloatArray, band: float) -> bool:
+    """Every watched feature within ×(1 + ``band``) of the kept one's, either way; a feature 0 in either is
+    moot."""
+    pairs = [(float(k), float(s)) for k, s in zip(kept, seen, strict=True) if k > 0 and s > 0]
+    # math.log, not NumPy's: its SIMD kernels differ by CPU in the last bit (eerl.control.numeric).
+    return bool(pairs) and all(abs(math.log(s / k)) <= math.log1p(band) for k, s in pairs)
+
+
+def snapshot_regime(
+    signature: FloatArray,
+    predictor: BaselinePredictor,
+    curve: ClockCurve,
+    *,
+    default_duration_s: float,
+    default_energy_j: float,
+    committed_mhz: int | None,
+    committed_ratios: tuple[float, float],
+    iteration: int,
+) -> Regime:
+    """A copy of what a kind knows now (predictor and curve copied together: the curve reads its ratios
+    through the predictor, and the copy must keep reading through the copied one)."""
+    kept_predictor, kept_curve = copy.deepcopy((predictor, curve))
+    return Regime(
+        signature=np.array(signature, dtype=np.float64),
+        predictor=kept_predictor,
+        curve=kept_curve,
+        default_duration_s=default_duration_s,
+        default_energy_j=default_energy_j,
+        committed_mhz=committed_mhz,
+        committed_ratios=committed_ratios,
+        left_iteration=iteration,
+    )
