@@ -6,6 +6,7 @@ orchestrator prints them. docs/demo.md explains how to read them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from eerl.phases import ControllerState, PhaseKind
@@ -86,16 +87,50 @@ def summary_lines(record: Record, *, controller: str, wall_s: float) -> list[str
         )
     if not committed and controller == "eerl":
         lines.append("  (the controller had not committed a clock pair yet: run more --iterations)")
+    session = _session(record)
+    if session is not None and session.throughput_threshold > 0:
+        lines.append(threshold_line(speed(live, calibrated), session.throughput_threshold))
     return lines
+
+
+THRESHOLD_TOLERANCE = 0.003
+"""How far under its threshold a whole run may end and still count as kept: the phase-level noise no
+controller can see coming (the bench's rule, docs/results-promise.md)."""
+
+
+def threshold_line(achieved: float, threshold: float) -> str:
+    """The whole run's throughput against the session's threshold, flagged when it ended under it."""
+    percent = f"{threshold * 100:g}%"
+    if math.isnan(achieved):
+        return f"  throughput over the whole run: not measured (no valid tokens), threshold {percent}"
+    if achieved >= threshold:
+        return (
+            f"  throughput over the whole run {achieved:.1%}: at or above the session's threshold ({percent})"
+        )
+    short = (threshold - achieved) * 100
+    if threshold - achieved <= THRESHOLD_TOLERANCE:
+        return (
+            f"  throughput over the whole run {achieved:.1%}: {short:.1f} points under the session's "
+            f"threshold ({percent}), within the {THRESHOLD_TOLERANCE * 100:.1f}-point noise tolerance"
+        )
+    return (
+        f"  UNDER THE THRESHOLD: throughput over the whole run {achieved:.1%}, {short:.1f} points under the "
+        f"session's {percent} (exploration and noise cost more than the controller planned for)"
+    )
+
+
+def _session(record: Record) -> pb.SessionInfo | None:
+    """The demo's own session in the daemon's final Status (None when there was none)."""
+    status = record.final_status
+    if status is None:
+        return None
+    return next((s for s in status.sessions if s.session_id == record.session_id), None)
 
 
 def controller_lines(record: Record) -> list[str]:
     """The controller's own view at the end (state, clock, first commit, estimate) and the daemon's meter."""
     lines: list[str] = []
-    status = record.final_status
-    session = (
-        next((s for s in status.sessions if s.session_id == record.session_id), None) if status else None
-    )
+    session = _session(record)
     if session is None:
         return ["  controller: no Status from eerld at the end of the run"]
     for phase in session.phases:

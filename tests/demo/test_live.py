@@ -64,6 +64,7 @@ class TestShortRun:
         assert "default governor: simulator, same iterations" in done.stdout
         assert re.search(r"^\s+1  training ", done.stdout, re.MULTILINE)
         assert "GPUs after SIGTERM: all 8 at default clocks, none locked" in done.stdout
+        assert re.search(r"throughput over the whole run \d+\.\d%", done.stdout), done.stdout
         plot = re.search(r"timeline plot: (\S+)", done.stdout)
         assert plot is not None
         assert Path(plot.group(1)) == (out / "eerl-demo-timeline.png").resolve()
