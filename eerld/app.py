@@ -42,7 +42,7 @@ SIM_MISSING_ERROR = (
 
 def nvml_unavailable(error: Exception) -> str:
     """The one line for a node where NVML cannot start: why, and the simulator to try eerld without GPUs."""
-    sim = "eerld --backend sim"
+    sim = "eerld --sim"
     if importlib.util.find_spec("eerl_sim") is None:
         sim += " (pip install eerl-sim)"
     return f"NVML is not available ({error}); to try eerld without NVIDIA GPUs, run the simulator: {sim}"

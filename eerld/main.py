@@ -10,7 +10,7 @@ GPUs were reset but the state directory is not root's own (its ledger left untou
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import structlog
 
@@ -18,7 +18,7 @@ from eerld import files
 from eerld.api.server import create_server, serve
 from eerld.app import create_backend
 from eerld.clocks.recovery import reset_node
-from eerld.config import Config, load_config
+from eerld.config import Config, load_config, trial
 from eerld.errors import ConfigError, DaemonError
 from eerld.logging import configure_logging
 
@@ -39,6 +39,21 @@ def reset_clocks(config: Config) -> int:
     return 2 if outcome.state_dir_error else 0
 
 
+def _announcer(config: Config) -> Callable[[], None] | None:
+    """With ``--sim``: what prints, once eerld serves, the lines that reach it (docs/quickstart.md)."""
+    home = config.sim_home
+    if home is None:
+        return None
+    text = trial.announcement(
+        home=home,
+        socket_path=config.socket_path,
+        admin_socket_path=config.admin_socket_path,
+        gpus=config.sim_gpus,
+        profile=config.sim_profile,
+    )
+    return lambda: print(text, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``eerld``; returns the process exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -51,9 +66,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if config.reset_clocks:
             return reset_clocks(config)
+        if config.sim_home is not None:  # before the state directory in it, which would make it 0755
+            files.ensure_private_dir(config.sim_home, "--sim")
         # before anything reads or writes there: the ledger, the pins and the grants live in it
         files.ensure_private_dir(config.state_dir, "--state-dir")
-        return serve(create_server(config))
+        return serve(create_server(config), on_started=_announcer(config))
     except ConfigError as e:
         print(f"Error: {e}", file=sys.stderr)
         return 2

@@ -383,10 +383,18 @@ def _wire_pod_resources(app: App, socket_path: Path, *, optional: bool) -> None:
     )
 
 
-def serve(server: Server) -> int:
-    """Run until SIGTERM or SIGINT, then stop gracefully (every GPU reset); return the exit code 0."""
+def serve(server: Server, *, on_started: Callable[[], None] | None = None) -> int:
+    """Run until SIGTERM or SIGINT, then stop gracefully (every GPU reset); return the exit code 0.
+
+    ``on_started`` runs once both sockets serve (``eerld --sim`` then says how to reach them)."""
     _raise_open_files_limit()
-    return serve_until_signal(server.start, server.stop)
+
+    def start() -> None:
+        server.start()
+        if on_started is not None:
+            on_started()
+
+    return serve_until_signal(start, server.stop)
 
 
 def _raise_open_files_limit() -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from eerld import __version__, files
+from eerld.config import trial
 from eerld.config.options import CONFIG_FILE, Config, Option, options
 from eerld.config.values import true_or_false
 from eerld.errors import ConfigError
@@ -120,7 +121,10 @@ def load_config(argv: Sequence[str]) -> Config:
     if config_path is not None:
         values.update(read_config_file(CONFIG_FILE.rule(config_path, CONFIG_FILE.label)))
     values.update({name: value for name, value in args.items() if value is not None})
-    return validate(values)
+    if values.get("sim") is not True:
+        return validate(values)
+    home = trial.sim_home(os.environ, os.geteuid())
+    return replace(validate(trial.with_sim_defaults(values, home)), sim_home=home)
 
 
 def validate(values: Mapping[str, Any]) -> Config:

@@ -5,7 +5,8 @@ value rule (:mod:`eerld.config.values`), its ``--help`` line and its row of docs
 the file's accepted keys, validation and the docs' table are all made from these declarations
 (:mod:`eerld.config.load`, ``scripts/gen_options_doc.py``); a new option is one new field here.
 
-A field without an Option (``max_workers``, ``pod_resources_optional``) is no option: code sets it.
+A field without an Option (``max_workers``, ``pod_resources_optional``, ``sim_home``) is no option: code
+sets it.
 """
 
 from __future__ import annotations
@@ -150,6 +151,17 @@ class Config:
         help="GPU backend: nvml for real GPUs, sim for simulated ones",
         doc="`nvml`: real GPUs; `sim`: simulated GPUs (demo, tests)",
     )  # fmt: skip
+    sim: bool = option(
+        False, flag="--sim", key=None, rule=true_or_false,
+        help="try eerld by hand without root or GPUs: simulated GPUs, one tenant, sockets and state in your "
+        "runtime directory (other flags still win)",
+        doc="try eerld by hand without root or GPUs: `--backend sim --tenancy single`, no grants, metrics or "
+        "kubelet, sockets and state in `$XDG_RUNTIME_DIR/eerld-sim` (else `/tmp/eerld-sim-<uid>`), made 0700 "
+        "and refused if another user made it; prints the `export EERL_SOCKET=…` and `eerlctl` lines "
+        "(docs/quickstart.md); flags and the config file win over what it sets",
+    )  # fmt: skip
+    sim_home: Path | None = None
+    """The directory ``--sim`` made its own (None without ``--sim``; code sets it, no option)."""
     sim_profile: str = option(
         "h100-sxm", flag="--sim-profile", key="sim_profile", rule=_sim_profile,
         help="simulated GPU profile (h100-sxm, gb200)",

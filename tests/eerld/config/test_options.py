@@ -54,7 +54,8 @@ class TestDeclarations:
         assert len(keys) == len(set(keys))
 
     def test_the_only_fields_without_an_option_are_set_by_code(self) -> None:
-        assert set(Config.__dataclass_fields__) - set(OPTIONS) == {"pod_resources_optional", "max_workers"}
+        set_by_code = {"pod_resources_optional", "max_workers", "sim_home"}
+        assert set(Config.__dataclass_fields__) - set(OPTIONS) == set_by_code
 
     def test_the_parser_has_exactly_the_declared_flags(self) -> None:
         # --help and --version are actions (print, exit), not config values: no declaration, no file key

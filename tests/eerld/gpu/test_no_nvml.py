@@ -50,7 +50,7 @@ def test_eerld_says_nvml_is_not_available_and_names_the_simulator(
     assert err.count("\n") == 1, err
     assert err.startswith("Error: NVML is not available (")
     assert why in err
-    assert err.endswith("run the simulator: eerld --backend sim\n")  # eerl-sim is installed here
+    assert err.endswith("run the simulator: eerld --sim\n")  # eerl-sim is installed here
 
 
 def test_without_eerl_sim_it_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -59,7 +59,7 @@ def test_without_eerl_sim_it_says_what_to_install(monkeypatch: pytest.MonkeyPatc
         eerld.app.importlib.util, "find_spec", lambda name, *a: None if name == "eerl_sim" else real(name, *a)
     )
     line = eerld.app.nvml_unavailable(RuntimeError("nvmlInit failed"))
-    assert line.endswith("eerld --backend sim (pip install eerl-sim)")
+    assert line.endswith("eerld --sim (pip install eerl-sim)")
 
 
 def test_perf_real_gpu_without_nvml_is_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
