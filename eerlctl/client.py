@@ -75,6 +75,13 @@ class AdminClient:
         reply = self.stub.GetDecisions(request, timeout=timeout_s)
         return list(reply.decisions)
 
+    def reports(
+        self, *, job_id: str = "", timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> list[eerl_pb2.SessionReport]:
+        """The finished sessions' reports the daemon keeps, oldest first (one job's when given)."""
+        reply = self.stub.Report(eerl_pb2.ReportRequest(job_id=job_id), timeout=timeout_s)
+        return list(reply.reports)
+
     def close(self) -> None:
         """Close the channel."""
         self.channel.close()

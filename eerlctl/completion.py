@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "pins": (),
     "sessions": (),
     "decisions": ("--session", "--phase", "--limit"),
+    "report": (),
     "reset": ("--gpus", "--reason", "--keep-pins"),
     "drain": ("--gpus", "--for", "--reason", "--keep-sessions"),
     "undrain": ("--gpus",),

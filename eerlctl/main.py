@@ -2,11 +2,11 @@
 
     eerlctl [--socket PATH] [--json] [--debug] [--timeout S] COMMAND ...
 
-Commands: ``status``, ``pin``, ``unpin``, ``pins``, ``sessions``, ``decisions``, ``reset``, ``drain``,
-``undrain``, ``grant``, ``revoke``, ``grants``, ``health``, ``version``, ``completion``. Every time shown
-is UTC. Tables for people, ``--json`` for scripts. Session
-tokens are shown as a prefix (a full token is a credential) unless ``--show-tokens``. A failure prints
-one ``Error: …`` line on stderr (the traceback only with ``--debug``) and exits 1; bad usage exits 2.
+Commands: ``status``, ``pin``, ``unpin``, ``pins``, ``sessions``, ``decisions``, ``report``, ``reset``,
+``drain``, ``undrain``, ``grant``, ``revoke``, ``grants``, ``health``, ``version``, ``completion``. Every
+time shown is UTC. Tables for people, ``--json`` for scripts. Session tokens are shown as a prefix (a full
+token is a credential) unless ``--show-tokens``. A failure prints one ``Error: …`` line on stderr (the
+traceback only with ``--debug``) and exits 1; bad usage exits 2.
 
 The socket defaults to ``$EERLCTL_SOCKET`` or ``/run/eerld/admin.sock``. ``health`` also works against
 the worker socket, which is what the Kubernetes probes use.
@@ -48,8 +48,10 @@ from eerlctl.render import (
     drain_text,
     grant_text,
     grants_table,
+    job_report_text,
     pin_text,
     pins_table,
+    reports_table,
     reset_text,
     revoke_text,
     sessions_table,
@@ -62,7 +64,9 @@ from eerlctl.replies import (
     decision_dict,
     gpu_pin_dict,
     grant_dict,
+    job_report_dict,
     redact_tokens,
+    report_dict,
     session_dict,
     status_dict,
 )
@@ -235,6 +239,20 @@ def _cmd_decisions(ctx: _Context) -> int:
     return _EXIT_OK
 
 
+def _cmd_report(ctx: _Context) -> int:
+    job_id = ctx.args.job_id or ""
+    reports = [report_dict(r) for r in ctx.connect().reports(job_id=job_id, timeout_s=ctx.args.timeout)]
+    if not job_id:
+        data = _shown(ctx, {"reports": reports})
+        _emit(ctx, data, reports_table(data["reports"]))
+        return _EXIT_OK
+    if not reports:
+        raise CtlError(f"no report of job {job_id!r} on this node (eerlctl report lists the ones kept)")
+    job = _shown(ctx, job_report_dict(job_id, reports))
+    _emit(ctx, job, job_report_text(job))
+    return _EXIT_OK
+
+
 def _cmd_reset(ctx: _Context) -> int:
     selection = parse_gpus(ctx.args.gpus)
     request = eerl_pb2.ResetAllRequest(
@@ -335,6 +353,7 @@ _COMMANDS: dict[str, tuple[Callable[[_Context], int], str]] = {
     "pins": (_cmd_pins, "the admin pins in force: clock, reason, who set them, expiry"),
     "sessions": (_cmd_sessions, "open sessions and their controllers"),
     "decisions": (_cmd_decisions, "the controllers' decision history (times in UTC)"),
+    "report": (_cmd_report, "what finished jobs used: energy (kWh), tokens, savings, throughput, threshold"),
     "reset": (
         _cmd_reset,
         "return GPUs to default clocks (closes the sessions holding them; removes pins unless --keep-pins)",
@@ -418,6 +437,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--session", metavar="ID", help="only this session (a prefix of its id is enough)")
     p.add_argument("--phase", choices=[k.value for k in PhaseKind], help="only this phase kind")
     p.add_argument("--limit", type=int, help="at most this many, newest last (default: the daemon's 1000)")
+    parsers["report"].add_argument(
+        "job_id", nargs="?", metavar="JOB_ID", help="one job's report (default: every finished session kept)"
+    )
     p = parsers["reset"]
     p.add_argument("--gpus", default="all", help=gpus_help + " (default all)")
     p.add_argument("--reason", default="eerlctl reset", help="why (logged)")

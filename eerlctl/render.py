@@ -16,9 +16,11 @@ __all__ = [
     "drain_text",
     "grant_text",
     "grants_table",
+    "job_report_text",
     "pin_text",
     "pins_table",
     "render_table",
+    "reports_table",
     "reset_text",
     "revoke_text",
     "sessions_table",
@@ -363,3 +365,77 @@ def decisions_table(decisions: Sequence[Mapping[str, Any]]) -> str:
     ]
     headers = ["TIME", "SESSION", "PHASE", "ITER", "STATE", "CLOCK", "THRU", "ENERGY"]
     return render_table([*headers, *(["DIRECTIVE"] if job_mode else []), "REASON"], rows)
+
+
+def _percent(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{fraction:.1%}"
+
+
+def _throughput(r: Mapping[str, Any]) -> str:
+    """``95.3%`` of the predicted default, with ``UNDER`` when below the threshold."""
+    if r["throughput_ratio"] is None:
+        return "-"
+    return f"{r['throughput_ratio']:.1%}" + (" UNDER" if r["under_threshold"] else "")
+
+
+def reports_table(reports: Sequence[Mapping[str, Any]]) -> str:
+    """The finished sessions kept, oldest first: one line each."""
+    if not reports:
+        return "No reports (a session's report is kept when it ends)."
+    rows = [
+        [
+            r["job_id"],
+            r["session_id"],
+            str(r["rank"]),
+            ",".join(map(str, r["gpu_indices"])) or "-",
+            utc(r["closed_at_unix_s"]),
+            f"{r['energy_kwh']:.3g} kWh",
+            "-" if r["energy_per_valid_token_j"] is None else f"{r['energy_per_valid_token_j']:.4g} J",
+            _percent(r["estimated_savings_fraction"]),
+            _throughput(r),
+            f"{r['threshold']:.0%}",
+            r["reason"],
+        ]
+        for r in reports
+    ]
+    headers = ["JOB", "SESSION", "RANK", "GPUS", "ENDED", "ENERGY", "J/TOKEN", "SAVED", "THROUGHPUT"]
+    return render_table([*headers, "THRESHOLD", "WHY IT ENDED"], rows)
+
+
+def job_report_text(job: Mapping[str, Any]) -> str:
+    """One job's report in words: energy, tokens, savings and throughput against its threshold."""
+    sessions = job["sessions"]
+    ended = max(s["closed_at_unix_s"] for s in sessions)
+    lines = [
+        f"Job {job['job_id']}: {len(sessions)} session{'s' if len(sessions) != 1 else ''} on this node, the "
+        f"last ended {utc(ended)}",
+        f"  energy        {job['energy_kwh']:.3g} kWh ({_energy(job['energy_j'])}), "
+        f"{job['valid_tokens']:,} valid tokens"
+        + (
+            f", {job['energy_per_valid_token_j']:.4g} J per valid token"
+            if job["energy_per_valid_token_j"] is not None
+            else ""
+        ),
+        f"  saved         {job['estimated_savings_fraction']:.1%} against the predicted default governor "
+        "(the controller's estimate)",
+    ]
+    if job["throughput_ratio"] is None:
+        lines.append(f"  throughput    not predicted (threshold {job['threshold']:.0%})")
+    else:
+        verdict = "UNDER THE THRESHOLD" if job["under_threshold"] else "at or above the threshold"
+        lines.append(
+            f"  throughput    {job['throughput_ratio']:.1%} of the predicted default, threshold "
+            f"{job['threshold']:.0%}: {verdict}"
+        )
+    lines.append(f"  exploration   {_energy(job['exploration_cost_j'])} in trials that missed the threshold")
+    for p in job["phases"]:
+        lines.append(
+            f"  {p['kind'] or '?':<13} {p['phases']} phases, {_energy(p['energy_j'])}, "
+            f"saved {p['estimated_savings_fraction']:.1%}"
+        )
+    clocks = {
+        p["kind"]: _clock(p["sm_clock_mhz"]) for s in sessions for p in s["phases"] if p["kind"] is not None
+    }
+    if clocks:
+        lines.append("  at the end    " + ", ".join(f"{k} {c}" for k, c in clocks.items()))
+    return "\n".join(lines)

@@ -376,6 +376,11 @@ def revoke(req: pb.RevokeRequest) -> tuple[str | None, str | None, str]:
     return name, job_id, _text(req.reason, "reason", MAX_REASON_CHARS)
 
 
+def report(req: pb.ReportRequest) -> str | None:
+    """The job whose reports are asked for (None: every report kept)."""
+    return _text(req.job_id, "job_id", MAX_TEXT_CHARS) or None
+
+
 def decisions(req: pb.GetDecisionsRequest) -> tuple[str | None, PhaseKind | None, int]:
     """GetDecisionsRequest → (session or None, kind or None, limit)."""
     limit = req.limit or 1000

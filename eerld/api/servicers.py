@@ -19,7 +19,7 @@ from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 from eerl.wire.metadata import CALLER_METADATA
 
-from eerld.api import codec
+from eerld.api import codec, report_codec
 from eerld.daemon import Daemon
 from eerld.grants import SHARED_NAME
 
@@ -94,8 +94,14 @@ class PhaseServicer(pb_grpc.PhaseServiceServicer):
     def CloseSession(
         self, request: pb.CloseSessionRequest, context: grpc.ServicerContext
     ) -> pb.CloseSessionResponse:
-        closed = self._daemon.book.close_session(codec.session_id(request.session_id))
-        return pb.CloseSessionResponse(energy_mj=closed.energy_mj, valid_tokens=closed.valid_tokens)
+        sid = codec.session_id(request.session_id)
+        closed = self._daemon.book.close_session(sid)
+        report = self._daemon.reports.of_session(sid)
+        return pb.CloseSessionResponse(
+            energy_mj=closed.energy_mj,
+            valid_tokens=closed.valid_tokens,
+            report=report_codec.report_out(report) if report is not None else None,
+        )
 
     def IssueClaimTicket(
         self, request: pb.IssueClaimTicketRequest, context: grpc.ServicerContext
@@ -175,6 +181,10 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
     ) -> pb.GetDecisionsResponse:
         views = self._daemon.reads.decisions(*codec.decisions(request))
         return pb.GetDecisionsResponse(decisions=[codec.decision_out(v) for v in views])
+
+    def Report(self, request: pb.ReportRequest, context: grpc.ServicerContext) -> pb.ReportResponse:
+        reports = self._daemon.reports.recent(codec.report(request))
+        return pb.ReportResponse(reports=[report_codec.report_out(r) for r in reports])
 
     def ResetAll(self, request: pb.ResetAllRequest, context: grpc.ServicerContext) -> pb.ResetAllResponse:
         gpus, reason = codec.reset(request)

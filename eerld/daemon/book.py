@@ -35,6 +35,7 @@ from eerld.daemon.gate import ClaimGate
 from eerld.daemon.inventory import Inventory
 from eerld.daemon.jobmode import IncarnationBook, JobSessions, JobState
 from eerld.daemon.lifecycle import LifeCycle
+from eerld.daemon.reports import SessionReport, report_of
 from eerld.daemon.views import ClaimView, ClosedSession, GpuInfoView, OpenedSession
 from eerld.errors import Conflict, NotFound, ValidationError
 from eerld.grants import SHARED_NAME
@@ -65,6 +66,14 @@ class ClosedArchive(Protocol):
 
     def record_closed(self, session: HeldSession, job: JobState | None = None) -> None:
         """Keep a closing session's decisions."""
+        ...
+
+
+class ReportSink(Protocol):
+    """Where a finished session's report goes (:class:`eerld.daemon.reports.ReportStore`)."""
+
+    def record(self, report: SessionReport) -> None:
+        """Keep a finished session's report."""
         ...
 
 
@@ -105,6 +114,7 @@ class SessionBook:
         *,
         life: LifeCycle,
         archive: ClosedArchive,
+        reports: ReportSink | None = None,
         controller_factory: ControllerFactory,
         fixed_clocks_mhz: Mapping[PhaseKind, int],
         job_policy: JobPolicy,
@@ -121,6 +131,7 @@ class SessionBook:
         self._gate = gate
         self._life = life
         self._archive = archive
+        self._reports = reports
         self._controller_factory = controller_factory
         self._fixed_clocks_mhz = dict(fixed_clocks_mhz)
         self._job_policy = job_policy
@@ -375,6 +386,7 @@ class SessionBook:
         if attachment is not None:
             attachment.ended.set()
         self._archive.record_closed(session, self._jobs.remove(session.session_id))
+        self._record_report(session, reason)
         totals = _totals(session)
         log.info(
             "session_close",
@@ -385,8 +397,21 @@ class SessionBook:
             gpu_uuids=[self._inventory.uuid(i) for i in session.gpu_indices],
             reason=reason,
             energy_mj=totals.energy_mj,
+            energy_j=round(totals.energy_mj / 1000.0, 3),
+            valid_tokens=totals.valid_tokens,
         )
         return totals
+
+    def _record_report(self, session: HeldSession, reason: str) -> None:
+        """Keep the ending session's report (where a report sink was given)."""
+        if self._reports is None:
+            return
+        try:
+            snapshots = session.controller.snapshot()
+        except Exception:
+            log.exception("controller_error", session_id=short_id(session.session_id))
+            snapshots = ()
+        self._reports.record(report_of(session, snapshots, reason=reason, closed_at_unix_s=self._wall()))
 
 
 def _totals(session: HeldSession) -> ClosedSession:

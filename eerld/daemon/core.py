@@ -9,6 +9,8 @@ metrics (:mod:`eerld.metrics`), the pod watch and the tests call the component a
 - :attr:`Daemon.admin` (:class:`~eerld.daemon.admin.Admin`): pins, drains, resets, grants, claim tickets;
 - :attr:`Daemon.reads` (:class:`~eerld.daemon.status.StatusReader`): Status, ListSessions, ListGrants,
   GetDecisions and the metrics' scrape;
+- :attr:`Daemon.reports` (:class:`~eerld.daemon.reports.ReportStore`): the finished sessions' reports
+  (Report; the book records one as each session ends);
 - :attr:`Daemon.events` (:class:`~eerld.daemon.events.Events`): subscribe to and publish RPC, phase and
   directive events;
 - :attr:`Daemon.access` (:class:`~eerld.access.Access`): the worker sockets and who may claim what.
@@ -51,6 +53,7 @@ from eerld.daemon.inventory import Inventory
 from eerld.daemon.jobmode import IncarnationBook, JobSessions
 from eerld.daemon.lifecycle import LifeCycle
 from eerld.daemon.phases import PhasePath
+from eerld.daemon.reports import ReportStore
 from eerld.daemon.status import StatusReader
 from eerld.daemon.timebase import PhaseTimebase
 from eerld.gpu.base import GpuBackend
@@ -138,6 +141,7 @@ class Daemon:
             timebase=timebase,
             drains=self._gate,
         )
+        self.reports = ReportStore(state_dir)
         self.book = SessionBook(
             registry,
             inventory,
@@ -146,6 +150,7 @@ class Daemon:
             self._gate,
             life=self._life,
             archive=self.reads,
+            reports=self.reports,
             controller_factory=controller_factory,
             fixed_clocks_mhz=fixed,
             job_policy=policy,

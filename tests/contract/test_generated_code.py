@@ -86,5 +86,6 @@ class TestContractRules:
             "Revoke",
             "ListGrants",
             "Drain",
+            "Report",
             "Undrain",
         }

@@ -104,6 +104,38 @@ class TestEerlctlAgainstEerld:
         assert decisions
         assert {d["sm_clock_mhz"] for d in decisions} == {1200}
 
+    def test_report_of_a_finished_job_in_words_and_json(self, daemon: DaemonHandle) -> None:
+        """After a reset ends job-42's session, ``report`` lists it and ``report job-42`` gives its energy
+        (kWh), tokens and threshold; an unknown job is one Error line."""
+        assert ctl_json(daemon, "report") == {"reports": []}
+        ctl_json(daemon, "reset", "--gpus", "0")
+        listed = ctl_json(daemon, "report")["reports"]
+        assert [(r["job_id"], r["reason"]) for r in listed] == [("job-42", "admin reset: eerlctl reset")]
+        job = ctl_json(daemon, "report", "job-42")
+        assert job["energy_j"] > 0
+        assert job["energy_kwh"] == pytest.approx(job["energy_j"] / 3.6e6)
+        assert (job["valid_tokens"], job["threshold"], job["under_threshold"]) == (800, 0.95, False)
+        assert [p["kind"] for p in job["phases"]] == ["generation", "training"]
+        assert {"energy_per_valid_token_j", "estimated_savings_fraction", "throughput_ratio"} <= set(job)
+        code, text, _ = ctl(daemon, "report", "job-42")
+        assert code == 0
+        assert text.startswith("Job job-42: 1 session on this node")
+        assert " kWh (" in text
+        code, _, err = ctl(daemon, "report", "job-43")
+        assert code == 1
+        assert err == "Error: no report of job 'job-43' on this node (eerlctl report lists the ones kept)\n"
+
+    def test_close_session_answers_with_the_session_s_report(self, daemon: DaemonHandle) -> None:
+        """The worker's CloseSession carries the same report the admin reads."""
+        sid = ctl_json(daemon, "--show-tokens", "sessions")["sessions"][0]["session_id"]
+        with grpc.insecure_channel(f"unix:{daemon.socket_path}") as channel:
+            stub = eerl_pb2_grpc.PhaseServiceStub(channel)
+            reply = stub.CloseSession(eerl_pb2.CloseSessionRequest(session_id=sid))
+        assert reply.report.job_id == "job-42"
+        assert reply.report.energy_j == pytest.approx(reply.energy_mj / 1000.0)
+        assert reply.report.valid_tokens == 800
+        assert reply.report.reason == "closed by client"
+
     def test_health_on_both_sockets(self, daemon: DaemonHandle) -> None:
         """The probes' health check answers SERVING on the admin and on the worker socket."""
         assert ctl(daemon, "health")[:2] == (0, "SERVING\n")

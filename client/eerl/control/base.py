@@ -72,6 +72,12 @@ class PhaseSnapshot:
     """The controller's estimate of the energy saved so far (:func:`eerl.phases.savings_fraction`)."""
     exploration_cost_j: float = 0.0
     predictor_error_fraction: float = 0.0
+    default_energy_j: float = 0.0
+    """What the judged phases would have used on the default governor (predicted for a locked one)."""
+    default_s: float = 0.0
+    """What they would have taken on the default governor (predicted for a locked one)."""
+    actual_s: float = 0.0
+    """What they took: ``default_s / actual_s`` is the throughput against the predicted default."""
 
 
 @dataclass(frozen=True, slots=True)

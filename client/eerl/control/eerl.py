@@ -162,6 +162,9 @@ class EerlController:
                 estimated_savings_fraction=track.ledger.savings_fraction,
                 exploration_cost_j=track.ledger.exploration_cost_j,
                 predictor_error_fraction=track.baseline.predictor.error_fraction,
+                default_energy_j=track.ledger.predicted_energy_j,
+                default_s=track.ledger.default_s,
+                actual_s=track.ledger.actual_s,
             )
             for track in self._tracks.values()
         ]
@@ -220,7 +223,7 @@ class EerlController:
         error = learn_default(track.baseline, obs, relearning=track.relearning)
         # A phase on the default governor saves nothing by definition: its energy counts in the total
         # the savings are a fraction of, and the predictor's error on it is no saving (nor a loss).
-        track.ledger.add_default(obs.energy_j)
+        track.ledger.add_default(obs.energy_j, obs.duration_s)
         if track.state is ControllerState.BASELINE:
             if baseline_complete(track.baseline, self._config):
                 track.state = ControllerState.EXPLORING
@@ -282,7 +285,7 @@ class EerlController:
         features = workload_features(track.kind, obs.workload)
         track.curve.add(Trial(clock, features, obs.duration_s, obs.energy_j, obs.iteration))
         track.baseline.predictor.add_locked(clock, features, obs.duration_s, obs.energy_j)
-        track.ledger.add_trial(prediction.energy_j, obs.energy_j)
+        track.ledger.add_trial(prediction.energy_j, obs.energy_j, prediction.duration_s, obs.duration_s)
         track_default_scale(track.baseline, obs.workload)
         if track.searching:
             track.search.trials_in_search += 1

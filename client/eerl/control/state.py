@@ -99,15 +99,25 @@ class Ledger:
     savings_j: float = 0.0
     predicted_energy_j: float = 0.0
     """The default-equivalent energy of every phase so far (what savings are a fraction of)."""
+    default_s: float = 0.0
+    """The default-equivalent time of every phase so far (the report's throughput; no decision uses it)."""
+    actual_s: float = 0.0
+    """The time those phases took."""
 
-    def add_default(self, energy_j: float) -> None:
-        """A default-governor phase saves nothing by definition; its energy counts in the total."""
+    def add_default(self, energy_j: float, duration_s: float = 0.0) -> None:
+        """A default-governor phase saves nothing by definition; its energy and time count in the totals."""
         self.predicted_energy_j += energy_j
+        self.default_s += duration_s
+        self.actual_s += duration_s
 
-    def add_trial(self, predicted_energy_j: float, energy_j: float) -> None:
+    def add_trial(
+        self, predicted_energy_j: float, energy_j: float, predicted_s: float = 0.0, duration_s: float = 0.0
+    ) -> None:
         """A locked phase saves the predicted default energy minus what it measured."""
         self.predicted_energy_j += predicted_energy_j
         self.savings_j += predicted_energy_j - energy_j
+        self.default_s += predicted_s
+        self.actual_s += duration_s
 
     def add_missed_trial(self, energy_j: float) -> None:
         """A search trial slower than the threshold allows: its whole energy is exploration cost."""

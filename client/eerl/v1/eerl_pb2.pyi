@@ -912,19 +912,25 @@ class CloseSessionResponse(_message.Message):
 
     ENERGY_MJ_FIELD_NUMBER: _builtins.int
     VALID_TOKENS_FIELD_NUMBER: _builtins.int
+    REPORT_FIELD_NUMBER: _builtins.int
     energy_mj: _builtins.float
     """Total energy metered over the session's phases."""
     valid_tokens: _builtins.int
     """Total valid training tokens reported over the session."""
+    @_builtins.property
+    def report(self) -> Global___SessionReport:
+        """The session's report, as the admin's Report gives it."""
+
     def __init__(
         self,
         *,
         energy_mj: _builtins.float = ...,
         valid_tokens: _builtins.int = ...,
+        report: Global___SessionReport | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["report", b"report"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["energy_mj", b"energy_mj", "valid_tokens", b"valid_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["energy_mj", b"energy_mj", "report", b"report", "valid_tokens", b"valid_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1707,6 +1713,184 @@ class Decision(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Decision: _TypeAlias = Decision  # noqa: Y015
+
+@_typing.final
+class ReportRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """Only this job's sessions; empty means every report kept."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportRequest: _TypeAlias = ReportRequest  # noqa: Y015
+
+@_typing.final
+class ReportResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPORTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def reports(self) -> _containers.RepeatedCompositeFieldContainer[Global___SessionReport]:
+        """Reports, oldest first."""
+
+    def __init__(
+        self,
+        *,
+        reports: _abc.Iterable[Global___SessionReport] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reports", b"reports"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportResponse: _TypeAlias = ReportResponse  # noqa: Y015
+
+@_typing.final
+class PhaseReport(_message.Message):
+    """One phase kind of a finished session."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    PHASES_FIELD_NUMBER: _builtins.int
+    ENERGY_J_FIELD_NUMBER: _builtins.int
+    VALID_TOKENS_FIELD_NUMBER: _builtins.int
+    DURATION_S_FIELD_NUMBER: _builtins.int
+    ESTIMATED_SAVINGS_FRACTION_FIELD_NUMBER: _builtins.int
+    EXPLORATION_COST_J_FIELD_NUMBER: _builtins.int
+    SM_CLOCK_MHZ_FIELD_NUMBER: _builtins.int
+    kind: Global___PhaseKind.ValueType
+    """Phase kind."""
+    phases: _builtins.int
+    """Phases metered."""
+    energy_j: _builtins.float
+    """Their energy, joules."""
+    valid_tokens: _builtins.int
+    """Valid training tokens credited to them."""
+    duration_s: _builtins.float
+    """Their time, seconds."""
+    estimated_savings_fraction: _builtins.float
+    """The controller's estimate of the energy saved against its predicted default governor."""
+    exploration_cost_j: _builtins.float
+    """Energy of trials that missed the throughput threshold, joules."""
+    sm_clock_mhz: _builtins.int
+    """The SM clock held at the end; 0 means the default governor."""
+    def __init__(
+        self,
+        *,
+        kind: Global___PhaseKind.ValueType = ...,
+        phases: _builtins.int = ...,
+        energy_j: _builtins.float = ...,
+        valid_tokens: _builtins.int = ...,
+        duration_s: _builtins.float = ...,
+        estimated_savings_fraction: _builtins.float = ...,
+        exploration_cost_j: _builtins.float = ...,
+        sm_clock_mhz: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["duration_s", b"duration_s", "energy_j", b"energy_j", "estimated_savings_fraction", b"estimated_savings_fraction", "exploration_cost_j", b"exploration_cost_j", "kind", b"kind", "phases", b"phases", "sm_clock_mhz", b"sm_clock_mhz", "valid_tokens", b"valid_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PhaseReport: _TypeAlias = PhaseReport  # noqa: Y015
+
+@_typing.final
+class SessionReport(_message.Message):
+    """What a finished session did: energy, tokens, savings and throughput against its threshold."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    GPU_INDICES_FIELD_NUMBER: _builtins.int
+    OPENED_AT_UNIX_S_FIELD_NUMBER: _builtins.int
+    CLOSED_AT_UNIX_S_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    THRESHOLD_FIELD_NUMBER: _builtins.int
+    PHASES_FIELD_NUMBER: _builtins.int
+    ENERGY_J_FIELD_NUMBER: _builtins.int
+    VALID_TOKENS_FIELD_NUMBER: _builtins.int
+    ENERGY_PER_VALID_TOKEN_J_FIELD_NUMBER: _builtins.int
+    ESTIMATED_SAVINGS_FRACTION_FIELD_NUMBER: _builtins.int
+    THROUGHPUT_RATIO_FIELD_NUMBER: _builtins.int
+    UNDER_THRESHOLD_FIELD_NUMBER: _builtins.int
+    EXPLORATION_COST_J_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """Job id."""
+    session_id: _builtins.str
+    """Session id."""
+    rank: _builtins.int
+    """Rank."""
+    opened_at_unix_s: _builtins.float
+    """When it opened, seconds since the Unix epoch."""
+    closed_at_unix_s: _builtins.float
+    """When it ended, seconds since the Unix epoch."""
+    reason: _builtins.str
+    """Why it ended ("closed by the client", "lease expired", ...)."""
+    threshold: _builtins.float
+    """Its throughput threshold."""
+    energy_j: _builtins.float
+    """Energy of every phase, joules."""
+    valid_tokens: _builtins.int
+    """Valid training tokens."""
+    energy_per_valid_token_j: _builtins.float
+    """Joules per valid token; 0 without valid tokens."""
+    estimated_savings_fraction: _builtins.float
+    """The controller's estimate of the energy saved against its predicted default, both kinds."""
+    throughput_ratio: _builtins.float
+    """Phase time on the predicted default governor over the time the phases took; 0 when unknown."""
+    under_threshold: _builtins.bool
+    """True when the throughput ended below the threshold."""
+    exploration_cost_j: _builtins.float
+    """Energy of trials that missed the threshold, joules."""
+    @_builtins.property
+    def gpu_indices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Indices of the GPUs it held."""
+
+    @_builtins.property
+    def phases(self) -> _containers.RepeatedCompositeFieldContainer[Global___PhaseReport]:
+        """Per phase kind."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        session_id: _builtins.str = ...,
+        rank: _builtins.int = ...,
+        gpu_indices: _abc.Iterable[_builtins.int] | None = ...,
+        opened_at_unix_s: _builtins.float = ...,
+        closed_at_unix_s: _builtins.float = ...,
+        reason: _builtins.str = ...,
+        threshold: _builtins.float = ...,
+        phases: _abc.Iterable[Global___PhaseReport] | None = ...,
+        energy_j: _builtins.float = ...,
+        valid_tokens: _builtins.int = ...,
+        energy_per_valid_token_j: _builtins.float = ...,
+        estimated_savings_fraction: _builtins.float = ...,
+        throughput_ratio: _builtins.float = ...,
+        under_threshold: _builtins.bool = ...,
+        exploration_cost_j: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["closed_at_unix_s", b"closed_at_unix_s", "energy_j", b"energy_j", "energy_per_valid_token_j", b"energy_per_valid_token_j", "estimated_savings_fraction", b"estimated_savings_fraction", "exploration_cost_j", b"exploration_cost_j", "gpu_indices", b"gpu_indices", "job_id", b"job_id", "opened_at_unix_s", b"opened_at_unix_s", "phases", b"phases", "rank", b"rank", "reason", b"reason", "session_id", b"session_id", "threshold", b"threshold", "throughput_ratio", b"throughput_ratio", "under_threshold", b"under_threshold", "valid_tokens", b"valid_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionReport: _TypeAlias = SessionReport  # noqa: Y015
 
 @_typing.final
 class GetDecisionsRequest(_message.Message):

@@ -448,6 +448,11 @@ class AdminServiceStub:
                 request_serializer=eerl_dot_v1_dot_eerl__pb2.UndrainRequest.SerializeToString,
                 response_deserializer=eerl_dot_v1_dot_eerl__pb2.UndrainResponse.FromString,
                 _registered_method=True)
+        self.Report = channel.unary_unary(
+                '/eerl.v1.AdminService/Report',
+                request_serializer=eerl_dot_v1_dot_eerl__pb2.ReportRequest.SerializeToString,
+                response_deserializer=eerl_dot_v1_dot_eerl__pb2.ReportResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -537,6 +542,13 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Report(self, request, context):
+        """The reports of finished sessions (the newest the daemon keeps, across restarts): one job's, or all.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -594,6 +606,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.Undrain,
                     request_deserializer=eerl_dot_v1_dot_eerl__pb2.UndrainRequest.FromString,
                     response_serializer=eerl_dot_v1_dot_eerl__pb2.UndrainResponse.SerializeToString,
+            ),
+            'Report': grpc.unary_unary_rpc_method_handler(
+                    servicer.Report,
+                    request_deserializer=eerl_dot_v1_dot_eerl__pb2.ReportRequest.FromString,
+                    response_serializer=eerl_dot_v1_dot_eerl__pb2.ReportResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -898,6 +915,33 @@ class AdminService:
             '/eerl.v1.AdminService/Undrain',
             eerl_dot_v1_dot_eerl__pb2.UndrainRequest.SerializeToString,
             eerl_dot_v1_dot_eerl__pb2.UndrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Report(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eerl.v1.AdminService/Report',
+            eerl_dot_v1_dot_eerl__pb2.ReportRequest.SerializeToString,
+            eerl_dot_v1_dot_eerl__pb2.ReportResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -199,6 +199,8 @@ class AdminServiceStub:
     """
     Undrain: _grpc.UnaryUnaryMultiCallable[_eerl_pb2.UndrainRequest, _eerl_pb2.UndrainResponse]
     """Ends drains: the GPUs may be claimed again."""
+    Report: _grpc.UnaryUnaryMultiCallable[_eerl_pb2.ReportRequest, _eerl_pb2.ReportResponse]
+    """The reports of finished sessions (the newest the daemon keeps, across restarts): one job's, or all."""
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -236,6 +238,8 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """
     Undrain: _aio.UnaryUnaryMultiCallable[_eerl_pb2.UndrainRequest, _eerl_pb2.UndrainResponse]  # type: ignore[assignment]
     """Ends drains: the GPUs may be claimed again."""
+    Report: _aio.UnaryUnaryMultiCallable[_eerl_pb2.ReportRequest, _eerl_pb2.ReportResponse]  # type: ignore[assignment]
+    """The reports of finished sessions (the newest the daemon keeps, across restarts): one job's, or all."""
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """---------------------------------------------------------------------------
@@ -336,5 +340,13 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_eerl_pb2.UndrainResponse, _abc.Awaitable[_eerl_pb2.UndrainResponse]]:
         """Ends drains: the GPUs may be claimed again."""
+
+    @_abc_1.abstractmethod
+    def Report(
+        self,
+        request: _eerl_pb2.ReportRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_eerl_pb2.ReportResponse, _abc.Awaitable[_eerl_pb2.ReportResponse]]:
+        """The reports of finished sessions (the newest the daemon keeps, across restarts): one job's, or all."""
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

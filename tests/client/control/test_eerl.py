@@ -168,6 +168,23 @@ class TestInvariants:
             assert set(trace.states[k][start:]) == {ControllerState.COMMITTED.value}
 
 
+class TestWhatItReports:
+    def test_the_snapshot_s_throughput_is_the_run_s_own_on_a_noiseless_job(self) -> None:
+        """The report's throughput (default-equivalent time over time taken, both kinds) is the true run
+        throughput against the default governor within 0.5 % on a noiseless job (the predictor's error),
+        and exactly 1 while only default-governor phases ran."""
+        controller = create_eerl_controller(ControllerSettings(GRID_MHZ, throughput_threshold=0.95))
+        job = SyntheticJob()
+        early = drive_sync(controller, job, 2)
+        snaps = controller.snapshot()
+        assert all(s.default_s == s.actual_s > 0 for s in snaps)  # the baseline: the default governor
+        later = drive_sync(controller, job, 60, start=2)
+        snaps = controller.snapshot()
+        reported = sum(s.default_s for s in snaps) / sum(s.actual_s for s in snaps)
+        assert reported == pytest.approx(run_throughput(job, early, later), abs=0.005)
+        assert all(s.default_energy_j > 0 for s in snaps)
+
+
 class TestBehaviour:
     @pytest.mark.parametrize(
         ("kind", "steps"),
