@@ -31,6 +31,7 @@ from eerl._answers import PhaseAnswer
 from eerl.config import ClientConfig
 from eerl.link.base import Code, DaemonLink, LinkError
 from eerl.phases import PhaseKind, Workload
+from eerl.reports import SessionReport
 from eerl.v1 import eerl_pb2
 from eerl.wire.enums import KIND_TO_PB, workload_to_pb
 from eerl.wire.limits import Finding, Problem, check_iteration, check_workload
@@ -112,6 +113,8 @@ class EventSink(Protocol):
     def wait_until_connected(self, timeout_s: float) -> bool: ...
 
     def answer(self, phase_id: int, begin: bool) -> PhaseAnswer | None: ...
+
+    def report(self) -> SessionReport | None: ...
 
     def close(self) -> None: ...
 
@@ -270,6 +273,8 @@ class BackgroundSender:
         self._begun: set[int] = set()
         """The begins the current session took whose end may still come (a new session starts empty)."""
         self._thread = threading.Thread(target=self._run, name=self._THREAD_NAME, daemon=True)
+        self._report: SessionReport | None = None
+        """The report the daemon gave when the session closed (None: none yet, or none came)."""
 
     # -- caller side ---------------------------------------------------------------------------------
 
@@ -309,6 +314,10 @@ class BackgroundSender:
         if isinstance(reply, eerl_pb2.BeginPhaseResponse):
             return PhaseAnswer.from_begin(reply)
         return PhaseAnswer.from_end(reply)
+
+    def report(self) -> SessionReport | None:
+        """The daemon's report of the session it closed (None before the close, or when none came)."""
+        return self._report
 
     def close(self) -> None:
         """Flushes what it can within ``close_timeout_s`` and stops the thread."""

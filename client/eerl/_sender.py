@@ -35,6 +35,7 @@ from eerl.link import grpc_connect
 from eerl.link.base import Code, Connect, DaemonLink, LinkError
 from eerl.link.opening import claim_tickets, gpu_ref, open_session, refused_by_kernel, watch_attach
 from eerl.v1 import eerl_pb2
+from eerl.wire.reports import report_from_pb
 
 __all__ = ["OpenRequest", "Sender"]
 
@@ -337,11 +338,14 @@ class Sender(BackgroundSender):
         self._held = None
         self._connected.clear()
         try:
-            held.link.close_session(
+            reply = held.link.close_session(
                 held.session_id, max(0.05, min(self._config.rpc_timeout_s, deadline_s - time.monotonic()))
             )
         except LinkError as e:
             logger.debug("eerl: CloseSession failed (%s)", e.describe())
+        else:
+            if reply is not None and reply.HasField("report"):
+                self._report = report_from_pb(reply.report)
         if held.cancel_attach is not None:
             held.cancel_attach()
         held.link.close()

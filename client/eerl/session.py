@@ -34,6 +34,7 @@ from eerl.errors import ConfigError
 from eerl.gpus import GpuId, parse_gpus, visible_gpus
 from eerl.link.base import Connect
 from eerl.phases import ExecutionMode, GpuRole, PhaseKind, Workload, parse_enum
+from eerl.reports import SessionReport
 from eerl.wire.enums import MODE_TO_PB, ROLE_TO_PB
 from eerl.wire.limits import MAX_ITERATION, to_count
 
@@ -213,13 +214,19 @@ class Session(ReportsToInnermost):
         self._sender.submit(Event(False, None, 0, 0, None, time.monotonic(), done))
         return done.wait(timeout_s)
 
-    def close(self) -> None:
-        """Flushes queued events (bounded by ``close_timeout_s``) and ends the daemon session. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._sender is not None:
+    def close(self) -> SessionReport | None:
+        """Flushes queued events (bounded by ``close_timeout_s``) and ends the daemon session; the daemon's
+        report of it (energy, tokens, savings, throughput against the threshold: :mod:`eerl.reports`),
+        logged in one line, or None (no daemon session, or no answer in time). Idempotent."""
+        if self._sender is None:
+            return None
+        if not self._closed:
+            self._closed = True
             self._sender.close()
+            report = self._sender.report()
+            if report is not None:
+                logger.info("eerl: %s", report.summary())
+        return self._sender.report()
 
     def __enter__(self) -> Session:
         return self

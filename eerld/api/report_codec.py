@@ -4,10 +4,10 @@ figure goes out as 0 (proto3's "unset")."""
 
 from __future__ import annotations
 
+from eerl.reports import KindReport, SessionReport
 from eerl.v1 import eerl_pb2 as pb
 
 from eerld.api import codec
-from eerld.daemon.reports import KindReport, SessionReport
 
 
 def _kind_out(k: KindReport) -> pb.PhaseReport:
@@ -20,6 +20,9 @@ def _kind_out(k: KindReport) -> pb.PhaseReport:
         estimated_savings_fraction=k.estimated_savings_fraction,
         exploration_cost_j=k.exploration_cost_j,
         sm_clock_mhz=k.sm_clock_mhz or 0,
+        default_energy_j=k.default_energy_j,
+        default_s=k.default_s,
+        actual_s=k.actual_s,
     )
 
 

@@ -28,6 +28,7 @@ from eerl.control.simple import create_off_controller
 from eerl.errors import ValidationError as ControllerSettingsError
 from eerl.job.admission import JobPolicy, refuse_session
 from eerl.phases import PhaseKind
+from eerl.reports import SessionReport
 
 from eerld.access import Access, Authorization
 from eerld.clocks.arbiter import ClockArbiter
@@ -35,7 +36,7 @@ from eerld.daemon.gate import ClaimGate
 from eerld.daemon.inventory import Inventory
 from eerld.daemon.jobmode import IncarnationBook, JobSessions, JobState
 from eerld.daemon.lifecycle import LifeCycle
-from eerld.daemon.reports import SessionReport, report_of
+from eerld.daemon.reports import report_of
 from eerld.daemon.views import ClaimView, ClosedSession, GpuInfoView, OpenedSession
 from eerld.errors import Conflict, NotFound, ValidationError
 from eerld.grants import SHARED_NAME

@@ -44,6 +44,32 @@ class TestRealDaemon:
             (PhaseKind.TRAINING, 1, 131, 101, "job-real"),
         ]
 
+    def test_close_returns_the_daemon_s_report_and_logs_it_in_one_line(
+        self, sim_daemon: SimDaemon, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """``close()`` gives the session's report (the daemon's totals, its threshold) and logs one line."""
+        session = eerl.connect(gpus=[0, 1], job_id="job-report", config=sim_daemon.config, threshold=0.9)
+        with session.phase("generation", iteration=0) as p:
+            p.report(tokens=100, sequences=4)
+        with session.phase("training", iteration=0) as p:
+            p.report(tokens=130, valid_tokens=100, sequences=4)
+        with caplog.at_level(logging.INFO, logger="eerl"):
+            report = session.close()
+        assert report is not None
+        assert (report.job_id, report.valid_tokens, report.threshold) == ("job-report", 100, 0.9)
+        assert report.gpu_indices == (0, 1)
+        assert [k.phases for k in report.kinds] == [1, 1]
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("eerl: job job-report")]
+        assert len(lines) == 1
+        assert "(rank 0, GPUs 0,1)" in lines[0]
+        assert "100 valid tokens" in lines[0]
+        assert "(threshold 90%)" in lines[0]
+        assert session.close() is report  # idempotent, and no second line
+
+    def test_a_disabled_session_closes_with_no_report(self) -> None:
+        session = eerl.connect(gpus=[0], config=ClientConfig.disabled_config())
+        assert session.close() is None
+
     def test_a_gpu_named_by_uuid_is_the_daemons_gpu_of_that_uuid(self, sim_daemon: SimDaemon) -> None:
         uuid = sim_daemon.gpu_uuid(1)
         with eerl.connect(gpus=[uuid], config=sim_daemon.config) as session:

@@ -79,9 +79,12 @@ class GrpcLink:
         except grpc.RpcError as e:
             raise link_error(e) from None
 
-    def close_session(self, session_id: str, timeout_s: float) -> None:
+    def close_session(self, session_id: str, timeout_s: float) -> eerl_pb2.CloseSessionResponse:
         try:
-            self._stub.CloseSession(eerl_pb2.CloseSessionRequest(session_id=session_id), timeout=timeout_s)
+            reply: eerl_pb2.CloseSessionResponse = self._stub.CloseSession(
+                eerl_pb2.CloseSessionRequest(session_id=session_id), timeout=timeout_s
+            )
+            return reply
         except grpc.RpcError as e:
             raise link_error(e) from None
 

@@ -111,7 +111,8 @@ class DaemonLink(Protocol):
 
     def heartbeat(self, session_id: str, timeout_s: float) -> None: ...
 
-    def close_session(self, session_id: str, timeout_s: float) -> None: ...
+    def close_session(self, session_id: str, timeout_s: float) -> eerl_pb2.CloseSessionResponse | None:
+        """Ends the session; the daemon's totals and report (None: a link that has none)."""
 
     def attach(self, session_id: str) -> AttachStream:
         """Opens the session's ``Attach`` stream (errors are raised while reading it)."""

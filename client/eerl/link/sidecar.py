@@ -235,7 +235,7 @@ class SidecarLink:
         self._call("GET", "/v1/status")
 
     def close_session(self, session_id: str, timeout_s: float) -> None:
-        """Nothing: the sidecar's session outlives this process."""
+        """Nothing: the sidecar's session outlives this process (the sidecar prints its report)."""
 
     def attach(self, session_id: str) -> AttachStream:
         raise SidecarLinkError(Code.UNIMPLEMENTED, "a sidecar holds the session's stream itself")

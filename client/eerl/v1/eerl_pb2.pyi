@@ -1770,6 +1770,9 @@ class PhaseReport(_message.Message):
     ESTIMATED_SAVINGS_FRACTION_FIELD_NUMBER: _builtins.int
     EXPLORATION_COST_J_FIELD_NUMBER: _builtins.int
     SM_CLOCK_MHZ_FIELD_NUMBER: _builtins.int
+    DEFAULT_ENERGY_J_FIELD_NUMBER: _builtins.int
+    DEFAULT_S_FIELD_NUMBER: _builtins.int
+    ACTUAL_S_FIELD_NUMBER: _builtins.int
     kind: Global___PhaseKind.ValueType
     """Phase kind."""
     phases: _builtins.int
@@ -1786,6 +1789,14 @@ class PhaseReport(_message.Message):
     """Energy of trials that missed the throughput threshold, joules."""
     sm_clock_mhz: _builtins.int
     """The SM clock held at the end; 0 means the default governor."""
+    default_energy_j: _builtins.float
+    """What the phases the controller judged would have used on the default governor, joules (predicted for
+    a locked phase): what the savings are a fraction of.
+    """
+    default_s: _builtins.float
+    """What they would have taken on the default governor, seconds (predicted for a locked phase)."""
+    actual_s: _builtins.float
+    """What they took, seconds: default_s / actual_s is the throughput against the predicted default."""
     def __init__(
         self,
         *,
@@ -1797,10 +1808,13 @@ class PhaseReport(_message.Message):
         estimated_savings_fraction: _builtins.float = ...,
         exploration_cost_j: _builtins.float = ...,
         sm_clock_mhz: _builtins.int = ...,
+        default_energy_j: _builtins.float = ...,
+        default_s: _builtins.float = ...,
+        actual_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["duration_s", b"duration_s", "energy_j", b"energy_j", "estimated_savings_fraction", b"estimated_savings_fraction", "exploration_cost_j", b"exploration_cost_j", "kind", b"kind", "phases", b"phases", "sm_clock_mhz", b"sm_clock_mhz", "valid_tokens", b"valid_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actual_s", b"actual_s", "default_energy_j", b"default_energy_j", "default_s", b"default_s", "duration_s", b"duration_s", "energy_j", b"energy_j", "estimated_savings_fraction", b"estimated_savings_fraction", "exploration_cost_j", b"exploration_cost_j", "kind", b"kind", "phases", b"phases", "sm_clock_mhz", b"sm_clock_mhz", "valid_tokens", b"valid_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -6,7 +6,8 @@ Both sides import these modules, so that a name, a limit or a metadata key is wr
   :mod:`eerl.directives`) and their proto enums (``eerl.v1``), and the workload to and from its message;
 - :mod:`eerl.wire.limits`: the most a phase event may report (the daemon refuses more, the client never
   sends more), and the client's pure check of a workload against them;
-- :mod:`eerl.wire.metadata`: the gRPC metadata keys a client sets and eerld reads.
+- :mod:`eerl.wire.metadata`: the gRPC metadata keys a client sets and eerld reads;
+- :mod:`eerl.wire.reports`: a finished session's report (:mod:`eerl.reports`) from its message.
 
 They live in the client distribution (``eerl-client``) because the job needs them without the daemon, and
 eerld depends on ``eerl-client`` anyway; they are public, so eerld never imports a private module of

@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 from eerl.phases import PhaseKind, Workload
+from eerl.reports import KindReport, SessionReport, parse_report
+from eerl.wire.reports import report_from_pb
 
+from eerld.api.report_codec import report_out
 from eerld.daemon import Daemon
-from eerld.daemon.reports import REPORTS_FILE, KindReport, ReportStore, SessionReport
+from eerld.daemon.reports import REPORTS_FILE, ReportStore
 from eerld.testing import ManualClock
 from tests.eerld.conftest import HUB_CLOCK_MHZ, gpu_spec
 from tests.security.test_failsafes import fill, tmpfs
@@ -118,6 +121,19 @@ class TestFigures:
         assert data["energy_kwh"] == pytest.approx(1800.0 / 3.6e6)
         assert data["under_threshold"] is False
         assert data["kinds"][0]["kind"] == "generation"
+
+
+class TestOnTheWire:
+    def test_a_report_survives_the_wire_and_its_json_whole(self) -> None:
+        """What the client reads from CloseSession is the report the daemon kept: every field, so every
+        derived figure (throughput, savings) is the same on both sides; and so is the stored JSON."""
+        report = _report(generation=(10.0, 10.4), training=(20.0, 20.9))
+        assert report_from_pb(report_out(report)) == report
+        assert parse_report(json.loads(json.dumps(report.to_json()))) == report
+        line = report.summary()
+        assert line.startswith("job job (rank 0, GPUs 0): 0.0005 kWh, 20 valid tokens (90 J each)")
+        assert "saved 10.0% against the default governor (estimate), throughput 95.8% (threshold 95%)" in line
+        assert "UNDER THE THRESHOLD (95%)" in _report(generation=(10.0, 11.0)).summary()
 
 
 class TestUntrustedFile:
