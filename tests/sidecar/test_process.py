@@ -103,6 +103,14 @@ class TestLifecycle:
         # The job started once the session was open (--connect-wait-s): every phase was metered.
         assert all(c.answer["metered"] for c in calls if c.edge == "end")
         assert eerld_sim.session_of("wrapped") is None  # closed when the job ended
+        # When the job ends, the daemon's report of its session, on stderr (the job's stdout stays its own)
+        lines = wrapped.stderr.splitlines()
+        reports = [line for line in lines if line.startswith("eerl-sidecar: job wrapped")]
+        assert len(reports) == 1, wrapped.stderr
+        assert reports[0].startswith("eerl-sidecar: job wrapped (rank 0, GPUs 0,1): ")
+        assert "(threshold 95%)" in reports[0] or "UNDER THE THRESHOLD (95%)" in reports[0]
+        assert "eerl-sidecar: job" not in wrapped.stdout
         failing = run("--job-id", "x", "--gpus", "0", "--listen", "127.0.0.1:0", "--socket", "/nonexistent",
                       "--", "bash", "-c", "exit 3")  # fmt: skip
         assert failing.returncode == 3
+        assert "eerl-sidecar: job" not in failing.stderr  # no daemon, no report

@@ -81,7 +81,8 @@ class JobSidecar:
         return self._seat.wait_until_ready(timeout_s)
 
     def close(self) -> None:
-        """Leaves the job: the node's session closes (its daemon resets the GPUs)."""
+        """Leaves the job: the node's session closes (its daemon resets the GPUs; the job-level controller's
+        figures are the job's report, not this node's)."""
         self._seat.close()
 
     def begin(self, request: BeginRequest) -> dict[str, Any]:

@@ -48,6 +48,7 @@ from eerl._version import __version__
 from eerl.config import ClientConfig
 from eerl.errors import ConfigError
 from eerl.gpus import GpuId, parse_gpu_list
+from eerl.reports import SessionReport
 from eerl.session import Phase, Session
 from eerl.sidecar._address import SidecarAddress, parse_address
 from eerl.sidecar._api import (
@@ -95,7 +96,7 @@ class PhaseService(Protocol):
 
     def wait_until_ready(self, timeout_s: float) -> bool: ...
 
-    def close(self) -> None: ...
+    def close(self) -> SessionReport | None: ...
 
 
 class Sidecar:
@@ -131,9 +132,9 @@ class Sidecar:
         """Waits up to ``timeout_s`` for the daemon session (before ``-- command`` starts the job)."""
         return self._session.wait_until_connected(timeout_s)
 
-    def close(self) -> None:
-        """Closes the session: the daemon resets the job's GPUs."""
-        self._session.close()
+    def close(self) -> SessionReport | None:
+        """Closes the session: the daemon resets the job's GPUs; its report of the session, if it gave one."""
+        return self._session.close()
 
     def begin(self, request: BeginRequest) -> dict[str, Any]:
         """Begins a phase: queues its begin, waits (bounded) for the clock; raises ApiError (409)."""
@@ -413,7 +414,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         server.shutdown()
         server.server_close()
-        sidecar.close()  # the daemon resets the job's GPUs
+        report = sidecar.close()  # the daemon resets the job's GPUs
+        if report is not None:  # stderr: the command's stdout stays the command's
+            print(f"eerl-sidecar: {report.summary()}", file=sys.stderr, flush=True)
         if bound.path:
             with contextlib.suppress(OSError):
                 os.unlink(bound.path)
