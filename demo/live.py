@@ -41,7 +41,14 @@ from eerl_sim.scenario import load_scenario
 from demo.daemon import PARENT_ENV
 from demo.plot import preload_plotting, timeline_plot
 from demo.record import PhaseView, Record, record_json
-from demo.report import HEADER, controller_lines, gpus_after_stop_line, phase_line, summary_lines
+from demo.report import (
+    HEADER,
+    controller_lines,
+    gpus_after_stop_line,
+    job_report_lines,
+    phase_line,
+    summary_lines,
+)
 from demo.worker import PhaseRun
 from eerlctl.client import AdminClient
 
@@ -359,7 +366,10 @@ class LiveDemo:
             self.record.decisions = self._decisions()
             if self.worker.stdin is not None:
                 self.worker.stdin.close()
-        elif name == "done":
+        elif name == "done":  # the worker closed its session: the daemon has its report
+            admin = self.admin
+            assert admin is not None
+            self.record.reports = _read(lambda: admin.reports(job_id=JOB_ID, timeout_s=RPC_TIMEOUT_S)) or []
             return True
         return False
 
@@ -382,6 +392,9 @@ class LiveDemo:
         for line in controller_lines(self.record):
             self.say(line)
         self.say(gpus_after_stop_line(self.locked_after_stop, self.scenario.workload.gpus))
+        self.say()
+        for line in job_report_lines(self.record):
+            self.say(line)
         self.plot_path = self.write_outputs()
         self.say(f"  timeline plot: {self.plot_path}")
 

@@ -75,6 +75,8 @@ class Record:
     session_id: str = ""
     final_status: pb.StatusResponse | None = None
     decisions: list[pb.Decision] = field(default_factory=list)
+    reports: list[pb.SessionReport] = field(default_factory=list)
+    """The daemon's report of the demo's job once its session closed (``eerlctl report``)."""
 
     def iterations(self) -> list[int]:
         """Iterations with both phases done."""

@@ -14,6 +14,8 @@ from eerl.v1 import eerl_pb2 as pb
 from eerl.wire.enums import KIND_FROM_PB, STATE_FROM_PB
 
 from demo.record import PhaseView, Record, Totals
+from eerlctl.render import job_report_text
+from eerlctl.replies import job_report_dict, report_dict
 
 HEADER = (
     "iter  phase       state         clock   sim time    energy   J/valid tok  default   vs default\n"
@@ -169,6 +171,19 @@ def controller_lines(record: Record) -> list[str]:
             f"({pct(daemon_j / worker_j - 1)})"
         )
     return lines
+
+
+def job_report_lines(record: Record) -> list[str]:
+    """The daemon's report of the job, as ``eerlctl report JOB_ID`` prints it (its own figures: the
+    daemon's meter and the controller's predicted default, not the simulator's)."""
+    if not record.reports:
+        return ["  eerlctl report: the daemon gave no report of the job"]
+    sessions = [report_dict(r) for r in record.reports]
+    job = job_report_dict(sessions[0]["job_id"], sessions)
+    return [
+        f"eerlctl report {job['job_id']} (the daemon's own view of the finished job):",
+        job_report_text(job),
+    ]
 
 
 def gpus_after_stop_line(locked: Sequence[int] | None, gpus: int) -> str:

@@ -65,6 +65,9 @@ class TestShortRun:
         assert re.search(r"^\s+1  training ", done.stdout, re.MULTILINE)
         assert "GPUs after SIGTERM: all 8 at default clocks, none locked" in done.stdout
         assert re.search(r"throughput over the whole run \d+\.\d%", done.stdout), done.stdout
+        # the daemon's report of the finished job, as eerlctl report prints it
+        assert "Job eerl-demo: 1 session on this node" in done.stdout
+        assert re.search(r"^  energy +[0-9.]+ kWh \(", done.stdout, re.MULTILINE)
         plot = re.search(r"timeline plot: (\S+)", done.stdout)
         assert plot is not None
         assert Path(plot.group(1)) == (out / "eerl-demo-timeline.png").resolve()
