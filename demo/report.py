@@ -15,7 +15,7 @@ from eerl.wire.enums import KIND_FROM_PB, STATE_FROM_PB
 
 from demo.record import PhaseView, Record, Totals
 from eerlctl.render import job_report_text
-from eerlctl.replies import job_report_dict, report_dict
+from eerlctl.replies import job_report_dict
 
 HEADER = (
     "iter  phase       state         clock   sim time    energy   J/valid tok  default   vs default\n"
@@ -178,8 +178,7 @@ def job_report_lines(record: Record) -> list[str]:
     daemon's meter and the controller's predicted default, not the simulator's)."""
     if not record.reports:
         return ["  eerlctl report: the daemon gave no report of the job"]
-    sessions = [report_dict(r) for r in record.reports]
-    job = job_report_dict(sessions[0]["job_id"], sessions)
+    job = job_report_dict(record.reports[0].job_id, record.reports)
     return [
         f"eerlctl report {job['job_id']} (the daemon's own view of the finished job):",
         job_report_text(job),

@@ -241,9 +241,9 @@ def _cmd_decisions(ctx: _Context) -> int:
 
 def _cmd_report(ctx: _Context) -> int:
     job_id = ctx.args.job_id or ""
-    reports = [report_dict(r) for r in ctx.connect().reports(job_id=job_id, timeout_s=ctx.args.timeout)]
+    reports = ctx.connect().reports(job_id=job_id, timeout_s=ctx.args.timeout)
     if not job_id:
-        data = _shown(ctx, {"reports": reports})
+        data = _shown(ctx, {"reports": [report_dict(r) for r in reports]})
         _emit(ctx, data, reports_table(data["reports"]))
         return _EXIT_OK
     if not reports:

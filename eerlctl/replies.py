@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from eerl.reports import JobReport
 from eerl.v1 import eerl_pb2
+from eerl.wire.reports import report_from_pb
 
 __all__ = [
     "TOKEN_PREFIX_CHARS",
@@ -253,89 +255,14 @@ def decision_dict(decision: eerl_pb2.Decision) -> JsonDict:
     }
 
 
-JOULES_PER_KWH = 3.6e6
-
-
-def _phase_report_dict(p: eerl_pb2.PhaseReport) -> JsonDict:
-    return {
-        "kind": _enum_name(eerl_pb2.PhaseKind, p.kind, "PHASE_KIND_"),
-        "phases": p.phases,
-        "energy_j": p.energy_j,
-        "valid_tokens": p.valid_tokens,
-        "duration_s": p.duration_s,
-        "estimated_savings_fraction": p.estimated_savings_fraction,
-        "exploration_cost_j": p.exploration_cost_j,
-        "sm_clock_mhz": _mhz_or_none(p.sm_clock_mhz),
-    }
-
-
 def report_dict(r: eerl_pb2.SessionReport) -> JsonDict:
-    """One finished session's report (``throughput_ratio`` null when the controller predicted none)."""
-    return {
-        "job_id": r.job_id,
-        "session_id": r.session_id,
-        "rank": r.rank,
-        "gpu_indices": list(r.gpu_indices),
-        "opened_at_unix_s": r.opened_at_unix_s,
-        "closed_at_unix_s": r.closed_at_unix_s,
-        "reason": r.reason,
-        "energy_j": r.energy_j,
-        "energy_kwh": r.energy_j / JOULES_PER_KWH,
-        "valid_tokens": r.valid_tokens,
-        "energy_per_valid_token_j": r.energy_per_valid_token_j or None,
-        "estimated_savings_fraction": r.estimated_savings_fraction,
-        "throughput_ratio": r.throughput_ratio or None,
-        "threshold": r.threshold,
-        "under_threshold": r.under_threshold,
-        "exploration_cost_j": r.exploration_cost_j,
-        "phases": [_phase_report_dict(p) for p in r.phases],
-    }
+    """One finished session's report (:meth:`eerl.reports.SessionReport.to_json`: ``throughput_ratio``
+    null when the controller predicted none)."""
+    return report_from_pb(r).to_json()
 
 
-def _default_energy_j(energy_j: float, saved_fraction: float) -> float:
-    """The energy the default governor would have used, from what was used and the fraction saved."""
-    return energy_j / (1.0 - saved_fraction) if saved_fraction < 1.0 else energy_j
-
-
-def _saved_fraction(parts: Sequence[tuple[float, float]]) -> float:
-    """Saved over default-equivalent energy, over (energy used, fraction saved) pairs."""
-    default = sum(_default_energy_j(e, f) for e, f in parts)
-    return (default - sum(e for e, _ in parts)) / default if default > 0 else 0.0
-
-
-def job_report_dict(job_id: str, sessions: Sequence[JsonDict]) -> JsonDict:
-    """One job's report on this node: its sessions' totals, the savings over all of them, and its
-    throughput as the lowest of its sessions' (a rank that fell behind holds the whole job back)."""
-    energy = sum(s["energy_j"] for s in sessions)
-    tokens = sum(s["valid_tokens"] for s in sessions)
-    ratios = [s["throughput_ratio"] for s in sessions if s["throughput_ratio"] is not None]
-    phases: dict[str, JsonDict] = {}
-    for s in sessions:
-        for p in s["phases"]:
-            into = phases.setdefault(
-                p["kind"], {"kind": p["kind"], "phases": 0, "energy_j": 0.0, "valid_tokens": 0, "_parts": []}
-            )
-            into["phases"] += p["phases"]
-            into["energy_j"] += p["energy_j"]
-            into["valid_tokens"] += p["valid_tokens"]
-            into["_parts"].append((p["energy_j"], p["estimated_savings_fraction"]))
-    for p in phases.values():
-        p["estimated_savings_fraction"] = _saved_fraction(p.pop("_parts"))
-    threshold = max((s["threshold"] for s in sessions), default=0.0)
-    throughput = min(ratios) if ratios else None
-    return {
-        "job_id": job_id,
-        "energy_j": energy,
-        "energy_kwh": energy / JOULES_PER_KWH,
-        "valid_tokens": tokens,
-        "energy_per_valid_token_j": energy / tokens if tokens else None,
-        "estimated_savings_fraction": _saved_fraction(
-            [(s["energy_j"], s["estimated_savings_fraction"]) for s in sessions]
-        ),
-        "throughput_ratio": throughput,
-        "threshold": threshold,
-        "under_threshold": throughput is not None and throughput < threshold,
-        "exploration_cost_j": sum(s["exploration_cost_j"] for s in sessions),
-        "phases": list(phases.values()),
-        "sessions": list(sessions),
-    }
+def job_report_dict(job_id: str, sessions: Sequence[eerl_pb2.SessionReport]) -> JsonDict:
+    """One job's report on this node (:class:`eerl.reports.JobReport`): its sessions' totals, the savings
+    over all of them, its throughput the lowest of its sessions' (a rank that fell behind holds the job
+    back)."""
+    return JobReport.of(job_id, [report_from_pb(s) for s in sessions]).to_json()

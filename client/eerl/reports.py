@@ -11,7 +11,7 @@ JSON.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -19,8 +19,10 @@ from eerl.phases import PhaseKind, savings_fraction
 
 __all__ = [
     "JOULES_PER_KWH",
+    "JobReport",
     "KindReport",
     "SessionReport",
+    "jobs_of",
     "parse_report",
 ]
 
@@ -47,18 +49,10 @@ class KindReport:
     actual_s: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class SessionReport:
-    """A finished session's totals (see the module)."""
+class _Figures:
+    """What a session's and a job's report compute alike from their per-kind totals."""
 
-    job_id: str
-    session_id: str
-    rank: int
-    gpu_indices: tuple[int, ...]
-    opened_at_unix_s: float
-    closed_at_unix_s: float
-    reason: str
-    threshold: float
+    __slots__ = ()
     kinds: tuple[KindReport, ...]
 
     @property
@@ -83,6 +77,46 @@ class SessionReport:
         return savings_fraction(saved, sum(k.default_energy_j for k in self.kinds))
 
     @property
+    def exploration_cost_j(self) -> float:
+        """Energy of the trials that missed the threshold."""
+        return sum(k.exploration_cost_j for k in self.kinds)
+
+    def _figures_json(self) -> dict[str, Any]:
+        return {
+            "energy_j": self.energy_j,
+            "energy_kwh": self.energy_j / JOULES_PER_KWH,
+            "valid_tokens": self.valid_tokens,
+            "energy_per_valid_token_j": self.energy_per_valid_token_j,
+            "estimated_savings_fraction": self.estimated_savings_fraction,
+            "exploration_cost_j": self.exploration_cost_j,
+            "phases": [{**asdict(k), "kind": k.kind.value} for k in self.kinds],
+        }
+
+
+def _throughput_words(ratio: float | None, threshold: float, under: bool) -> str:
+    percent = f"{threshold * 100:g}%"
+    if ratio is None:
+        return f"throughput not predicted (threshold {percent})"
+    if under:
+        return f"throughput {ratio:.1%}, UNDER THE THRESHOLD ({percent})"
+    return f"throughput {ratio:.1%} (threshold {percent})"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionReport(_Figures):
+    """A finished session's totals (see the module)."""
+
+    job_id: str
+    session_id: str
+    rank: int
+    gpu_indices: tuple[int, ...]
+    opened_at_unix_s: float
+    closed_at_unix_s: float
+    reason: str
+    threshold: float
+    kinds: tuple[KindReport, ...]
+
+    @property
     def throughput_ratio(self) -> float | None:
         """Phase time on the predicted default governor over the time the phases took (None: unknown,
         e.g. under the fixed controller or in job mode, where the node's controller predicts nothing)."""
@@ -95,11 +129,6 @@ class SessionReport:
         ratio = self.throughput_ratio
         return ratio is not None and ratio < self.threshold
 
-    @property
-    def exploration_cost_j(self) -> float:
-        """Energy of the trials that missed the threshold."""
-        return sum(k.exploration_cost_j for k in self.kinds)
-
     def summary(self) -> str:
         """One line for people: ``job run-7 (rank 0, GPUs 0,1): 0.47 kWh, 1,234,567 valid tokens (0.0094 J
         each), saved 14.3% against the default governor (estimate), throughput 95.3% (threshold 95%)``."""
@@ -107,14 +136,7 @@ class SessionReport:
         tokens = f"{self.valid_tokens:,} valid tokens"
         if self.energy_per_valid_token_j is not None:
             tokens += f" ({self.energy_per_valid_token_j:.3g} J each)"
-        ratio = self.throughput_ratio
-        threshold = f"{self.threshold * 100:g}%"
-        if ratio is None:
-            throughput = f"throughput not predicted (threshold {threshold})"
-        elif self.under_threshold:
-            throughput = f"throughput {ratio:.1%}, UNDER THE THRESHOLD ({threshold})"
-        else:
-            throughput = f"throughput {ratio:.1%} (threshold {threshold})"
+        throughput = _throughput_words(self.throughput_ratio, self.threshold, self.under_threshold)
         return (
             f"job {self.job_id} (rank {self.rank}, GPUs {gpus}): {self.energy_j / JOULES_PER_KWH:.3g} kWh, "
             f"{tokens}, saved {self.estimated_savings_fraction:.1%} against the default governor (estimate), "
@@ -123,20 +145,100 @@ class SessionReport:
 
     def to_json(self) -> dict[str, Any]:
         """The report as stored and as ``eerlctl report --json`` prints it (derived figures included)."""
-        data = asdict(self)
-        data["gpu_indices"] = list(self.gpu_indices)
-        data["kinds"] = [{**asdict(k), "kind": k.kind.value} for k in self.kinds]
-        data.update(
-            energy_j=self.energy_j,
-            energy_kwh=self.energy_j / JOULES_PER_KWH,
-            valid_tokens=self.valid_tokens,
-            energy_per_valid_token_j=self.energy_per_valid_token_j,
-            estimated_savings_fraction=self.estimated_savings_fraction,
-            throughput_ratio=self.throughput_ratio,
-            under_threshold=self.under_threshold,
-            exploration_cost_j=self.exploration_cost_j,
-        )
-        return data
+        return {
+            "job_id": self.job_id,
+            "session_id": self.session_id,
+            "rank": self.rank,
+            "gpu_indices": list(self.gpu_indices),
+            "opened_at_unix_s": self.opened_at_unix_s,
+            "closed_at_unix_s": self.closed_at_unix_s,
+            "reason": self.reason,
+            "threshold": self.threshold,
+            "throughput_ratio": self.throughput_ratio,
+            "under_threshold": self.under_threshold,
+            **self._figures_json(),
+        }
+
+
+def _summed(kind: PhaseKind, parts: Sequence[KindReport]) -> KindReport:
+    """One kind's totals over several sessions (the clock: the last session's)."""
+    default_energy_j = sum(p.default_energy_j for p in parts)
+    saved = sum(p.estimated_savings_fraction * p.default_energy_j for p in parts)
+    return KindReport(
+        kind=kind,
+        phases=sum(p.phases for p in parts),
+        energy_j=sum(p.energy_j for p in parts),
+        valid_tokens=sum(p.valid_tokens for p in parts),
+        duration_s=sum(p.duration_s for p in parts),
+        estimated_savings_fraction=savings_fraction(saved, default_energy_j),
+        exploration_cost_j=sum(p.exploration_cost_j for p in parts),
+        sm_clock_mhz=parts[-1].sm_clock_mhz,
+        default_energy_j=default_energy_j,
+        default_s=sum(p.default_s for p in parts),
+        actual_s=sum(p.actual_s for p in parts),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class JobReport(_Figures):
+    """One job's finished sessions on a node, summed (``eerlctl report JOB_ID``, the per-job metrics)."""
+
+    job_id: str
+    sessions: tuple[SessionReport, ...]
+    kinds: tuple[KindReport, ...]
+
+    @classmethod
+    def of(cls, job_id: str, sessions: Sequence[SessionReport]) -> JobReport:
+        """The job's report from its sessions' (oldest first)."""
+        by_kind: dict[PhaseKind, list[KindReport]] = {}
+        for session in sessions:
+            for k in session.kinds:
+                by_kind.setdefault(k.kind, []).append(k)
+        kinds = tuple(_summed(kind, parts) for kind, parts in by_kind.items())
+        return cls(job_id, tuple(sessions), kinds)
+
+    @property
+    def threshold(self) -> float:
+        """The highest of its sessions' thresholds (they agree in a job)."""
+        return max((s.threshold for s in self.sessions), default=0.0)
+
+    @property
+    def throughput_ratio(self) -> float | None:
+        """The lowest of its sessions' (a rank that fell behind holds the whole job back); None: unknown."""
+        ratios = [r for s in self.sessions if (r := s.throughput_ratio) is not None]
+        return min(ratios) if ratios else None
+
+    @property
+    def under_threshold(self) -> bool:
+        """Whether the job ended below its threshold (unknown throughput: not flagged)."""
+        ratio = self.throughput_ratio
+        return ratio is not None and ratio < self.threshold
+
+    @property
+    def closed_at_unix_s(self) -> float:
+        """When its last session ended."""
+        return max((s.closed_at_unix_s for s in self.sessions), default=0.0)
+
+    def to_json(self) -> dict[str, Any]:
+        """As ``eerlctl report JOB_ID --json`` prints it: the job's figures and each session's report."""
+        return {
+            "job_id": self.job_id,
+            "closed_at_unix_s": self.closed_at_unix_s,
+            "threshold": self.threshold,
+            "throughput_ratio": self.throughput_ratio,
+            "under_threshold": self.under_threshold,
+            **self._figures_json(),
+            "sessions": [s.to_json() for s in self.sessions],
+        }
+
+
+def jobs_of(reports: Sequence[SessionReport]) -> list[JobReport]:
+    """The jobs of these reports (oldest first), each with its sessions, in the order each last ended."""
+    by_job: dict[str, list[SessionReport]] = {}
+    for report in reports:
+        by_job.setdefault(report.job_id, []).append(report)
+    jobs = [JobReport.of(job_id, sessions) for job_id, sessions in by_job.items()]
+    return sorted(jobs, key=lambda j: j.closed_at_unix_s)
 
 
 def _number(item: Mapping[str, Any], name: str, *, optional: bool = False) -> float:
@@ -166,7 +268,7 @@ def _text(item: Mapping[str, Any], name: str) -> str:
 
 def _kind_report(item: object) -> KindReport:
     if not isinstance(item, dict):
-        raise ValueError("kinds: expected objects")
+        raise ValueError("phases: expected objects")
     try:
         kind = PhaseKind(str(item.get("kind")))
     except ValueError:
@@ -194,11 +296,11 @@ def parse_report(item: object) -> SessionReport:
     if not isinstance(item, dict):
         raise ValueError(f"expected an object, got {'null' if item is None else type(item).__name__}")
     gpus = item.get("gpu_indices")
-    kinds = item.get("kinds")
+    kinds = item.get("phases")
     if not isinstance(gpus, list) or not all(isinstance(g, int) and 0 <= g < 4096 for g in gpus):
         raise ValueError("gpu_indices: expected a list of GPU indices")
     if not isinstance(kinds, list) or len(kinds) > len(PhaseKind):
-        raise ValueError("kinds: expected a list of at most one report per phase kind")
+        raise ValueError("phases: expected a list of at most one report per phase kind")
     return SessionReport(
         job_id=_text(item, "job_id"),
         session_id=_text(item, "session_id"),

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 from eerl.phases import ControllerState, PhaseKind
+from eerl.reports import SessionReport
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -42,6 +43,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
+
+from eerld.metrics.jobs import job_families
 
 __all__ = [
     "CLOCK_EVENT_NAMES",
@@ -174,6 +177,8 @@ class MetricsSnapshot:
     sessions: tuple[SessionSample, ...] = ()
     pods: Mapping[str, PodSample] = field(default_factory=dict)
     """GPU UUID -> the Kubernetes container it is allocated to (empty off Kubernetes)."""
+    finished: tuple[SessionReport, ...] = ()
+    """The reports of the finished sessions the daemon keeps (:mod:`eerld.metrics.jobs`)."""
 
 
 @runtime_checkable
@@ -238,6 +243,7 @@ class EerlCollector(Collector):
             yield from _daemon_families(snapshot.daemon, hostname)
             yield from _gpu_families(snapshot.gpus, hostname)
             yield from _session_families(snapshot, hostname)
+            yield from job_families(snapshot.finished, hostname)
         if self._local is not None:
             for family in self._local.collect():
                 yield _with_label(family, _HOSTNAME, hostname)

@@ -7,9 +7,12 @@ daemon as :class:`MetricsDaemon`: its read model and its events.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
+
+from eerl.reports import SessionReport
 
 from eerld.daemon.views import (
     DirectiveObserver,
@@ -67,6 +70,14 @@ class DaemonEvents(Protocol):
         ...
 
 
+class FinishedReports(Protocol):
+    """The finished sessions' reports as the metrics read them (:class:`eerld.daemon.reports.ReportStore`)."""
+
+    def recent(self, job_id: str | None = None) -> tuple[SessionReport, ...]:
+        """The kept reports, oldest first."""
+        ...
+
+
 class MetricsDaemon(Protocol):
     """What the metrics read from the daemon (:class:`eerld.daemon.Daemon` is one): its status through its
     read model, and its RPC, phase and directive events through a subscription."""
@@ -79,6 +90,11 @@ class MetricsDaemon(Protocol):
     @property
     def events(self) -> DaemonEvents:
         """The events (``subscribe()``)."""
+        ...
+
+    @property
+    def reports(self) -> FinishedReports:
+        """The finished sessions' reports (``recent()``)."""
         ...
 
 
@@ -105,7 +121,8 @@ class DaemonMetricsSource:
         if self.pods is not None:
             owners = self.pods.owners((g.info.index, g.info.uuid) for g in status.gpus)
             pods = {uuid: PodSample(o.namespace, o.pod, o.container) for uuid, o in owners.items()}
-        return snapshot_from_status(status, now_unix_s=self._wall(), pods=pods)
+        snapshot = snapshot_from_status(status, now_unix_s=self._wall(), pods=pods)
+        return dataclasses.replace(snapshot, finished=self.daemon.reports.recent())
 
 
 def hpc_job_of(grant: Grant | None) -> str:

@@ -172,6 +172,28 @@ class TestMetricsOfTheDaemon:
         assert f"eerl_session_phases_total{{{labels}}} 1.0" in text
         assert 'eerl_gpu_locked_sm_clock_hertz{Hostname="node-a",UUID="GPU-fake-0000' in text
 
+    def test_a_finished_job_s_totals_outlive_its_session(
+        self, daemon: DaemonHandle, metrics: MetricsServer
+    ) -> None:
+        """While job-42 runs it has session series and no job series; once its session ends the session
+        series are gone and the job's totals stay: energy as the report says, valid tokens, threshold."""
+        job = 'Hostname="node-a",job_id="job-42"'
+        before = scrape(metrics)
+        assert f"eerl_job_energy_joules{{{job}}}" not in before
+        ctl_json(daemon, "reset", "--gpus", "0")
+        report = ctl_json(daemon, "report", "job-42")
+        after = scrape(metrics)
+        assert 'eerl_session_phases_total{Hostname="node-a",gpus="0",job_id="job-42"' not in after
+        assert f"eerl_job_finished_sessions{{{job}}} 1.0" in after
+        assert f"eerl_job_valid_tokens{{{job}}} 800.0" in after
+        assert f"eerl_job_threshold_ratio{{{job}}} 0.95" in after
+        assert f"eerl_job_under_threshold{{{job}}} 0.0" in after
+        energy = next(
+            line for line in after.splitlines() if line.startswith(f"eerl_job_energy_joules{{{job}}}")
+        )
+        assert float(energy.split()[-1]) == pytest.approx(report["energy_j"])
+        assert f"eerl_job_throughput_ratio{{{job}}}" not in after  # the fixed controller predicts none
+
     def test_rpcs_after_the_start_are_counted(self, daemon: DaemonHandle, metrics: MetricsServer) -> None:
         """An eerlctl call made after the metrics server started is counted by method and code."""
         ctl(daemon, "status")

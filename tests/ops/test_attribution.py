@@ -25,6 +25,7 @@ from eerld.api.podresources import api_pb2 as pb
 from eerld.config import load_config
 from eerld.daemon import Daemon, StatusView
 from eerld.daemon.events import Events
+from eerld.daemon.reports import ReportStore
 from eerld.errors import BackendFailure, ConfigError
 from eerld.gpu.base import ClockEventReasons
 from eerld.grants import GrantSpec
@@ -377,10 +378,12 @@ class CountingDaemon:
     daemon: Daemon
     reads: CountingReads = field(init=False)
     events: Events = field(init=False)
+    reports: ReportStore = field(init=False)
 
     def __post_init__(self) -> None:
         self.reads = CountingReads(self.daemon)
         self.events = self.daemon.events
+        self.reports = self.daemon.reports
 
     @property
     def statuses(self) -> int:

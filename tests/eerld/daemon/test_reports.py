@@ -120,7 +120,7 @@ class TestFigures:
         data = report.to_json()
         assert data["energy_kwh"] == pytest.approx(1800.0 / 3.6e6)
         assert data["under_threshold"] is False
-        assert data["kinds"][0]["kind"] == "generation"
+        assert data["phases"][0]["kind"] == "generation"
 
 
 class TestOnTheWire:
@@ -149,7 +149,7 @@ class TestUntrustedFile:
     def test_a_report_that_does_not_parse_is_dropped_and_the_others_kept(self, tmp_path: Path) -> None:
         tmp_path.chmod(0o700)
         good = _report(session_id="good", generation=(1.0, 1.0)).to_json()
-        bad = {**good, "session_id": "bad", "energy_j": "a lot", "kinds": [{"kind": "sleeping"}]}
+        bad = {**good, "session_id": "bad", "energy_j": "a lot", "phases": [{"kind": "sleeping"}]}
         (tmp_path / REPORTS_FILE).write_text(json.dumps({"reports": [bad, good, None, {**good, "rank": -1}]}))
         (tmp_path / REPORTS_FILE).chmod(0o600)
         assert [r.session_id for r in ReportStore(tmp_path).recent()] == ["good"]
