@@ -32,7 +32,10 @@ RUN sim=; if [ -n "$EERL_SIM" ]; then sim="./sim${EERL_SIM#eerl-sim}"; fi \
 
 FROM ${PYTHON_IMAGE} AS runtime
 ARG EERL_SIM=
+# The distributions' version (pyproject.toml); `make image` passes it, and tags the image with it.
+ARG EERL_VERSION=0.1.0
 LABEL org.opencontainers.image.title="eerld" \
+      org.opencontainers.image.version="${EERL_VERSION}" \
       org.opencontainers.image.description="Energy-efficient RL GPU clock-control daemon" \
       org.opencontainers.image.licenses="Apache-2.0"
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \

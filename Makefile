@@ -16,7 +16,7 @@ DEMO_STAMP := $(VENV)/.installed-demo
 MULTINODE_STAMP := $(VENV)/.installed-demo-multinode
 LOCK_VENV := $(or $(TMPDIR),/tmp)/eerl-constraints-venv
 
-.PHONY: help setup demo demo-multinode test check-proto proto options-doc lint fmt typecheck pytest bench soak constraints clean
+.PHONY: help setup demo demo-multinode test check-proto proto options-doc lint fmt typecheck pytest bench soak constraints clean dist image
 
 help:
 	@echo "make demo   - set up what the demo needs and run the simulated RL loop"
@@ -25,6 +25,8 @@ help:
 	@echo "make proto  - regenerate the gRPC code from proto/"
 	@echo "make options-doc - rewrite eerld's flags and options in docs/operations.md from eerld/config/options.py"
 	@echo "make constraints - re-resolve constraints.txt (the pinned runtime dependencies) in a clean venv"
+	@echo "make dist   - sdists and wheels of eerl-client, eerld and eerl-sim in dist/, checked with twine check --strict"
+	@echo "make image  - the container image eerld:VERSION (Docker); push it to your own registry"
 	@echo "make fmt | lint | bench | soak | clean"
 
 $(BIN)/python:
@@ -49,6 +51,19 @@ $(MULTINODE_STAMP): $(DEPS) | $(BIN)/python
 	@touch $(MULTINODE_STAMP) $(DEMO_STAMP)
 
 setup: $(STAMP)
+
+# The release artifacts: an sdist of each distribution and its wheel built from that sdist (so the sdist is
+# complete), with the venv's pinned hatchling (no download), then checked as a package index renders them.
+dist: $(STAMP)
+	rm -rf dist && mkdir -p dist
+	set -e; for d in client . sim; do $(BIN)/python -m build --no-isolation --outdir dist $$d; done
+	$(BIN)/twine check --strict dist/*
+
+# The container image, tagged with the version the wheels carry (needs Docker; push it yourself:
+# docker tag eerld:VERSION REGISTRY/eerld:VERSION && docker push REGISTRY/eerld:VERSION).
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+image:
+	docker build --build-arg EERL_VERSION=$(VERSION) -t eerld:$(VERSION) .
 
 demo: $(DEMO_STAMP)
 	$(BIN)/python -m demo
