@@ -428,6 +428,10 @@ def job_report_text(job: Mapping[str, Any]) -> str:
             f"{job['threshold']:.0%}: {verdict}"
         )
     lines.append(f"  exploration   {_energy(job['exploration_cost_j'])} in trials that missed the threshold")
+    if job["pinned_phases"]:
+        lines.append(
+            f"  pinned        {job['pinned_phases']} phases held by an admin pin (the controller waited)"
+        )
     for p in job["phases"]:
         lines.append(
             f"  {p['kind'] or '?':<13} {p['phases']} phases, {_energy(p['energy_j'])}, "

@@ -23,6 +23,7 @@ from eerld.errors import Conflict, NotFound, ValidationError
 
 SESSION_ID_BYTES = 24
 RECENT_WINDOW = 8
+PIN_DECISIONS_KEPT = 64
 DEFAULT_MAX_LEASE_TTL_S = 30.0
 """No session's lease is longer, whatever it asks for (``--max-lease-ttl``): a job that dies without closing
 and without an Attach stream holds its GPUs at most this long after its last heartbeat or phase event."""
@@ -97,6 +98,8 @@ class ActivePhase:
     gap_before_s: float = 0.0
     """Backend-clock time from the session's previous EndPhase to this begin: the work between the phases,
     at the default governor (0 for the session's first phase)."""
+    pinned: bool = False
+    """An admin pin held one of the session's GPUs at its begin: the controller neither chose nor learns."""
 
 
 @dataclass(slots=True)
@@ -108,6 +111,8 @@ class PhaseTotals:
     valid_tokens: int = 0
     tokens: int = 0
     duration_s: float = 0.0
+    pinned_phases: int = 0
+    """Phases an admin pin held (metered, not fed to the controller)."""
     recent: deque[tuple[float, int, int, float]] = field(default_factory=lambda: deque(maxlen=RECENT_WINDOW))
 
     def add(self, energy_mj: float, valid_tokens: int, tokens: int, duration_s: float) -> None:
@@ -179,6 +184,10 @@ class HeldSession:
         (a release that failed) shows as held since then."""
         self.totals: dict[PhaseKind, PhaseTotals] = {k: PhaseTotals() for k in self.kinds}
         self.last_decision: dict[PhaseKind, Decision] = {}
+        self.pinned_gpus: tuple[int, ...] = ()
+        """The session's GPUs an admin pin held at its latest begin (a change is logged once)."""
+        self.pin_decisions: deque[Decision] = deque(maxlen=PIN_DECISIONS_KEPT)
+        """eerld's own decisions while pinned (the controller's history has none of them)."""
         self.lock = threading.Lock()
 
     def renew(self, now_s: float) -> None:

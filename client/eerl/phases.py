@@ -75,6 +75,8 @@ class ControllerState(enum.StrEnum):
     RETUNING = "retuning"
     FIXED = "fixed"
     OFF = "off"
+    PINNED = "pinned"
+    """An admin pin holds one of the session's GPUs: the controller waits (eerld decides the phase)."""
 
 
 _E = TypeVar("_E", bound=enum.StrEnum)

@@ -47,6 +47,8 @@ class KindReport:
     default_energy_j: float = 0.0
     default_s: float = 0.0
     actual_s: float = 0.0
+    pinned_phases: int = 0
+    """Phases an admin pin held (metered; the controller waited)."""
 
 
 class _Figures:
@@ -81,6 +83,11 @@ class _Figures:
         """Energy of the trials that missed the threshold."""
         return sum(k.exploration_cost_j for k in self.kinds)
 
+    @property
+    def pinned_phases(self) -> int:
+        """Phases an admin pin held."""
+        return sum(k.pinned_phases for k in self.kinds)
+
     def _figures_json(self) -> dict[str, Any]:
         return {
             "energy_j": self.energy_j,
@@ -89,6 +96,7 @@ class _Figures:
             "energy_per_valid_token_j": self.energy_per_valid_token_j,
             "estimated_savings_fraction": self.estimated_savings_fraction,
             "exploration_cost_j": self.exploration_cost_j,
+            "pinned_phases": self.pinned_phases,
             "phases": [{**asdict(k), "kind": k.kind.value} for k in self.kinds],
         }
 
@@ -137,10 +145,11 @@ class SessionReport(_Figures):
         if self.energy_per_valid_token_j is not None:
             tokens += f" ({self.energy_per_valid_token_j:.3g} J each)"
         throughput = _throughput_words(self.throughput_ratio, self.threshold, self.under_threshold)
+        pinned = f", {self.pinned_phases} phases held by an admin pin" if self.pinned_phases else ""
         return (
             f"job {self.job_id} (rank {self.rank}, GPUs {gpus}): {self.energy_j / JOULES_PER_KWH:.3g} kWh, "
             f"{tokens}, saved {self.estimated_savings_fraction:.1%} against the default governor (estimate), "
-            f"{throughput}"
+            f"{throughput}{pinned}"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -176,6 +185,7 @@ def _summed(kind: PhaseKind, parts: Sequence[KindReport]) -> KindReport:
         default_energy_j=default_energy_j,
         default_s=sum(p.default_s for p in parts),
         actual_s=sum(p.actual_s for p in parts),
+        pinned_phases=sum(p.pinned_phases for p in parts),
     )
 
 
@@ -288,6 +298,7 @@ def _kind_report(item: object) -> KindReport:
         default_energy_j=_number(item, "default_energy_j", optional=True),
         default_s=_number(item, "default_s", optional=True),
         actual_s=_number(item, "actual_s", optional=True),
+        pinned_phases=_count(item, "pinned_phases") if "pinned_phases" in item else 0,
     )
 
 

@@ -23,6 +23,7 @@ def _kind_out(k: KindReport) -> pb.PhaseReport:
         default_energy_j=k.default_energy_j,
         default_s=k.default_s,
         actual_s=k.actual_s,
+        pinned_phases=k.pinned_phases,
     )
 
 

@@ -27,6 +27,7 @@ from eerl.job.admission import JobPolicy, ReceivedDirective, Ruling, judge, rate
 from eerl.phases import ControllerState, ExecutionMode, PhaseKind, Workload
 
 from eerld.clocks.arbiter import AppliedClock, ClockArbiter, ClockSource
+from eerld.clocks.pins import Pin
 from eerld.daemon.events import Events
 from eerld.daemon.jobmode import IncarnationBook, JobDecision, JobSessions, JobState
 from eerld.daemon.lifecycle import LifeCycle
@@ -104,11 +105,18 @@ class PhasePath:
         with session.lock:
             abandoned = _check_begin(session, kind, iteration)
             now_s = self._clock()
-            decision = self._decide(session, kind, iteration, hints, self._phase_clock())
+            pins = self._pins_of(session)
+            if pins:  # the pin decides its GPUs, the default governor the others; the controller waits
+                decision = _pinned_decision(kind, iteration, pins, self._phase_clock())
+                session.pin_decisions.append(decision)
+            else:
+                decision = self._decide(session, kind, iteration, hints, self._phase_clock())
             clocks = self._arbiter.set_session(session.gpu_indices, session.session_id, decision.sm_clock_mhz)
             begin = read_counters(self._backend, session.gpu_indices, self._phase_clock())
             held = _held_clock(clocks, decision.sm_clock_mhz)
-            session.active = ActivePhase(kind, iteration, held, begin, gap_before_s=_gap(session, begin))
+            session.active = ActivePhase(
+                kind, iteration, held, begin, gap_before_s=_gap(session, begin), pinned=bool(pins)
+            )
             session.last_iteration = iteration
             session.last_decision[kind] = decision
             session.renew(now_s)
@@ -122,6 +130,27 @@ class PhasePath:
                 verdict=DirectiveVerdict.NOT_JOB_MODE.value,
             )
         return BeganPhase(tuple(clocks), decision.state, decision.sm_clock_mhz, abandoned is not None)
+
+    def _pins_of(self, session: HeldSession) -> list[tuple[int, Pin]]:
+        """The session's GPUs an admin pin holds now; a change since its last begin is logged once."""
+        pins = [(i, pin) for i in session.gpu_indices if (pin := self._arbiter.view(i).pin) is not None]
+        indices = tuple(i for i, _ in pins)
+        if indices != session.pinned_gpus:
+            if indices:
+                log.warning(
+                    "session_pinned",
+                    session_id=short_id(session.session_id),
+                    job_id=session.spec.job_id,
+                    gpu_indices=list(indices),
+                    detail="an admin pin holds these GPUs: the session's other GPUs run the default governor "
+                    "and its controller waits until the pin is removed (eerlctl unpin)",
+                )
+            else:
+                log.info(
+                    "session_unpinned", session_id=short_id(session.session_id), job_id=session.spec.job_id
+                )
+            session.pinned_gpus = indices
+        return pins
 
     def _decide(
         self, session: HeldSession, kind: PhaseKind, iteration: int, hints: Workload | None, now_s: float
@@ -301,12 +330,16 @@ class PhasePath:
         session.last_ended[kind] = metered.active.iteration
         session.held_since_unix_s = self._wall()
         session.totals[kind].add(energy.energy_mj, workload.valid_tokens, workload.tokens, energy.duration_s)
+        if metered.active.pinned:
+            session.totals[kind].pinned_phases += 1
         session.renew(self._clock())
 
     def _feed_controller(self, session: HeldSession, metered: _Metered) -> ControllerState:
         """Node mode: the session's controller observes the phase; its state of the kind. Job mode: the
         job-level controller observes what EndPhase returns; the state of the last ruling."""
         kind = metered.active.kind
+        if metered.active.pinned:  # a clock the controller did not choose: nothing to learn from
+            return ControllerState.PINNED
         job = self._jobs.get(session.session_id)
         if job is None:
             _observe(session, metered.observation)
@@ -316,7 +349,7 @@ class PhasePath:
 
     def _tell_peers(self, session: HeldSession, metered: _Metered) -> None:
         """An async session's phase is observed by the controllers of its peers too (each under its lock)."""
-        if session.spec.mode is not ExecutionMode.ASYNC:
+        if session.spec.mode is not ExecutionMode.ASYNC or metered.active.pinned:
             return
         for peer in self._sessions.peers(session):
             with peer.lock:
@@ -395,6 +428,23 @@ def _gap(session: HeldSession, begin: CounterReading) -> float:
     """Time since the session's previous EndPhase on the backend clock (0 for its first phase)."""
     last = session.last_end_time_s
     return max(0.0, begin.time_s - last) if last is not None else 0.0
+
+
+def _pinned_decision(
+    kind: PhaseKind, iteration: int, pins: Sequence[tuple[int, Pin]], now_s: float
+) -> Decision:
+    """eerld's decision for a phase an admin pin holds: the session asks for no lock (the pin's GPUs run at
+    the pin, the others at the default governor), and the reason names the pin."""
+    named = ", ".join(f'GPU {i} ({pin.sm_clock_mhz} MHz, "{pin.reason}")' for i, pin in pins)
+    return Decision(
+        kind,
+        iteration,
+        None,
+        ControllerState.PINNED,
+        f"admin pin on {named}: the other GPUs run the default governor and the controller waits until "
+        "eerlctl unpin",
+        now_s,
+    )
 
 
 def _held_clock(clocks: Sequence[AppliedClock], wanted: int | None) -> int | None:

@@ -61,6 +61,7 @@ def report_of(
                 default_energy_j=snap.default_energy_j if snap else 0.0,
                 default_s=snap.default_s if snap else 0.0,
                 actual_s=snap.actual_s if snap else 0.0,
+                pinned_phases=totals.pinned_phases,
             )
         )
     return SessionReport(

@@ -90,11 +90,12 @@ class StatusReader:
     def _history(self, session: HeldSession, job: JobState | None) -> tuple[_Entry, ...]:
         if job is not None:
             return tuple(_job_entry(d) for d in job.history())
+        pinned: tuple[_Entry, ...] = tuple((d, None, None) for d in session.pin_decisions)
         try:
-            return tuple((d, None, None) for d in session.controller.decisions())
+            return tuple((d, None, None) for d in session.controller.decisions()) + pinned
         except Exception:
             log.exception("controller_error", session_id=short_id(session.session_id))
-            return ()
+            return pinned
 
     def daemon_info(self) -> DaemonView:
         """Version, backend, controller, mode and uptime."""
@@ -166,6 +167,8 @@ class StatusReader:
             snap = snaps.get(kind)
             last = session.last_decision.get(kind)
             state = snap.state if snap else (last.state if last else ControllerState.OFF)
+            if last is not None and last.state is ControllerState.PINNED:  # eerld decided, not the controller
+                state = ControllerState.PINNED
             phases.append(
                 PhaseStatusView(
                     kind=kind,

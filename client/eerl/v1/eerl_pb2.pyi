@@ -118,6 +118,10 @@ class _ControllerStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Contr
     """Applying a fixed, configured clock (controller "fixed")."""
     CONTROLLER_STATE_OFF: _ControllerState.ValueType  # 6
     """Metering only; the default governor holds (controller "off")."""
+    CONTROLLER_STATE_PINNED: _ControllerState.ValueType  # 7
+    """An admin pin holds one of the session's GPUs: the pinned GPUs run at the pin's clock, the others at the
+    default governor, and the controller waits (it learns nothing from phases it did not choose).
+    """
 
 class ControllerState(_ControllerState, metaclass=_ControllerStateEnumTypeWrapper):
     """What the controller of a session is doing for one phase kind."""
@@ -135,6 +139,10 @@ CONTROLLER_STATE_FIXED: ControllerState.ValueType  # 5
 """Applying a fixed, configured clock (controller "fixed")."""
 CONTROLLER_STATE_OFF: ControllerState.ValueType  # 6
 """Metering only; the default governor holds (controller "off")."""
+CONTROLLER_STATE_PINNED: ControllerState.ValueType  # 7
+"""An admin pin holds one of the session's GPUs: the pinned GPUs run at the pin's clock, the others at the
+default governor, and the controller waits (it learns nothing from phases it did not choose).
+"""
 Global___ControllerState: _TypeAlias = ControllerState  # noqa: Y015
 
 class _ClockSource:
@@ -1773,6 +1781,7 @@ class PhaseReport(_message.Message):
     DEFAULT_ENERGY_J_FIELD_NUMBER: _builtins.int
     DEFAULT_S_FIELD_NUMBER: _builtins.int
     ACTUAL_S_FIELD_NUMBER: _builtins.int
+    PINNED_PHASES_FIELD_NUMBER: _builtins.int
     kind: Global___PhaseKind.ValueType
     """Phase kind."""
     phases: _builtins.int
@@ -1797,6 +1806,8 @@ class PhaseReport(_message.Message):
     """What they would have taken on the default governor, seconds (predicted for a locked phase)."""
     actual_s: _builtins.float
     """What they took, seconds: default_s / actual_s is the throughput against the predicted default."""
+    pinned_phases: _builtins.int
+    """Phases an admin pin held (metered; the controller waited)."""
     def __init__(
         self,
         *,
@@ -1811,10 +1822,11 @@ class PhaseReport(_message.Message):
         default_energy_j: _builtins.float = ...,
         default_s: _builtins.float = ...,
         actual_s: _builtins.float = ...,
+        pinned_phases: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actual_s", b"actual_s", "default_energy_j", b"default_energy_j", "default_s", b"default_s", "duration_s", b"duration_s", "energy_j", b"energy_j", "estimated_savings_fraction", b"estimated_savings_fraction", "exploration_cost_j", b"exploration_cost_j", "kind", b"kind", "phases", b"phases", "sm_clock_mhz", b"sm_clock_mhz", "valid_tokens", b"valid_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actual_s", b"actual_s", "default_energy_j", b"default_energy_j", "default_s", b"default_s", "duration_s", b"duration_s", "energy_j", b"energy_j", "estimated_savings_fraction", b"estimated_savings_fraction", "exploration_cost_j", b"exploration_cost_j", "kind", b"kind", "phases", b"phases", "pinned_phases", b"pinned_phases", "sm_clock_mhz", b"sm_clock_mhz", "valid_tokens", b"valid_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

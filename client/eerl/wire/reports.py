@@ -30,6 +30,7 @@ def report_from_pb(msg: eerl_pb2.SessionReport) -> SessionReport:
                 default_energy_j=p.default_energy_j,
                 default_s=p.default_s,
                 actual_s=p.actual_s,
+                pinned_phases=p.pinned_phases,
             )
         )
     return SessionReport(

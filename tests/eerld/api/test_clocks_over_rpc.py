@@ -46,8 +46,13 @@ class TestPins:
         during = begin(phase, session.session_id, TRAIN, 0)
         assert fake.locked() == {0: 900}
         assert during.clocks[0].source == pb.CLOCK_SOURCE_ADMIN_PIN
+        assert during.state == pb.CONTROLLER_STATE_PINNED  # the phase began pinned: eerld decided it
         admin.Unpin(pb.UnpinRequest(gpus=[pb.GpuRef(index=0)]))
-        assert fake.locked() == {0: 1500}
+        assert fake.locked() == {}  # the rest of that phase: the default governor (its begin asked for none)
+        end(phase, session.session_id, TRAIN, 0)
+        after = begin(phase, session.session_id, GEN, 1)  # the next phase: the session's controller again
+        assert after.state == pb.CONTROLLER_STATE_FIXED
+        assert fake.locked() == {0: 1200}
         assert status_of(admin, 0).source == pb.CLOCK_SOURCE_SESSION
 
     def test_unpinning_a_gpu_without_a_session_returns_it_to_the_default_governor(self, admin, fake):
