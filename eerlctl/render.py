@@ -257,7 +257,7 @@ def pins_table(pins: Sequence[Mapping[str, Any]], now_unix_s: float) -> str:
             str(p["mem_clock_mhz"] or "-"),
             p["reason"] or "-",
             utc(p["created_at_unix_s"]) if p["created_at_unix_s"] else "-",
-            p["set_by"] or "unknown",
+            _who(p["set_by"]),  # the whole record (which socket, its mode) is in --json
             _when(p["expires_at_unix_s"], now_unix_s) if p["expires_at_unix_s"] else "never",
         ]
         for p in pins

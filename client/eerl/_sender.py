@@ -215,8 +215,9 @@ class Sender(BackgroundSender):
                 logger.debug("eerl: no claim ticket from eerld's socket %s (%s)", path, why)
             if denial is not None:  # retrying soon will not help: back off as far as allowed
                 self._backoff_s = config.reconnect_max_s
+                hint = "" if "eerlctl grant" in denial else f"; {_GRANT_HINT}"  # said once, not twice
                 self._warn_once(
-                    f"{denial}; {_GRANT_HINT}. The job runs on without clock control; eerl retries every "
+                    f"{denial}{hint}. The job runs on without clock control; eerl retries every "
                     f"{config.reconnect_max_s:g} s",
                     key="denied",
                 )

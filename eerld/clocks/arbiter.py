@@ -442,11 +442,8 @@ class ClockArbiter:
 
     def would_rate_limit(self, indices: Sequence[int], sm_clock_mhz: int | None) -> list[int]:
         """The GPUs among ``indices`` on which a session's wish for ``sm_clock_mhz`` would be skipped by the
-        rate limit now (nothing taken): :meth:`_Slot.rate_rule`, asked before the change.
-
-        Never a GPU that a pin holds (the wish changes nothing there), a degraded one (retried regardless),
-        one that holds that clock already, a change to the default governor, or any in dry-run.
-        """
+        rate limit now (nothing taken; :meth:`_Slot.rate_rule`): never a pinned, degraded or already-there
+        GPU, a change to the default governor, or any in dry-run."""
         if self._dry_run:
             return []
         now = self._clock()
@@ -509,13 +506,17 @@ class ClockArbiter:
     def _reset_everything_on(self, slot: _Slot) -> None:
         """:func:`reset_gpu_clocks` on the slot's GPU (GpuError on failure); the arbiter's view follows."""
         index = slot.identity.index
+        held = (slot.applied_sm_mhz, slot.applied_mem_mhz) != (None, None) or bool(slot.degraded_reason)
         try:
             reset_gpu_clocks(self._backend, index, locks_work=slot.locks_work)
         finally:
             # whatever failed, nothing eerld asked for holds any more; a retry resets everything again
             slot.applied_sm_mhz = None
             slot.applied_mem_mhz = None
-        log.info("clock_reset", gpu_index=index, gpu_uuid=slot.identity.uuid, session_id=slot.log_session_id)
+        uuid, session_id = slot.identity.uuid, slot.log_session_id  # info: only a GPU that held something
+        (log.info if held else log.debug)(
+            "clock_reset", gpu_index=index, gpu_uuid=uuid, session_id=session_id
+        )
 
     def _unlist(self, slot: _Slot) -> None:
         """Remove a reset GPU from the ledger; a failed write keeps it listed (safe) and is retried later."""
@@ -533,6 +534,7 @@ class ClockArbiter:
     def _reset_hardware(self, slot: _Slot, *, reason: str) -> bool:
         """Reset every clock setting whatever eerld believes; degrade on failure."""
         index = slot.identity.index
+        held = (slot.applied_sm_mhz, slot.applied_mem_mhz) != (None, None) or bool(slot.degraded_reason)
         try:
             reset_gpu_clocks(self._backend, index, locks_work=slot.locks_work)
         except GpuError as e:
@@ -541,7 +543,9 @@ class ClockArbiter:
         slot.applied_sm_mhz = None
         slot.applied_mem_mhz = None
         slot.degraded_reason = ""
-        log.info("clock_reset", gpu_index=index, gpu_uuid=slot.identity.uuid, reason=reason)
+        (log.info if held else log.debug)(
+            "clock_reset", gpu_index=index, gpu_uuid=slot.identity.uuid, reason=reason
+        )
         return True
 
     def _degrade(self, slot: _Slot, reason: str) -> None:

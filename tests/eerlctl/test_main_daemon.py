@@ -273,7 +273,12 @@ class TestPinsMeanWhatTheySay:
         assert (
             f"via the admin socket of {pwd.getpwuid(uid).pw_name} (uid {uid}, mode 0600)" in pins[0]["set_by"]
         )
-        assert "SET BY" in ctl(daemon, "pins")[1]
+        table = ctl(daemon, "pins")[1]
+        assert "SET BY" in table
+        # the table names the user; the socket's owner and mode stay in --json (the column was ~90 wide)
+        assert f"{pwd.getpwuid(uid).pw_name} (uid {uid})" in table
+        assert "via the admin socket" not in table
+        assert max(len(line) for line in table.splitlines()) < 100
 
     def test_reset_keep_pins_closes_the_session_and_leaves_the_pin(self, daemon: DaemonHandle) -> None:
         """``reset --keep-pins`` closes the session on GPU 0 and leaves GPU 1's pin locked."""

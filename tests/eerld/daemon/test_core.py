@@ -78,6 +78,10 @@ class TestShutdown:
         assert hub.book.claims() == ()
         events = [e["event"] for e in logs]
         assert events.index("session_close") < events.index("daemon_stop")
+        # every GPU is reset, but only those that held a lock say so at info (a stop used to log all)
+        resets = [e for e in logs if e["event"] == "clock_reset"]
+        assert sorted(e["gpu_index"] for e in resets if e["log_level"] == "info") == [0, 1]
+        assert sorted(e["gpu_index"] for e in resets if e["log_level"] == "debug") == [2, 3]
         with pytest.raises(Unavailable, match="eerld is stopping"):
             hub.book.heartbeat(sid)
         with pytest.raises(Unavailable, match="eerld is stopping"):
