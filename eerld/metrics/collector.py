@@ -454,7 +454,10 @@ def _session_families(snapshot: MetricsSnapshot, hostname: str) -> Iterator[Metr
                 "eerl_session_phases": float(phase.phases),
                 "eerl_session_energy_joules": phase.energy_j,
                 "eerl_session_valid_tokens": float(phase.valid_tokens),
-                "eerl_session_energy_per_valid_token_joules": phase.energy_per_valid_token_j,
+                # absent, not 0, for a phase that credits no valid tokens (generation): no such ratio
+                "eerl_session_energy_per_valid_token_joules": (
+                    phase.energy_per_valid_token_j if phase.valid_tokens else None
+                ),
                 "eerl_session_throughput_tokens_per_second": phase.throughput_tokens_per_s,
                 "eerl_session_sm_clock_hertz": (
                     None if phase.sm_clock_mhz is None else phase.sm_clock_mhz * _MHZ_TO_HZ

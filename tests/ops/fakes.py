@@ -78,8 +78,8 @@ class FakeMetricsSource:
                     sm_clock_mhz=1410,
                     phases=12,
                     energy_j=3600.0,
-                    valid_tokens=120_000,
-                    energy_per_valid_token_j=0.03,
+                    valid_tokens=0,  # generation credits no valid tokens of its own
+                    energy_per_valid_token_j=0.0,
                     throughput_tokens_per_s=8000.0,
                     estimated_savings_fraction=0.12,
                     exploration_cost_j=40.0,
@@ -92,6 +92,7 @@ class FakeMetricsSource:
                     phases=12,
                     energy_j=5000.0,
                     valid_tokens=120_000,
+                    energy_per_valid_token_j=0.03,
                 ),
             ),
         )

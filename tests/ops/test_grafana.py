@@ -68,8 +68,20 @@ class TestDashboard:
             "Estimated savings vs predicted default",
             "Estimated energy saved vs predicted default",
             "Controller state",
-            "Energy per valid token by job and phase",
+            "Energy per valid token by job (generation + training)",
         } <= titles
+
+    def test_no_panel_divides_by_generation_s_valid_tokens(self) -> None:
+        """Generation credits no valid tokens: a per-phase ratio over them is NaN for it (it drew nothing),
+        so the ratios sum both phases; and the DCGM panels say when no dcgm-exporter is scraped."""
+        for panel in panels(dashboard()):
+            for target in panel.get("targets", []):
+                expr = target["expr"]
+                if "valid_tokens_total" in expr:
+                    assert "by (Hostname, phase)" not in expr
+                    assert "by (job_id, phase)" not in expr
+            if any("DCGM_FI_" in t["expr"] for t in panel.get("targets", [])):
+                assert "dcgm-exporter" in panel["fieldConfig"]["defaults"]["noValue"]
 
     def test_panel_ids_are_unique_and_targets_use_the_datasource_variable(self) -> None:
         """Grafana needs unique panel ids; targets follow the dashboard's Prometheus picker."""

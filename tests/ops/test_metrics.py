@@ -176,15 +176,17 @@ class TestCollector:
         assert second > first
 
     def test_session_series_are_per_job_rank_and_phase(self, metrics_server: MetricsServer) -> None:
-        """Session metrics are labelled by job, rank and phase, never by the secret session id."""
+        """Session metrics are labelled by job, rank and phase, never by the secret session id; the energy
+        per valid token is absent (not 0) for generation, which credits no valid tokens."""
         text = scrape(metrics_server)
         got = samples(text)
-        labels, value = got["eerl_session_energy_per_valid_token_joules"][0]
+        (labels, value), *others = got["eerl_session_energy_per_valid_token_joules"]
+        assert others == []
         assert labels == {
             "job_id": "job-42",
             "rank": "0",
             "gpus": "0",
-            "phase": "generation",
+            "phase": "training",
             "Hostname": "node-1",
         }
         assert value == pytest.approx(0.03)
