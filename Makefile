@@ -16,7 +16,7 @@ DEMO_STAMP := $(VENV)/.installed-demo
 MULTINODE_STAMP := $(VENV)/.installed-demo-multinode
 LOCK_VENV := $(or $(TMPDIR),/tmp)/eerl-constraints-venv
 
-.PHONY: help setup demo demo-multinode test check-proto proto options-doc lint fmt typecheck pytest bench soak constraints clean dist image
+.PHONY: help setup demo demo-multinode test check-proto proto options-doc lint fmt typecheck pytest bench soak constraints clean dist image chart
 
 help:
 	@echo "make demo   - set up what the demo needs and run the simulated RL loop"
@@ -27,6 +27,7 @@ help:
 	@echo "make constraints - re-resolve constraints.txt (the pinned runtime dependencies) in a clean venv"
 	@echo "make dist   - sdists and wheels of eerl-client, eerld and eerl-sim in dist/, checked with twine check --strict"
 	@echo "make image  - the container image eerld:VERSION (Docker); push it to your own registry"
+	@echo "make chart  - lint and render the Helm chart deploy/helm/eerld with the real (pinned) helm"
 	@echo "make fmt | lint | bench | soak | clean"
 
 $(BIN)/python:
@@ -64,6 +65,11 @@ dist: $(STAMP)
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 image:
 	docker build --build-arg EERL_VERSION=$(VERSION) -t eerld:$(VERSION) .
+
+# The Helm chart, linted and rendered by the real helm (pinned; scripts/helm.py fetches it once).
+chart: $(STAMP)
+	$$($(BIN)/python scripts/helm.py) lint deploy/helm/eerld
+	$$($(BIN)/python scripts/helm.py) template eerld deploy/helm/eerld --namespace eerl
 
 demo: $(DEMO_STAMP)
 	$(BIN)/python -m demo
