@@ -44,6 +44,8 @@ class PhaseAnswer:
     energy_j: float = 0.0
     mean_power_w: float = 0.0
     gpus: int = 0
+    simulated_time: bool = False
+    """``duration_s`` is the simulator's accelerated time (eerld on simulated GPUs), not wall time."""
 
     @classmethod
     def from_begin(cls, reply: eerl_pb2.BeginPhaseResponse) -> PhaseAnswer:
@@ -76,6 +78,7 @@ class PhaseAnswer:
             energy_j=reply.energy_mj / 1000.0,
             mean_power_w=reply.mean_power_w,
             gpus=reply.gpus,
+            simulated_time=reply.simulated_time,
         )
 
 

@@ -34,6 +34,8 @@ class PhaseServicer(pb_grpc.PhaseServiceServicer):
     def __init__(self, daemon: Daemon, grant: str = SHARED_NAME) -> None:
         self._daemon = daemon
         self._grant = grant
+        self._simulated_time = daemon.reads.daemon_info().backend == "sim"
+        """Phases are timed on the simulator's clock: EndPhase says so (once here, not per call)."""
 
     def OpenSession(
         self, request: pb.OpenSessionRequest, context: grpc.ServicerContext
@@ -84,6 +86,7 @@ class PhaseServicer(pb_grpc.PhaseServiceServicer):
             applied_epoch=ended.applied_epoch,
             verdict=codec.verdict_out(ended.verdict),
             gpus=ended.gpus,
+            simulated_time=self._simulated_time,
         )
 
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatResponse:

@@ -66,6 +66,29 @@ class TestRealDaemon:
         assert "(threshold 90%)" in lines[0]
         assert session.close() is report  # idempotent, and no second line
 
+    def test_an_end_s_answer_says_whether_its_duration_is_simulated_time(
+        self, sim_daemon: SimDaemon, sock_dir: Path
+    ) -> None:
+        """On the sim backend a phase's duration is the simulator's time, and the answer says so; on a real
+        clock (here the fake backend of eerld.testing) it says wall time."""
+        with eerl.connect(gpus=[0], job_id="sim-time", config=sim_daemon.config) as session:
+            with session.phase("generation", iteration=0) as p:
+                p.report(tokens=10)
+            assert session.flush(5)
+            answer = session.answer(p, begin=False)
+            assert answer is not None
+            assert answer.simulated_time is True
+        with (
+            running_daemon(sock_dir / "wall", backend=FakeGpuBackend(1)) as handle,
+            eerl.connect(gpus=[0], job_id="wall", config=ClientConfig.uds(handle.socket_path)) as session,
+        ):
+            with session.phase("generation", iteration=0) as p:
+                p.report(tokens=10)
+            assert session.flush(5)
+            answer = session.answer(p, begin=False)
+            assert answer is not None
+            assert answer.simulated_time is False
+
     def test_a_disabled_session_closes_with_no_report(self) -> None:
         session = eerl.connect(gpus=[0], config=ClientConfig.disabled_config())
         assert session.close() is None

@@ -95,6 +95,7 @@ class TestRefusals:
         code, reply = api_sidecar.post("/v1/phases/end", {"kind": "gen", "iteration": 1, "tokens": 3})
         assert code == 200
         assert reply["metered"] is True
+        assert reply["duration_clock"] == "simulated"  # eerld --backend sim: not wall seconds, and it says so
         assert eerld_sim.metered("api-job")["PHASE_KIND_GENERATION"] == 1
 
     def test_wrong_paths_methods_and_bodies(self, api_sidecar: SidecarProcess) -> None:

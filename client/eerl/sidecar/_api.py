@@ -131,6 +131,7 @@ def end_answer(
         "connected": connected,
         "metered": answer is not None,
         "duration_s": None,
+        "duration_clock": None,
         "energy_j": None,
         "mean_power_w": None,
         "gpus": None,
@@ -141,6 +142,7 @@ def end_answer(
     if answer is not None:
         reply.update(
             duration_s=_finite(answer.duration_s),
+            duration_clock="simulated" if answer.simulated_time else "wall",
             energy_j=_finite(answer.energy_j),
             mean_power_w=_finite(answer.mean_power_w),
             gpus=answer.gpus,

@@ -818,6 +818,7 @@ class EndPhaseResponse(_message.Message):
     APPLIED_EPOCH_FIELD_NUMBER: _builtins.int
     VERDICT_FIELD_NUMBER: _builtins.int
     GPUS_FIELD_NUMBER: _builtins.int
+    SIMULATED_TIME_FIELD_NUMBER: _builtins.int
     duration_s: _builtins.float
     """Wall time from BeginPhase to EndPhase as the daemon measured it."""
     energy_mj: _builtins.float
@@ -834,6 +835,10 @@ class EndPhaseResponse(_message.Message):
     """Job mode: the verdict the phase's BeginPhase got."""
     gpus: _builtins.int
     """How many GPUs the energy covers."""
+    simulated_time: _builtins.bool
+    """True on simulated GPUs (eerld --backend sim): duration_s is then the simulator's accelerated time, not
+    wall time (a 1 s phase at --sim-speedup 20 reads about 20 s).
+    """
     def __init__(
         self,
         *,
@@ -845,10 +850,11 @@ class EndPhaseResponse(_message.Message):
         applied_epoch: _builtins.int = ...,
         verdict: Global___DirectiveVerdict.ValueType = ...,
         gpus: _builtins.int = ...,
+        simulated_time: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_epoch", b"applied_epoch", "duration_s", b"duration_s", "energy_mj", b"energy_mj", "gpus", b"gpus", "mean_power_w", b"mean_power_w", "sm_clock_mhz", b"sm_clock_mhz", "state", b"state", "verdict", b"verdict"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_epoch", b"applied_epoch", "duration_s", b"duration_s", "energy_mj", b"energy_mj", "gpus", b"gpus", "mean_power_w", b"mean_power_w", "simulated_time", b"simulated_time", "sm_clock_mhz", b"sm_clock_mhz", "state", b"state", "verdict", b"verdict"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
