@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import select
 import shutil
 import signal
 import subprocess
@@ -271,8 +272,14 @@ class TestCdiSidecar:
             while f"{sockets}/{gpu0}" not in spec_path.read_text() and time.monotonic() < deadline:
                 time.sleep(0.1)
             patched = load_spec(spec_path.read_text(), "yaml")
+            # The round's report line comes after the spec is written: wait for it too, or a SIGTERM sent
+            # in between ends the loop before it prints (seen once on a busy machine).
+            assert script.stdout is not None
+            ready, _, _ = select.select([script.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            first = script.stdout.readline() if ready else ""
             script.send_signal(signal.SIGTERM)
-            stdout, _ = script.communicate(timeout=60)  # TimeoutExpired: it waited for the next round
+            rest, _ = script.communicate(timeout=60)  # TimeoutExpired: it waited for the next round
+            stdout = first + rest
         finally:
             if script.poll() is None:
                 script.kill()
