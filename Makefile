@@ -55,9 +55,11 @@ setup: $(STAMP)
 
 # The release artifacts: an sdist of each distribution and its wheel built from that sdist (so the sdist is
 # complete), with the venv's pinned hatchling (no download), then checked as a package index renders them.
+# PROJECT_URLS="Homepage=https://… Source=https://…" adds the project's URLs (none is public yet).
+PROJECT_URLS ?=
 dist: $(STAMP)
-	rm -rf dist && mkdir -p dist
-	set -e; for d in client . sim; do $(BIN)/python -m build --no-isolation --outdir dist $$d; done
+	rm -rf dist
+	$(BIN)/python scripts/dist.py --outdir dist $(foreach u,$(PROJECT_URLS),--url $(u))
 	$(BIN)/twine check --strict dist/*
 
 # The container image, tagged with the version the wheels carry (needs Docker; push it yourself:

@@ -19,16 +19,21 @@ ROOT = Path(__file__).resolve().parents[2]
 DISTRIBUTIONS = {"eerl_client": ROOT / "client", "eerld": ROOT, "eerl_sim": ROOT / "sim"}
 
 
+URLS = {"Homepage": "https://example.org/eerl", "Source": "https://example.org/eerl/src"}
+"""What a release names once the project has a public home (``make dist PROJECT_URLS=…``)."""
+
+
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """What ``make dist`` builds, into a temporary directory (the venv's pinned hatchling, no download)."""
+    """What ``make dist PROJECT_URLS=…`` builds, into a temporary directory (the venv's pinned hatchling,
+    no download)."""
     out = tmp_path_factory.mktemp("dist")
-    for source in DISTRIBUTIONS.values():
-        done = subprocess.run(
-            [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(source)],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    urls = [f"--url={name}={url}" for name, url in URLS.items()]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "dist.py"), "--outdir", str(out), *urls],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return out
 
 
@@ -65,6 +70,7 @@ def test_the_metadata_is_complete_for_a_package_index(dist: Path, name: str) -> 
     assert isinstance(description, str)
     assert "make demo" not in description.split("\n\n", 2)[1]
     assert "pip install" in description
+    assert sorted(meta.get_all("Project-URL", [])) == sorted(f"{name}, {url}" for name, url in URLS.items())
 
 
 def test_the_daemon_s_sdist_holds_the_daemon_not_the_other_distributions_or_the_tests(dist: Path) -> None:
