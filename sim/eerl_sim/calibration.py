@@ -3,11 +3,11 @@ real GPU's over the clock range, and where each puts the energy minimum (``eerl-
 
 Pure: datasets and profiles come in, figures go out. Each measured kernel is an unknown workload, so it
 is simulated as one segment of compute ``C = f_max·1 s`` and memory time ``M = ratio·1 s``, with the ratio
-that best reproduces that kernel's measured ratios and watts (a grid search over fixed candidates, so the
-result is the same on every machine). The clock of a lock at ``f`` is the simulator's: ``min(f, the
-power-limited clock)``. A dataset's figures are those of its total: every kernel of the file once, as
-a micro-batch through the whole pipeline costs, each weighted by its measured time and energy at the
-top clock; ratios are to that top clock.
+that best reproduces that kernel's measured ratios and watts (a search over fixed candidates: no solver
+whose path or stopping point depends on the machine's arithmetic). The clock of a lock at ``f`` is the
+simulator's: ``min(f, the power-limited clock)``. A dataset's figures are those of its total: every
+kernel of the file once, as a micro-batch through the whole pipeline costs, each weighted by its measured
+time and energy at the top clock; ratios are to that top clock.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ POWER_WEIGHT = 0.1
 enough to keep the watts right (the power limit depends on them), small enough to leave the ratios first."""
 
 TOLERANCE_RMS = 0.02
-"""The issue's targets for every dataset: rms error of the time and of the energy ratios ..."""
+"""Issue #34's targets for every dataset: rms error of the time and of the energy ratios ..."""
 TOLERANCE_MAX = 0.05
 """... the largest error of either ..."""
 TOLERANCE_ENERGY_MIN_MHZ = 45
