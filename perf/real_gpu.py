@@ -10,6 +10,9 @@ What it measures, on GPU 0:
    bf16 matrix products. For each phase the energy eerld attributes (EndPhase) against the energy read
    independently from NVML around the same interval, and the SM clock and power sampled during it
    (what the default governor does on this GPU, for the simulator's calibration).
+   Before that, a decode-like and a training-like kernel mix at the default governor: the clock it held,
+   duration, power and energy (:mod:`perf.kernel_mix`), written to ``kernel_mix.csv`` in the format of
+   the measured sweeps eerl-sim ships, so that the H100/H200 profile can be set beside them.
 3. The same phases through the fail-open ``eerl`` client (connect + ``session.phase``).
 4. BeginPhase+EndPhase round trip over the Unix socket with no work in between, against the no-op
    gRPC echo floor (:mod:`perf.echo_server`), one client, same run.
@@ -32,7 +35,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -47,6 +49,7 @@ from eerl.v1 import eerl_pb2_grpc as pb_grpc
 from eerld.app import nvml_unavailable
 from eerld.errors import BackendFailure
 from eerld.gpu.nvml import NvmlBackend
+from perf.kernel_mix import Sampler, make_mixes, measure_mix, steps_per_second, write_stage_profile
 from perf.stats import percentile as pct
 
 REPO = Path(__file__).resolve().parents[1]
@@ -102,30 +105,6 @@ def counter_update_period_s(backend: NvmlBackend, seconds: float = 1.5) -> dict[
     }
 
 
-class Sampler:
-    """Samples SM clock and power of GPU 0 at ~20 Hz (read-only) while a phase runs."""
-
-    def __init__(self, backend: NvmlBackend) -> None:
-        self._backend = backend
-        self._stop = threading.Event()
-        self.clocks: list[int] = []
-        self.power: list[float] = []
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.05):
-            self.clocks.append(self._backend.clocks(0).sm_clock_mhz)
-            self.power.append(self._backend.power_w(0))
-
-    def __enter__(self) -> Sampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def make_work(seconds: float) -> Work:
     """Memory-bound copies (generation) and bf16 matrix products (training), each about ``seconds`` long."""
     import torch  # noqa: PLC0415 - only this check needs torch (present on GPU nodes)
@@ -144,20 +123,11 @@ def make_work(seconds: float) -> Work:
         return count
 
     # Calibrate how many steps fill ``seconds``.
-    rates: dict[str, float] = {}
     steps: tuple[tuple[str, Callable[[], object]], ...] = (
         ("generation", lambda: dst.copy_(src)),
         ("training", lambda: a @ b),
     )
-    for name, step in steps:
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(20):
-            step()
-        torch.cuda.synchronize()
-        rates[name] = 20 / (time.perf_counter() - t0)
+    rates = {name: steps_per_second(step, torch.cuda.synchronize) for name, step in steps}
     return {
         GEN: lambda: timed(lambda: dst.copy_(src), rates["generation"]),
         TRAIN: lambda: timed(lambda: a @ b, rates["training"]),
@@ -341,6 +311,13 @@ def main() -> None:
         print("energy counter:", json.dumps(report["energy_counter_updates"]), flush=True)
         report["nvml_read_latency"] = nvml_latency(backend)
         print("NVML read latency:", json.dumps(report["nvml_read_latency"]), flush=True)
+        mixes = make_mixes(args.phase_s)
+        records = [measure_mix(backend, name, run) for name, run in mixes.items()]
+        write_stage_profile(records, args.out / "kernel_mix.csv")
+        report["kernel_mix_default_governor"] = [
+            {"mix": r.instruction, "sm_clock_mhz": r.sm_clock_mhz, "time_s": r.time_s,
+             "energy_j": r.energy_j, "power_w": r.power_w} for r in records]  # fmt: skip
+        print("kernel mixes:", json.dumps(report["kernel_mix_default_governor"]), flush=True)
         work = make_work(args.phase_s)
         daemon = start_daemon(tmp, f"--metrics-address={METRICS}")
         echo_server = [sys.executable, "-m", "perf.echo_server", str(tmp / "echo.sock")]

@@ -164,8 +164,8 @@ class Config:
     """The directory ``--sim`` made its own (None without ``--sim``; code sets it, no option)."""
     sim_profile: str = option(
         "h100-sxm", flag="--sim-profile", key="sim_profile", rule=_sim_profile,
-        help="simulated GPU profile (h100-sxm, gb200)",
-        doc="simulated GPU model: `h100-sxm`, `gb200`",
+        help="simulated GPU profile (h100-sxm, gb200, a100-sxm, a40)",
+        doc="simulated GPU model: `h100-sxm`, `gb200`, `a100-sxm`, `a40`",
     )  # fmt: skip
     sim_gpus: int = option(
         8, flag="--sim-gpus", key="sim_gpus", rule=Int(1, 64), help="number of simulated GPUs (1–64)"

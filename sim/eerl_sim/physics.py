@@ -27,12 +27,23 @@ def voltage_ratio(profile: GpuProfile, sm_clock_mhz: ArrayOrFloat) -> ArrayOrFlo
 
 
 def segment_duration_s(
-    compute_mhz_s: ArrayOrFloat, memory_s: ArrayOrFloat, sm_clock_mhz: ArrayOrFloat
+    compute_mhz_s: ArrayOrFloat,
+    memory_s: ArrayOrFloat,
+    sm_clock_mhz: ArrayOrFloat,
+    roofline_exponent: float = 3.0,
 ) -> ArrayOrFloat:
-    """d(f) = ((C/f)^3 + M^3)^(1/3): a smooth roofline where the larger term dominates."""
+    """d(f) = ((C/f)^p + M^p)^(1/p): a smooth roofline where the larger term dominates.
+
+    ``p`` is the profile's ``roofline_exponent``: 3 for the H100 and GB200 profiles; a larger one makes
+    the corner sharper, as the measured A100 and A40 sweeps are (nearly proportional to 1/f below the
+    corner, flat above it).
+    """
     compute_s = compute_mhz_s / sm_clock_mhz
-    # Products, not ** 3: NumPy's generic power is an order of magnitude slower on large arrays.
-    return np.cbrt(compute_s * compute_s * compute_s + memory_s * memory_s * memory_s)  # type: ignore[no-any-return]
+    if roofline_exponent == 3.0:
+        # Products, not ** 3: NumPy's generic power is an order of magnitude slower on large arrays.
+        return np.cbrt(compute_s * compute_s * compute_s + memory_s * memory_s * memory_s)  # type: ignore[no-any-return]
+    p = roofline_exponent
+    return np.power(np.power(compute_s, p) + np.power(memory_s, p), 1.0 / p)  # type: ignore[no-any-return]
 
 
 def segment_power_w(
@@ -46,7 +57,7 @@ def segment_power_w(
 
     ``mem_activity_scale`` scales the memory activity ``m`` (communication segments run at m = 0.3).
     """
-    duration = segment_duration_s(compute_mhz_s, memory_s, sm_clock_mhz)
+    duration = segment_duration_s(compute_mhz_s, memory_s, sm_clock_mhz, profile.roofline_exponent)
     v = voltage_ratio(profile, sm_clock_mhz)
     return segment_power_given_w(
         profile, compute_mhz_s, memory_s, duration, v, mem_activity_scale=mem_activity_scale
@@ -99,7 +110,7 @@ def power_limited_index(
         clocks = sm_clocks_mhz[index]
         compute = compute_mhz_s[rows]
         memory = memory_s[rows]
-        duration = segment_duration_s(compute, memory, clocks)
+        duration = segment_duration_s(compute, memory, clocks, profile.roofline_exponent)
         power = segment_power_given_w(
             profile,
             compute,

@@ -35,7 +35,7 @@ def segment_price(
 ) -> tuple[FloatArray, FloatArray]:
     """Noise-free duration (s) and power (W) of segments at SM clocks of voltage ratios ``voltage``
     (arrays that broadcast together; the sim-model spec's segment formulas, :mod:`eerl_sim.physics`)."""
-    clean_s = physics.segment_duration_s(compute_mhz_s, memory_s, sm_clock_mhz)
+    clean_s = physics.segment_duration_s(compute_mhz_s, memory_s, sm_clock_mhz, profile.roofline_exponent)
     power_w = physics.segment_power_given_w(
         profile, compute_mhz_s, memory_s, clean_s, voltage, mem_activity_scale=mem_activity_scale
     )
@@ -180,7 +180,9 @@ def phase_totals(profile: GpuProfile, phase: Priced, requested: IntArray) -> Tot
         volts = grid.voltage[requested]
         compute = segments.compute_mhz_s[free_rows]
         memory = segments.memory_s[free_rows]
-        clean = physics.segment_duration_s(compute[:, None], memory[:, None], clocks[None, :])
+        clean = physics.segment_duration_s(
+            compute[:, None], memory[:, None], clocks[None, :], profile.roofline_exponent
+        )
         owner = gpu_of[free_rows]
         duration_noise = segments.duration_noise[free_rows]
         energy_noise = duration_noise * segments.power_noise[free_rows]

@@ -34,6 +34,9 @@ class GpuProfile:
     """σ of the log-normal factor each phase on each GPU draws for its power."""
     locked_clocks: bool = True
     product_name: str = "Simulated GPU"
+    roofline_exponent: float = 3.0
+    """Sharpness ``p`` of the roofline ``d = ((C/f)^p + M^p)^(1/p)``: 3 (the spec's smooth corner) unless
+    a measured sweep says otherwise (the A100 and A40 profiles, fitted to one: docs/simulator.md)."""
 
     def sm_clock_grid_mhz(self) -> tuple[int, ...]:
         """The supported SM clocks, ascending, rounded to whole MHz as NVML reports them."""
@@ -73,6 +76,8 @@ class GpuProfile:
             raise ConfigError(f"{source}: 'gpu.sm_clock_min_mhz' must be positive and below sm_clock_max_mhz")
         if self.sm_clock_step_mhz <= 0:
             raise ConfigError(f"{source}: 'gpu.sm_clock_step_mhz' must be positive")
+        if self.roofline_exponent < 1:
+            raise ConfigError(f"{source}: 'gpu.roofline_exponent' must be at least 1")
         if not 0 < self.v_floor <= 1:
             raise ConfigError(f"{source}: 'gpu.v_floor' must be in (0, 1]")
         if self.power_limit_w <= self.idle_power_w:
@@ -121,7 +126,51 @@ GB200 = GpuProfile(
     noise_power=0.015,
 )
 
-BUILTIN_PROFILES: dict[str, GpuProfile] = {p.name: p for p in (H100_SXM, GB200)}
+# Fitted to measured sweeps (sim/eerl_sim/measured: the Perseus artifact's GPT-3 175B and BLOOM stages) by
+# ``python -m perf.fit_measured NAME``; ``eerl-bench calibration`` and tests/sim/test_measured.py check them.
+A100_SXM = GpuProfile(
+    name="a100-sxm",
+    product_name="NVIDIA A100-SXM4-80GB (simulated)",
+    sm_clock_min_mhz=210,
+    sm_clock_max_mhz=1410,
+    sm_clock_step_mhz=15,
+    mem_clock_mhz=1593,
+    power_limit_w=470.3,
+    idle_power_w=39.2,
+    leak_power_w=0.0,
+    sm_power_w=287.2,
+    mem_power_w=192.4,
+    v_knee_mhz=1103,
+    v_floor=0.649,
+    roofline_exponent=9.52,
+    clock_switch_ms=15,
+    energy_counter_period_ms=100,
+    noise_duration=0.02,
+    noise_power=0.015,
+)
+
+A40 = GpuProfile(
+    name="a40",
+    product_name="NVIDIA A40 (simulated)",
+    sm_clock_min_mhz=210,
+    sm_clock_max_mhz=1740,
+    sm_clock_step_mhz=15,
+    mem_clock_mhz=7251,
+    power_limit_w=300,
+    idle_power_w=27.43,
+    leak_power_w=190.1,
+    sm_power_w=166.6,
+    mem_power_w=56.4,
+    v_knee_mhz=983.5,
+    v_floor=0.5419,
+    roofline_exponent=1.794,
+    clock_switch_ms=15,
+    energy_counter_period_ms=100,
+    noise_duration=0.02,
+    noise_power=0.015,
+)
+
+BUILTIN_PROFILES: dict[str, GpuProfile] = {p.name: p for p in (H100_SXM, GB200, A100_SXM, A40)}
 
 
 def builtin_profile(name: str) -> GpuProfile:

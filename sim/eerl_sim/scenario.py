@@ -18,7 +18,7 @@ from typing import Any
 
 from eerl.phases import ExecutionMode, PhaseKind
 
-from eerl_sim.profiles import GpuProfile, builtin_profile
+from eerl_sim.profiles import BUILTIN_PROFILES, GpuProfile, builtin_profile
 from eerld.errors import ConfigError
 
 SCENARIO_DIR = Path(str(resources.files("eerl_sim").joinpath("scenarios")))
@@ -321,7 +321,8 @@ def parse_scenario(data: Mapping[str, Any], *, source: str = "<scenario>") -> Sc
 
 def _parse_gpu(source: str, table: Mapping[str, Any]) -> GpuProfile:
     if "profile" not in table:
-        raise ConfigError(f"{source}: 'gpu.profile' is missing (a built-in profile: h100-sxm, gb200)")
+        known = ", ".join(sorted(BUILTIN_PROFILES))
+        raise ConfigError(f"{source}: 'gpu.profile' is missing (a built-in profile: {known})")
     profile_name = _string(source, "gpu.profile", table["profile"], required=True)
     try:
         profile = builtin_profile(profile_name)

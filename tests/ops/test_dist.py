@@ -80,6 +80,30 @@ def test_the_daemon_s_sdist_holds_the_daemon_not_the_other_distributions_or_the_
     assert not tops & {"client", "sim", "tests", "demo", "perf", "soak", ".venv"}
 
 
+MEASURED = {
+    "eerl_sim/measured/" + name
+    for name in (
+        "__init__.py",
+        "NOTICE.md",
+        "LICENSE",
+        "gpt3-175b+a100_sxm_bf16.csv",
+        "bloom+a100_sxm_bf16.csv",
+        "gpt3-175b+a40_bf16.csv",
+        "bloom+a40_bf16.csv",
+    )
+}
+
+
+def test_the_simulator_ships_the_measured_sweeps_with_their_attribution_and_license(dist: Path) -> None:
+    """``eerl-bench calibration`` runs from the wheel: the data, its NOTICE and its license are in it, and in
+    the sdist the wheel is built from."""
+    with zipfile.ZipFile(next(dist.glob("eerl_sim-*.whl"))) as wheel:
+        assert set(wheel.namelist()) >= MEASURED
+    with tarfile.open(next(dist.glob("eerl_sim-*.tar.gz"))) as sdist:
+        names = {"/".join(Path(n).parts[1:]) for n in sdist.getnames()}
+    assert names >= MEASURED
+
+
 def test_the_manifests_name_the_image_make_image_builds_and_no_registry_that_does_not_exist() -> None:
     """``make image`` tags ``eerld:<version>``; the manifests name exactly that (the docs say how to push it),
     never a public registry that holds no eerld image."""

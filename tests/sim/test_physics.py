@@ -52,6 +52,35 @@ class TestRoofline:
         larger = max(compute / clock, memory)
         assert larger * (1 - 1e-12) <= duration <= (compute / clock + memory) * (1 + 1e-12)
 
+    @given(
+        compute=st.floats(1e-3, 1e4),
+        memory=st.floats(1e-6, 10.0),
+        clock=st.floats(100.0, 2100.0),
+        exponent=st.floats(1.0, 16.0),
+    )
+    def test_any_roofline_exponent_lies_between_the_larger_term_and_their_sum(
+        self, compute: float, memory: float, clock: float, exponent: float
+    ) -> None:
+        duration = physics.segment_duration_s(compute, memory, clock, exponent)
+        larger = max(compute / clock, memory)
+        assert larger * (1 - 1e-9) <= duration <= (compute / clock + memory) * (1 + 1e-9)
+
+    def test_a_sharper_roofline_is_closer_to_the_larger_term(self) -> None:
+        """At the corner (C/f = M) the smooth cube adds 26 %; an exponent of 8 adds 9 %."""
+        assert physics.segment_duration_s(1000.0, 1.0, 1000.0) == pytest.approx(2 ** (1 / 3))
+        assert physics.segment_duration_s(1000.0, 1.0, 1000.0, 8.0) == pytest.approx(2 ** (1 / 8))
+
+    def test_the_default_exponent_is_the_spec_s_cube_bit_for_bit(self) -> None:
+        """The H100 and GB200 profiles keep today's physics exactly (other work benchmarks on them)."""
+        compute = np.array([0.3, 12.0, 0.0])
+        memory = np.array([0.001, 0.0, 0.5])
+        expected = np.cbrt((compute / 1200.0) ** 3 + memory**3)
+        for profile in (H100_SXM, GB200):
+            assert profile.roofline_exponent == 3.0
+            got = physics.segment_duration_s(compute, memory, 1200.0, profile.roofline_exponent)
+            assert np.array_equal(got, physics.segment_duration_s(compute, memory, 1200.0))
+            assert np.allclose(got, expected, rtol=1e-15)
+
 
 class TestPower:
     @given(compute=st.floats(1e-3, 1e4), memory=st.floats(0.0, 10.0))

@@ -22,6 +22,7 @@ EXPECTED_BUILTINS = {
     "noisy-h100",
     "verl-h100",
     "decode-heavy-h100",
+    "sync-a100",
 }
 
 

@@ -5,6 +5,7 @@ eerl-bench sweep --scenario NAME|FILE [--threshold 0.95] [--iterations N] [--plo
 eerl-bench headroom --scenario NAME|FILE [--threshold 0.95] [--regimes 150,...]
 eerl-bench all [--threshold 0.95] [--iterations N] [--out-dir docs/results] [--markdown docs/results.md]
 eerl-bench multinode --scenario NAME|FILE|all [--nodes N] [--seeds 1-5] [--json OUT] [--plot PNG]
+eerl-bench calibration [--json OUT] [--plot PNG]
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from eerl.control.eerl import create_eerl_controller
 from eerl.phases import ExecutionMode
 
 from eerl_sim import __version__
+from eerl_sim.bench.calibration import add_calibration_parser
 from eerl_sim.bench.headroom import Headroom, headroom
 from eerl_sim.bench.multinode import MultinodeReport, run_multinode, with_nodes
 from eerl_sim.bench.peers import best_fixed_clock, best_power_limit
@@ -559,6 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--markdown", type=Path, default=None, help="write the table as this file's multi-node section"
     )
     multinode.set_defaults(handler=_cmd_multinode)
+    add_calibration_parser(commands)
     return parser
 
 

@@ -18,6 +18,7 @@ from matplotlib.patches import Rectangle
 
 from eerl_sim.bench.multinode import MultinodeReport
 from eerl_sim.bench.runner import OnlineRun, RunTotals
+from eerl_sim.calibration import DatasetComparison
 from eerl_sim.sweep import KINDS
 
 _STATE_COLOURS = {
@@ -160,4 +161,29 @@ def _finish(fig: Figure, axis: Axes, title: str, path: Path) -> None:
     axis.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def calibration_plot(rows: Sequence[DatasetComparison], *, path: Path) -> None:
+    """Per dataset, measured (dots) and simulated (line) time and energy ratios to the top clock."""
+    fig, axes = plt.subplots(1, len(rows), figsize=(4.2 * len(rows), 3.8), squeeze=False)
+    for ax, c in zip(axes[0], rows, strict=True):
+        clocks = np.array(c.sm_clocks_mhz)
+        ax.plot(clocks, c.measured_time_ratio, "o", ms=3, color="#1f77b4", label="time, measured")
+        ax.plot(clocks, c.simulated_time_ratio, "-", color="#1f77b4", label="time, simulated")
+        ax.plot(clocks, c.measured_energy_ratio, "s", ms=3, color="#d62728", label="energy, measured")
+        ax.plot(clocks, c.simulated_energy_ratio, "-", color="#d62728", label="energy, simulated")
+        ax.axvline(c.energy_min_mhz_measured, color="#d62728", ls=":", lw=1)
+        ax.axvline(c.energy_min_mhz_simulated, color="#555555", ls="--", lw=1)
+        ax.set_title(
+            f"{c.dataset}\n{c.profile}: rms {c.rms_time_error:.1%} / {c.rms_energy_error:.1%}, "
+            f"max {c.max_error:.1%}",
+            fontsize=9,
+        )
+        ax.set_xlabel("locked SM clock (MHz)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("ratio to the top clock")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
     plt.close(fig)

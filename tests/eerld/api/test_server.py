@@ -172,7 +172,7 @@ class TestSimProfile:
         ]
         assert main(argv) == 2
         assert capsys.readouterr().err == (
-            "Error: unknown GPU profile 'a100'; built-in profiles: gb200, h100-sxm\n"
+            "Error: unknown GPU profile 'a100'; built-in profiles: a100-sxm, a40, gb200, h100-sxm\n"
         )
         assert not (sock_dir / "w.sock").exists()
 
