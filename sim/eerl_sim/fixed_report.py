@@ -123,11 +123,19 @@ class CalibrationFigures:
     generation_1200_time_change: float
     generation_1200_energy_change: float
     training_900_over_1500_vs_clock_ratio: float
-    """(T(900)/T(1500)) / (1500/900): 1.0 is exact 1/f scaling."""
+    """(T(low)/T(high)) / (high/low) at the grid clocks nearest 900 and 1500 MHz: 1.0 is exact 1/f."""
     best_generation_sm_clock_mhz: int | None
     best_training_sm_clock_mhz: int | None
     best_energy_saving_fraction: float
     best_throughput_ratio: float
+    probe_clocks_mhz: tuple[int, int, int] = (1200, 900, 1500)
+    """The grid clocks nearest 1200 (generation), 900 and 1500 MHz (training) that the figures use: a
+    profile whose grid lacks them (the A100 tops out at 1410 MHz) is measured at its nearest."""
+
+
+def _nearest(grid: FloatArray, mhz: int) -> int:
+    """The grid clock nearest ``mhz`` (the lower one on a tie)."""
+    return int(grid[int(np.argmin(np.abs(grid - mhz)))])
 
 
 def calibration_figures(scenario: Scenario, iterations: int | None = None) -> CalibrationFigures:
@@ -140,10 +148,11 @@ def calibration_figures(scenario: Scenario, iterations: int | None = None) -> Ca
     capped: list[int] = []
     grid = clock_grid(scenario.gpu).sm_clocks_mhz
     micro_batches = scenario.workload.training.micro_batches
+    probe, low, high = (_nearest(grid, mhz) for mhz in (1200, 900, 1500))
     for i in range(count):
         sample = sample_iteration(scenario, i)
-        gen = evaluate_phase(scenario, sample, PhaseKind.GENERATION, [None, 1200])
-        train = evaluate_phase(scenario, sample, PhaseKind.TRAINING, [None, 900, 1500])
+        gen = evaluate_phase(scenario, sample, PhaseKind.GENERATION, [None, probe])
+        train = evaluate_phase(scenario, sample, PhaseKind.TRAINING, [None, low, high])
         gen_d += gen.duration_s
         gen_e += gen.energy_j
         train_d += train.duration_s
@@ -167,17 +176,19 @@ def calibration_figures(scenario: Scenario, iterations: int | None = None) -> Ca
         training_capped_clock_mhz=(min(capped), max(capped)) if capped else (0, 0),
         generation_1200_time_change=float(gen_d[1] / gen_d[0] - 1),
         generation_1200_energy_change=float(gen_e[1] / gen_e[0] - 1),
-        training_900_over_1500_vs_clock_ratio=float((train_d[1] / train_d[2]) / (1500 / 900)),
+        training_900_over_1500_vs_clock_ratio=float((train_d[1] / train_d[2]) / (high / low)),
         best_generation_sm_clock_mhz=best.generation_sm_clock_mhz,
         best_training_sm_clock_mhz=best.training_sm_clock_mhz,
         best_energy_saving_fraction=best.energy_saving_fraction,
         best_throughput_ratio=best.throughput_ratio,
+        probe_clocks_mhz=(probe, low, high),
     )
 
 
 def format_calibration(figures: CalibrationFigures) -> str:
     """The figures as the few lines docs/simulator.md and the closing notes quote."""
     low, high = figures.training_capped_clock_mhz
+    probe, slow, fast = figures.probe_clocks_mhz
     return "\n".join(
         [
             f"{figures.scenario} ({figures.profile}, {figures.iterations} iterations, default governor):",
@@ -185,9 +196,10 @@ def format_calibration(figures: CalibrationFigures) -> str:
             f"  generation power per GPU            {figures.generation_power_w:.0f} W",
             f"  training power per GPU              {figures.training_power_w:.0f} W",
             f"  training clock under the power cap  {low}–{high} MHz",
-            f"  generation at 1200 MHz              time {figures.generation_1200_time_change:+.1%}, "
+            f"  generation at {probe} MHz              time {figures.generation_1200_time_change:+.1%}, "
             f"energy {figures.generation_1200_energy_change:+.1%}",
-            f"  training T(900)/T(1500) ÷ 1500/900  {figures.training_900_over_1500_vs_clock_ratio:.3f}",
+            f"  training T({slow})/T({fast}) ÷ {fast}/{slow}  "
+            f"{figures.training_900_over_1500_vs_clock_ratio:.3f}",
             f"  best fixed pair at ≥95% throughput  {_clock(figures.best_generation_sm_clock_mhz)} / "
             f"{_clock(figures.best_training_sm_clock_mhz)} MHz: saves "
             f"{figures.best_energy_saving_fraction:.1%} energy per valid token "

@@ -10,7 +10,7 @@ from eerl_sim.fixed_report import (
     format_calibration,
     format_table,
 )
-from eerl_sim.scenario import Scenario
+from eerl_sim.scenario import Scenario, load_scenario
 
 
 class TestCompareFixed:
@@ -40,3 +40,9 @@ class TestCalibrationReport:
         text = format_calibration(calibration_figures(sync_h100, iterations=2))
         for phrase in ("generation share", "generation power", "power cap", "1200 MHz", "best fixed pair"):
             assert phrase in text
+
+    def test_a_profile_without_the_h100_s_clocks_is_measured_at_its_nearest(self) -> None:
+        """The A100 tops out at 1410 MHz: the 1500 MHz figure uses its top clock and says so."""
+        figures = calibration_figures(load_scenario("sync-a100"), iterations=1)
+        assert figures.probe_clocks_mhz == (1200, 900, 1410)
+        assert "T(900)/T(1410) ÷ 1410/900" in format_calibration(figures)
