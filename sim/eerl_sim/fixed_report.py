@@ -19,7 +19,7 @@ from eerl_sim.evaluate import ProgressCallback, RunResult, evaluate_phase, run_f
 from eerl_sim.pricing import clock_grid
 from eerl_sim.scenario import Scenario, load_scenario
 from eerl_sim.sweep import sweep
-from eerl_sim.workload import FloatArray
+from eerl_sim.workload import FloatArray, IntArray
 from eerld.errors import DaemonError
 
 
@@ -133,7 +133,7 @@ class CalibrationFigures:
     profile whose grid lacks them (the A100 tops out at 1410 MHz) is measured at its nearest."""
 
 
-def _nearest(grid: FloatArray, mhz: int) -> int:
+def _nearest(grid: IntArray, mhz: int) -> int:
     """The grid clock nearest ``mhz`` (the lower one on a tie)."""
     return int(grid[int(np.argmin(np.abs(grid - mhz)))])
 
