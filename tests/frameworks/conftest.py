@@ -18,7 +18,12 @@ from eerl._tally import WorkloadTally
 from eerl.phases import PhaseKind
 
 FRAMEWORK = os.environ.get("EERL_FRAMEWORK", "")
-_MODULES = {"test_verl.py": "verl", "test_openrlhf.py": "openrlhf", "test_trl.py": "trl"}
+_MODULES = {
+    "test_verl.py": "verl",
+    "test_openrlhf.py": "openrlhf",
+    "test_trl.py": "trl",
+    "test_skyrl.py": "skyrl",
+}
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
