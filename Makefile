@@ -139,6 +139,10 @@ FW_SKYRL_DEPS := skyrl-gym==0.4.0 jaxtyping==0.3.11 loguru==0.7.3 cloudpathlib==
 	torchdata==0.11.0 pybase64==1.5.1 httpx==0.29.0
 FW_PKGS_skyrl-0.4.0 := skyrl==0.4.0 $(FW_SKYRL_DEPS)
 FW_PKGS_skyrl-0.3.0 := skyrl==0.3.0 $(FW_SKYRL_DEPS)
+# NeMo-RL and slime are not installable from the package index: their tests run in the main venv against
+# stand-ins shaped from their source at these commits, whose call sites they check in excerpts cut by
+# tests/frameworks/sources/vendor.py (docs/integrations.md). NAME@COMMIT.
+FW_SOURCES := nemo_rl@7ea279abfbeb698b092856d0dab61e7cf39bc909
 
 $(FW_DIR)/%/.installed: Makefile | $(STAMP)
 	@echo "frameworks: building $(FW_DIR)/$* ($(FW_PKGS_$*), --no-deps, over the main venv)"
@@ -170,6 +174,13 @@ test-frameworks: frameworks-envs
 			v("transformers") + ", ray", v("ray") + ")")' $$name; \
 		EERL_FRAMEWORK=$$name EERL_FRAMEWORK_VERSION=$$version \
 			$(FW_DIR)/$$fw/bin/python -m pytest -q -p no:cacheprovider -m frameworks tests/frameworks; \
+	done; \
+	for src in $(FW_SOURCES); do \
+		name=$${src%@*}; commit=$${src#*@}; \
+		echo "== test-frameworks: $$name source at commit $$commit (not on the package index: stand-ins shaped" \
+			"from that source)"; \
+		EERL_FRAMEWORK=$$name EERL_FRAMEWORK_COMMIT=$$commit \
+			$(BIN)/python -m pytest -q -p no:cacheprovider -m frameworks tests/frameworks; \
 	done
 
 bench: $(STAMP)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
 from eerl import ClientConfig
+from eerl.phases import PhaseKind
 from eerl.testing import FakeDaemon
 
 from eerld.api.server import Server, create_server
@@ -57,9 +58,16 @@ class SimDaemon:
     ``records`` collects every phase the daemon metered (its phase observer hook), across restarts.
     """
 
-    def __init__(self, directory: Path, *, controller: str = "off") -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        controller: str = "off",
+        fixed_clocks_mhz: Mapping[PhaseKind, int] | None = None,
+    ) -> None:
         self.directory = directory
         self.controller = controller
+        self.fixed_clocks_mhz = fixed_clocks_mhz
         self.records: list[PhaseRecord] = []
         self._server: Server | None = None
 
@@ -83,6 +91,8 @@ class SimDaemon:
             controller=self.controller,
             metrics_address=None,
         )
+        if self.fixed_clocks_mhz is not None:
+            config = dataclasses.replace(config, fixed_clocks_mhz=self.fixed_clocks_mhz)
         server = create_server(config)
         server.daemon.events.subscribe(on_phase=self.records.append)
         server.start()

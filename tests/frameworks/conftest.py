@@ -9,6 +9,7 @@ and in its own environment a missing framework is an import error, never a skip.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,11 @@ _MODULES = {
     "test_openrlhf.py": "openrlhf",
     "test_trl.py": "trl",
     "test_skyrl.py": "skyrl",
+    "test_nemo_rl.py": "nemo_rl",
+    "test_slime.py": "slime",
 }
+SOURCES = Path(__file__).parent / "sources"
+"""Excerpts of the frameworks that are not on the package index (NeMo-RL, slime), cut by sources/vendor.py."""
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
@@ -49,6 +54,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_report_header(config: pytest.Config) -> list[str]:
     if not FRAMEWORK:
         return []
+    commit = os.environ.get("EERL_FRAMEWORK_COMMIT")
+    if commit:
+        return [f"eerl frameworks: testing {FRAMEWORK} source at commit {commit} (stand-ins shaped from it)"]
     versions = ", ".join(f"{name} {_version(name)}" for name in (FRAMEWORK, "torch", "transformers", "ray"))
     return [f"eerl frameworks: testing {versions}"]
 
@@ -87,7 +95,11 @@ def _version(name: str) -> str:
 
 @pytest.fixture(scope="session")
 def framework_version() -> str:
-    """The installed release of the framework under test; it must be the one the Makefile pinned."""
+    """The installed release of the framework under test; it must be the one the Makefile pinned. For a
+    framework tested against its source (``EERL_FRAMEWORK_COMMIT``), that commit."""
+    commit = os.environ.get("EERL_FRAMEWORK_COMMIT")
+    if commit:
+        return commit
     version = _version(FRAMEWORK)
     expected = os.environ.get("EERL_FRAMEWORK_VERSION")
     if expected:
@@ -128,3 +140,29 @@ class Recorder:
 @pytest.fixture
 def recorder() -> Recorder:
     return Recorder()
+
+
+def source_excerpt(framework: str, commit: str, path: str, name: str) -> str:
+    """The excerpt of ``name`` in ``path`` of ``framework`` at ``commit`` (sources/vendor.py cut it); its
+    header must name that commit."""
+    excerpt = SOURCES / f"{framework}-{commit[:12]}__{path.replace('/', '__')}__{name}.py.txt"
+    text = excerpt.read_text()
+    header, _, body = text.partition("\n")
+    assert f"@{commit}:{path} " in header, f"{excerpt.name} is not of {commit}"
+    return body
+
+
+GENERATION_MHZ, TRAINING_MHZ = 1200, 1500
+"""The clocks the metering daemon's fixed controller sets for each phase kind."""
+
+
+@pytest.fixture
+def metering_daemon(sock_dir: Path) -> Iterator[Any]:
+    """The real eerld on the sim backend (two GPUs), its fixed controller setting 1200 MHz for generation
+    and 1500 MHz for training: a simulated job through a hook must be metered there, tokens and clock."""
+    from tests.client.conftest import SimDaemon  # noqa: PLC0415 - the daemon loads only for these tests
+
+    clocks = {PhaseKind.GENERATION: GENERATION_MHZ, PhaseKind.TRAINING: TRAINING_MHZ}
+    daemon = SimDaemon(sock_dir, controller="fixed", fixed_clocks_mhz=clocks).start()
+    yield daemon
+    daemon.stop()
