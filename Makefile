@@ -142,7 +142,7 @@ FW_PKGS_skyrl-0.3.0 := skyrl==0.3.0 $(FW_SKYRL_DEPS)
 # NeMo-RL and slime are not installable from the package index: their tests run in the main venv against
 # stand-ins shaped from their source at these commits, whose call sites they check in excerpts cut by
 # tests/frameworks/sources/vendor.py (docs/integrations.md). NAME@COMMIT.
-FW_SOURCES := nemo_rl@7ea279abfbeb698b092856d0dab61e7cf39bc909
+FW_SOURCES := nemo_rl@7ea279abfbeb698b092856d0dab61e7cf39bc909 slime@624b824a898ab0ec1fcb4d373004c7f3852bf515
 
 $(FW_DIR)/%/.installed: Makefile | $(STAMP)
 	@echo "frameworks: building $(FW_DIR)/$* ($(FW_PKGS_$*), --no-deps, over the main venv)"
