@@ -19,6 +19,7 @@ import inspect
 from types import SimpleNamespace
 from typing import Any
 
+import eerl
 import eerl.integrations.skyrl as hook_module
 import pytest
 import torch
@@ -30,7 +31,8 @@ from skyrl.train.fully_async_trainer import FullyAsyncRayPPOTrainer
 from skyrl.train.trainer import RayPPOTrainer
 from skyrl.train.utils.callbacks import CallbackHandler, TrainingControl
 
-from tests.frameworks.conftest import Recorder
+from tests.client.conftest import fast
+from tests.frameworks.conftest import GENERATION_MHZ, TRAINING_MHZ, Recorder
 
 PROMPTS = [[11, 12, 13], [21, 22]]  # one per prompt; each prompt sampled twice
 RESPONSES = [[1, 2], [3, 4, 5, 6], [7], [8, 9, 10]]  # (2 + 4) for prompt 0, (1 + 3) for prompt 1
@@ -313,3 +315,20 @@ def _with_boundaries(batch: TrainingInputBatch) -> TrainingInputBatch:
     batch["advantages"] = torch.zeros((1, 2))
     batch.metadata = {"policy_mini_batch_boundaries": [(0, 1)], "policy_prompt_boundaries": [(0, 1)]}
     return batch
+
+
+class TestMetered:
+    def test_the_daemon_meters_each_phase_with_its_tokens_and_clock(self, metering_daemon: Any) -> None:
+        trainer = driven_trainer(steps=3)
+        with eerl.connect(gpus=[0], job_id="skyrl-grpo", config=fast(metering_daemon.config)) as session:
+            hook_module.instrument(trainer, session)
+            asyncio.run(trainer.train())
+            assert session.flush(10)
+        records = metering_daemon.records
+        assert [(r.kind, r.iteration) for r in records] == [
+            (kind, step) for step in (1, 2, 3) for kind in (PhaseKind.GENERATION, PhaseKind.TRAINING)
+        ]
+        assert [(r.tokens, r.valid_tokens, r.sm_clock_mhz) for r in records] == [
+            (GENERATION.tokens, 0, GENERATION_MHZ),
+            (TRAINING.tokens, TRAINING.valid_tokens, TRAINING_MHZ),
+        ] * 3
