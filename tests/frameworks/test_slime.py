@@ -8,8 +8,8 @@ loops of that commit's ``train.py`` and ``train_async.py`` themselves** (the exc
 two adoption lines of docs/integrations.md inserted after ``create_training_models``, on a local Ray
 cluster: the rollout manager is a Ray actor with the real one's methods (canned samples instead of SGLang
 engines), the train group a local object over Ray actors with ``train`` (no Megatron). Recorded, and
-metered by the real daemon on the sim backend: one pool per GPU, in async mode with their roles
-(disaggregated), or one sync session (colocated).
+metered by the real daemon on the sim backend: ``train_async.py`` as two sessions, one per pool, in async
+mode with their roles; ``train.py`` (colocated or not: its pools take turns) as one sync session.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ ADOPT_AFTER = "    actor_model, critic_model = create_training_models(args, pgs,
 CLOSE_BEFORE = "    ray.get(rollout_manager.dispose.remote())\n"
 ADOPTION = (
     "    eerl_job = eerl.integrations.slime.instrument_job(\n"
-    "        rollout_manager, actor_model, colocate=args.colocate, job_id='slime-run',\n"
+    "        rollout_manager, actor_model, overlap=OVERLAP, job_id='slime-run',\n"
     "        gpus=EERL_GPUS, config=CONFIG,\n"
     "    )\n"
 )
@@ -208,7 +208,9 @@ def _args(colocate: bool) -> SimpleNamespace:
     )
 
 
-def run_driver_loop(script: str, colocate: bool, config: Any, env: dict[str, str]) -> tuple[Any, list[Any]]:
+def run_driver_loop(
+    script: str, colocate: bool, config: Any, env: dict[str, str], gpus: dict[str, list[int]]
+) -> tuple[Any, list[Any]]:
     """Executes ``script``'s ``train(args)`` at the commit (the excerpt), the adoption lines inserted,
     with slime's set-up functions returning the stand-ins; returns the rollout manager and train actors."""
     manager_class, actor_class = stand_in_classes()
@@ -225,7 +227,8 @@ def run_driver_loop(script: str, colocate: bool, config: Any, env: dict[str, str
         "ray": ray,
         "eerl": eerl,
         "CONFIG": config,
-        "EERL_GPUS": {"generation": [0], "training": [1], "both": [0]},
+        "OVERLAP": script == "train_async.py",
+        "EERL_GPUS": gpus,
         "configure_logger": lambda: None,
         "init_tracking": lambda args: None,
         "finish_tracking": lambda args: None,
@@ -282,42 +285,51 @@ class TestDriven:
 
 @pytest.mark.usefixtures("local_ray")
 class TestMetered:
-    @pytest.mark.parametrize("script", ["train.py", "train_async.py"])
-    def test_disaggregated_each_pool_is_an_async_session_with_its_role(
-        self, script: str, metering_daemon: Any
+    def test_train_async_py_runs_each_pool_as_an_async_session_with_its_role(
+        self, metering_daemon: Any
     ) -> None:
         env = {"EERL_SOCKET": str(metering_daemon.socket_path)}
-        manager, actors = run_driver_loop(script, False, fast(metering_daemon.config), env)
+        gpus = {"generation": [0], "training": [1]}
+        manager, actors = run_driver_loop("train_async.py", False, fast(metering_daemon.config), env, gpus)
         assert ray.get(manager.calls.remote()) == (list(range(ROLLOUTS)), [])
         assert all(ray.get(actor.done.remote()) == list(range(ROLLOUTS)) for actor in actors)
         records = metering_daemon.records
-        by_kind = {
-            kind: [
-                (r.iteration, r.tokens, r.valid_tokens, r.sm_clock_mhz, r.gpu_indices)
-                for r in records
-                if r.kind is kind
-            ]
-            for kind in PhaseKind
-            if kind in (PhaseKind.GENERATION, PhaseKind.TRAINING)
-        }
-        assert sorted(by_kind[PhaseKind.GENERATION]) == [
-            (i, GENERATION.tokens, 0, GENERATION_MHZ, (0,)) for i in range(ROLLOUTS)
+        assert sorted(
+            (r.iteration, r.tokens, r.valid_tokens, r.sm_clock_mhz, r.gpu_indices)
+            for r in records
+            if r.kind is PhaseKind.GENERATION
+        ) == [(i, GENERATION.tokens, 0, GENERATION_MHZ, (0,)) for i in range(ROLLOUTS)]
+        assert sorted(
+            (r.iteration, r.tokens, r.valid_tokens, r.sm_clock_mhz, r.gpu_indices)
+            for r in records
+            if r.kind is PhaseKind.TRAINING
+        ) == [(i, TRAINING.tokens, TRAINING.valid_tokens, TRAINING_MHZ, (1,)) for i in range(ROLLOUTS)]
+        assert len({r.session_id for r in records}) == 2  # one per pool
+        # the driver's session is closed by job.close(); the rollout manager's lives with its actor
+        assert [(view.mode.value, view.role.value) for view in metering_daemon.sessions()] == [
+            ("async", "generation")
         ]
-        assert sorted(by_kind[PhaseKind.TRAINING]) == [
-            (i, TRAINING.tokens, TRAINING.valid_tokens, TRAINING_MHZ, (1,)) for i in range(ROLLOUTS)
-        ]
-        sessions = {r.session_id for r in records}
-        assert len(sessions) == 2  # one per pool
 
-    def test_colocated_one_sync_session_reports_both_phases_in_turn(self, metering_daemon: Any) -> None:
-        manager, _ = run_driver_loop("train.py", True, fast(metering_daemon.config), {})
+    @pytest.mark.parametrize(
+        ("colocate", "gpus", "held"),
+        [
+            (False, {"generation": [0], "training": [1]}, (0, 1)),
+            (True, {"generation": [0, 1], "training": [0, 1]}, (0, 1)),
+        ],
+    )
+    def test_train_py_runs_one_sync_session_that_reports_both_phases_in_turn(
+        self, metering_daemon: Any, colocate: bool, gpus: dict[str, list[int]], held: tuple[int, ...]
+    ) -> None:
+        manager, _ = run_driver_loop("train.py", colocate, fast(metering_daemon.config), {}, gpus)
         assert ray.get(manager.calls.remote()) == (list(range(ROLLOUTS)), [])
         records = metering_daemon.records
-        assert [(r.kind, r.iteration, r.tokens, r.sm_clock_mhz) for r in records] == [
-            (kind, i, workload.tokens, mhz)
+        assert [
+            (r.kind, r.iteration, r.tokens, r.valid_tokens, r.sm_clock_mhz, r.gpu_indices) for r in records
+        ] == [
+            (kind, i, workload.tokens, workload.valid_tokens, mhz, held)
             for i in range(ROLLOUTS)
             for kind, workload, mhz in (
-                (PhaseKind.GENERATION, GENERATION, GENERATION_MHZ),
+                (PhaseKind.GENERATION, Workload(tokens=GENERATION.tokens), GENERATION_MHZ),
                 (PhaseKind.TRAINING, TRAINING, TRAINING_MHZ),
             )
         ]

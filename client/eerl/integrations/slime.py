@@ -1,23 +1,21 @@
-"""slime: put a job's rollouts and actor updates into eerl sessions, one per GPU pool.
+"""slime: put a job's rollouts and actor updates into eerl sessions.
 
 slime is not on the package index, so this hook is written and tested against the structure of its source,
 THUDM/slime at commit 624b824a898ab0ec1fcb4d373004c7f3852bf515 (tests/frameworks/test_slime.py runs the
 driver loops of that commit's ``train.py`` and ``train_async.py`` on stand-ins, and checks the call sites in
 excerpts of ``slime/ray/rollout.py`` and ``slime/ray/actor_group.py``). The driver's loop is a function,
-``train(args)``, over two objects: ``rollout_manager`` (a Ray actor, ``RolloutManager``: SGLang engines on the
-rollout GPUs) and ``actor_model`` (a ``RayTrainGroup`` of Megatron actors on the training GPUs). Adopting
-it is two lines after ``create_training_models``::
+``train(args)``, over two objects: ``rollout_manager`` (a Ray actor, ``RolloutManager``: SGLang engines on
+the rollout GPUs) and ``actor_model`` (a ``RayTrainGroup`` of Megatron actors on the training GPUs).
+Adopting it is two lines after ``create_training_models`` (``overlap=True`` in ``train_async.py``)::
 
-    job = eerl.integrations.slime.instrument_job(rollout_manager, actor_model, colocate=args.colocate)
+    job = eerl.integrations.slime.instrument_job(rollout_manager, actor_model, overlap=False)
     ...                                                # the loop, unchanged
     job.close()
 
-* **generation** = the rollout function inside ``RolloutManager.generate(rollout_id)``: its
-  ``self._get_rollout_data(rollout_id=...)`` (the SGLang engines sampling, the rewards; ``eval`` is not
-  reported), counted on the samples it returns (``response_length`` generated, ``tokens`` prompt +
-  response). Colocated, the phase is the whole ``generate`` as the driver waits for it.
-  ``max_worker_kv_tokens`` is 0: the SGLang router spreads requests over the engines and the samples do
-  not record which engine decoded them.
+* **generation** = ``rollout_manager.generate(rollout_id)``; its tokens are counted inside the rollout
+  manager, on the samples its ``self._get_rollout_data(rollout_id=...)`` returns (``response_length``
+  generated, ``tokens`` prompt + response). ``eval`` is not reported. ``max_worker_kv_tokens`` is 0: the
+  SGLang router spreads requests over the engines and the samples do not record which engine decoded them.
 * **training** = ``actor_model.async_train(rollout_id, rollout_data_ref)`` until every train actor is done
   (the driver waits for its refs, which ``train.py`` and ``train_async.py`` ``ray.get`` right after anyway);
   tokens from the same rollout's training data (``_convert_samples_to_train_data``, counted in the rollout
@@ -25,14 +23,15 @@ it is two lines after ``create_training_models``::
   group's ``async_train`` is not wrapped: it runs alongside the actor's, inside the phase.
 * Between the phases: offload/onload, checkpoints, the weight update to the engines, evaluation.
 
-**Placement.** Disaggregated (slime's default: ``--actor-num-gpus-per-node`` and
-``--rollout-num-gpus``; the only placement ``train_async.py`` allows): each pool keeps one role, so each
-gets its own session in async mode — ``role="generation"`` inside the rollout manager's actor (the rollout
-GPUs: ``gpus["generation"]``, else ``EERL_GPUS`` there) and ``role="training"`` in the driver (the
-training GPUs: ``gpus["training"]``). The daemon's async slack then lowers the clock of whichever pool
-waits on the other first. ``--colocate``: both pools are the same GPUs, which only one session may hold,
-so one synchronous session in the driver (``gpus["both"]``) reports both phases; the rollout manager only
-counts. Each session covers one node; per-pool control of several nodes is not built
+**Sessions.** ``train.py`` runs the pools one after the other, colocated or not: the iteration is the sum
+of the two phases, which is what a synchronous session budgets, so one session in the driver (the GPUs of
+both pools on its node) reports both; the driver's ``rollout_manager.generate.remote`` waits for the
+rollout (which the loop gets at once anyway). ``train_async.py`` (``overlap=True``; disaggregated,
+slime's default and the only placement it allows) generates rollout k + 1 while it trains on k: each pool
+keeps one role and the two run at once, so each gets a session of its own in async mode —
+``role="generation"`` inside the rollout manager's actor (where ``_get_rollout_data`` is the phase), and
+``role="training"`` in the driver — and the daemon's async slack lets the pool that waits for the other
+run slower first. Each session covers one node; per-pool control of several nodes is not built
 (docs/integrations.md).
 """
 
@@ -69,7 +68,7 @@ one rollout ahead)."""
 
 
 class _NoSource:
-    """A PhaseSource that opens nothing: the rollout manager only counts (colocated placement)."""
+    """A PhaseSource that opens nothing: the rollout manager only counts (the driver reports generation)."""
 
     def phase(self, kind: Any, iteration: int | None = None, **kwargs: Any) -> PhaseLike:
         raise LookupError("no session here")
@@ -147,7 +146,8 @@ class SlimeRolloutHook:
 
 class SlimeTrainHook:
     """In the driver: reports ``RayTrainGroup.async_train`` (until its actors are done) as a training phase,
-    and — colocated — the rollout manager's ``generate`` as a generation phase; :meth:`remove` restores."""
+    and — when the pools take turns — the rollout manager's ``generate`` as a generation phase;
+    :meth:`remove` restores."""
 
     def __init__(
         self, group: Any, session: PhaseSource, *, rollout_manager: Any = None, generation: bool = False
@@ -214,7 +214,7 @@ class SlimeTrainHook:
 
 
 class _RemoteGenerate:
-    """Stands in for the rollout manager's ``generate`` actor method in the driver (colocated placement):
+    """Stands in for the rollout manager's ``generate`` actor method in the driver (pools taking turns):
     ``.remote(rollout_id)`` opens the generation phase, submits, waits for the rollout (``train.py`` gets
     it at once anyway), reports its tokens and ends the phase; anything else goes to the real method."""
 
@@ -275,25 +275,27 @@ def instrument_job(
     rollout_manager: Any,
     actor_model: Any,
     *,
-    colocate: bool,
+    overlap: bool,
     job_id: str | None = None,
     gpus: Mapping[str, Sequence[int | str]] | None = None,
     timeout_s: float = 60.0,
     config: ClientConfig | None = None,
 ) -> SlimeJob | None:
     """Attaches eerl to a slime job from its driver, after ``create_training_models`` (see the module
-    docstring): the rollout manager's actor counts (and, disaggregated, reports generation in its own
-    ``mode="async", role="generation"`` session), the driver reports training (and, colocated, generation)
-    in a session of its own. ``gpus``: by role (``"generation"``, ``"training"``, or ``"both"`` colocated);
-    absent, each session takes ``EERL_GPUS``. ``config``: the driver session's (default ``EERL_SOCKET`` …;
-    the actor's session reads its own environment). None (with a warning) when it could not attach."""
+    docstring). ``overlap`` False (``train.py``): one sync session in the driver reports both phases, the
+    rollout manager's actor only counts. True (``train_async.py``): the rollout manager's actor reports
+    generation in a ``mode="async", role="generation"`` session of its own, the driver training in a
+    ``role="training"`` one. ``gpus``: each pool's GPUs on this node by role (``"generation"``,
+    ``"training"``; the sync session takes both lists); absent, each session takes ``EERL_GPUS``.
+    ``config``: the driver session's (default ``EERL_SOCKET`` …; the actor's reads its own environment).
+    None (with a warning) when it could not attach."""
     import eerl  # noqa: PLC0415 - the client package imports this module lazily
 
     gpus = gpus or {}
     try:
         import ray  # noqa: PLC0415 - Ray is there whenever slime is
 
-        role = None if colocate else "generation"
+        role = "generation" if overlap else None
         ref = rollout_manager.__ray_call__.remote(
             _attach, role, job_id, list(gpus.get("generation", ())) or None
         )
@@ -304,8 +306,9 @@ def instrument_job(
             f"actor handle with __ray_call__, slime {SLIME_COMMIT[:12]}). Nothing will be reported."
         )
         return None
-    if colocate:
-        session = eerl.connect(gpus=list(gpus.get("both", ())) or None, job_id=job_id, config=config)
+    if not overlap:
+        both = list(dict.fromkeys([*gpus.get("generation", ()), *gpus.get("training", ())]))
+        session = eerl.connect(gpus=both or None, job_id=job_id, config=config)
     else:
         session = eerl.connect(
             gpus=list(gpus.get("training", ())) or None,
@@ -314,7 +317,7 @@ def instrument_job(
             mode="async",
             role="training",
         )
-    hook = SlimeTrainHook(actor_model, session, rollout_manager=rollout_manager, generation=colocate)
+    hook = SlimeTrainHook(actor_model, session, rollout_manager=rollout_manager, generation=not overlap)
     return SlimeJob(session, hook, attached)
 
 
