@@ -18,6 +18,7 @@ import ast
 import asyncio
 import re
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 import eerl
@@ -217,6 +218,15 @@ class TestContract:
         text = excerpt(GRPO, "async_grpo_train")
         assert "train_results = policy.train(" in text
         assert re.search(r"policy_generation\.clear_logger_metrics\(\)", text)  # why generation=None there
+
+    def test_run_grpo_picks_grpo_train_unless_the_data_plane_is_enabled(self) -> None:
+        """grpo_train_sync (data_plane.enabled) is not covered; the default is the trainer the hook knows."""
+        source = excerpt("examples/run_grpo.py", "_select_trainer")
+        namespace: dict[str, Any] = {"grpo_train": "grpo_train", "MasterConfig": dict}
+        exec(compile(source, "run_grpo.py@" + COMMIT[:12], "exec"), namespace)  # NeMo-RL's own function text
+        assert namespace["_select_trainer"](SimpleNamespace(data_plane=None)) == "grpo_train"
+        assert namespace["_select_trainer"](SimpleNamespace(data_plane={"enabled": False})) == "grpo_train"
+        assert "from nemo_rl.algorithms.grpo_sync import grpo_train_sync" in source
 
     def test_an_object_it_cannot_hook_warns_naming_the_commit(self, recorder: Recorder) -> None:
         with pytest.warns(HookWarning, match=COMMIT[:12]):

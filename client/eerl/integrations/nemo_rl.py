@@ -23,6 +23,12 @@ Between the phases: rewards, log-prob inference of the policy and reference, adv
 ``prepare_for_training``, checkpoints. The iteration is ``start_step`` + 1 + the updates seen so far, which
 is grpo_train's ``total_steps + 1`` when ``start_step`` is ``grpo_save_state.total_steps``.
 
+Colocated or not, ``grpo_train`` alternates the two, so one synchronous session over the node's GPUs (the
+engines' and the policy's) is right for it.
+
+Not covered: ``grpo_train_sync``, which ``examples/run_grpo.py`` picks when ``data_plane.enabled`` (off by
+default): its rollouts run in a rollout actor and it does not update through ``policy.train``.
+
 ``async_grpo_train`` samples in an ``AsyncTrajectoryCollector`` actor while the driver trains: instrument it
 without ``generation`` (training phases only; open the session with ``mode="async", role="training"``;
 the generation GPUs need a session of their own, ``role="generation"``).

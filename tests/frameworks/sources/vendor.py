@@ -27,6 +27,7 @@ PIECES: dict[str, list[tuple[str, list[str]]]] = {
         ("nemo_rl/models/generation/interfaces.py", ["GenerationInterface", "GenerationOutputSpec"]),
         ("nemo_rl/models/policy/interfaces.py", ["PolicyInterface"]),
         ("nemo_rl/experience/rollouts.py", ["generate_responses", "generate_responses_async"]),
+        ("examples/run_grpo.py", ["_select_trainer"]),
     ],
     "THUDM/slime": [
         ("train.py", ["train"]),
