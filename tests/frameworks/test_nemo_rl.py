@@ -76,14 +76,17 @@ class StandInGeneration:
 
     async def generate_async(self, data: dict[str, Any], greedy: bool) -> AsyncIterator[tuple[int, Any]]:
         self.calls.append("generate_async")
-        for index, (generated, whole) in enumerate(((3, 7), (5, 9))):
-            yield (
-                index,
-                {
-                    "generation_lengths": torch.tensor([generated]),
-                    "unpadded_sequence_lengths": torch.tensor([whole]),
-                },
-            )
+        try:
+            for index, (generated, whole) in enumerate(((3, 7), (5, 9))):
+                yield (
+                    index,
+                    {
+                        "generation_lengths": torch.tensor([generated]),
+                        "unpadded_sequence_lengths": torch.tensor([whole]),
+                    },
+                )
+        finally:
+            self.calls.append("generate_async closed")
 
     def prepare_for_generation(self, *args: Any, **kwargs: Any) -> bool:
         self.calls.append("prepare_for_generation")
@@ -256,6 +259,25 @@ class TestDriven:
         grpo_train_like(policy, generation, steps=1, use_async=True)
         assert recorder.phases[0].workload == GENERATION
         assert calls.count("generate_async") == TURNS
+
+    def test_a_consumer_that_stops_early_closes_nemo_rls_generator_too(self, recorder: Recorder) -> None:
+        calls: list[str] = []
+        policy, generation = StandInPolicy(calls), StandInGeneration(calls)
+        hook_module.instrument(policy, recorder, generation=generation)
+        generation.clear_logger_metrics()
+
+        async def first_only() -> None:
+            stream = generation.generate_async({}, greedy=False)
+            async for _item in stream:
+                break
+            await stream.aclose()
+
+        asyncio.run(first_only())
+        generation.finish_generation()
+        assert calls[-2:] == ["generate_async closed", "finish_generation"]
+        assert recorder.phases[0].workload == Workload(
+            tokens=3, sequences=1, max_response_tokens=3, prompt_tokens=4
+        )
 
     def test_an_evaluation_pass_of_train_is_not_a_phase(self, recorder: Recorder) -> None:
         calls: list[str] = []

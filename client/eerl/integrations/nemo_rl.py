@@ -148,9 +148,15 @@ class NemoRlHook:
 
     def _generate_async(self, original: Callable[..., Any]) -> Callable[..., Any]:
         async def generate_async(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-            async for item in original(*args, **kwargs):
-                self._count(item[1] if isinstance(item, tuple) and len(item) == 2 else item)
-                yield item
+            inner = original(*args, **kwargs)
+            try:
+                async for item in inner:
+                    self._count(item[1] if isinstance(item, tuple) and len(item) == 2 else item)
+                    yield item
+            finally:
+                # a consumer that stops early closes this generator; close NeMo-RL's at once too, which
+                # cancels its Ray calls (vllm_generation.py), as without the hook
+                await inner.aclose()
 
         return generate_async
 
