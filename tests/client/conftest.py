@@ -15,6 +15,7 @@ from eerl.testing import FakeDaemon
 from eerld.api.server import Server, create_server
 from eerld.config import Config
 from eerld.daemon import PhaseRecord, SessionView
+from eerld.gpu import GpuBackend
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
@@ -64,10 +65,13 @@ class SimDaemon:
         *,
         controller: str = "off",
         fixed_clocks_mhz: Mapping[PhaseKind, int] | None = None,
+        backend: GpuBackend | None = None,
     ) -> None:
         self.directory = directory
         self.controller = controller
         self.fixed_clocks_mhz = fixed_clocks_mhz
+        self.backend = backend
+        """A sim backend of the caller's (whose device the caller also runs work on); default: a new one."""
         self.records: list[PhaseRecord] = []
         self._server: Server | None = None
 
@@ -93,7 +97,7 @@ class SimDaemon:
         )
         if self.fixed_clocks_mhz is not None:
             config = dataclasses.replace(config, fixed_clocks_mhz=self.fixed_clocks_mhz)
-        server = create_server(config)
+        server = create_server(config, backend=self.backend)
         server.daemon.events.subscribe(on_phase=self.records.append)
         server.start()
         self._server = server

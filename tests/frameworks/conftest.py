@@ -9,14 +9,14 @@ and in its own environment a missing framework is an import error, never a skip.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pytest
 from eerl._tally import WorkloadTally
-from eerl.phases import PhaseKind
+from eerl.phases import ControllerState, PhaseKind
 
 FRAMEWORK = os.environ.get("EERL_FRAMEWORK", "")
 _MODULES = {
@@ -166,3 +166,58 @@ def metering_daemon(sock_dir: Path) -> Iterator[Any]:
     daemon = SimDaemon(sock_dir, controller="fixed", fixed_clocks_mhz=clocks).start()
     yield daemon
     daemon.stop()
+
+
+class SimWork:
+    """GPU work on the committing daemon's simulated H100s: a stand-in runs a phase's work here, so its time
+    and energy depend on the clock the daemon set, as a real rollout's and update's do."""
+
+    KINDS = (PhaseKind.GENERATION, PhaseKind.TRAINING)
+
+    GENERATION = (30.0, 0.3)
+    """Compute (MHz·s) and memory-bound seconds of one rollout: memory-bound, as decoding is (a lower clock
+    costs it little time and saves energy)."""
+    TRAINING = (300.0, 0.02)
+    """The same for one update: compute-bound (a lower clock costs it time; the controller may well keep
+    the default)."""
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+
+    def run(self, kind: PhaseKind, gpus: tuple[int, ...] = (0,), share: float = 1.0) -> None:
+        compute_mhz_s, memory_s = self.GENERATION if kind is PhaseKind.GENERATION else self.TRAINING
+        for gpu in gpus:
+            self.device.run_segments(gpu, [compute_mhz_s * share], [memory_s * share], 1.0)
+
+
+@pytest.fixture
+def committing_daemon(sock_dir: Path) -> Iterator[tuple[Any, SimWork]]:
+    """The real eerld with its own controller (``eerl``) on two simulated H100s at 5× real time, and the
+    work to run on them: a stand-in's phases take the time the clock gives them, so the controller explores
+    and commits a clock per phase kind within a few dozen iterations."""
+    from eerl_sim.gpu import create_sim_backend  # noqa: PLC0415 - the simulator loads only for these tests
+    from eerl_sim.profiles import builtin_profile  # noqa: PLC0415
+
+    from tests.client.conftest import SimDaemon  # noqa: PLC0415
+
+    backend = create_sim_backend(builtin_profile("h100-sxm"), 2, speedup=2.0)
+    daemon = SimDaemon(sock_dir, controller="eerl", backend=backend).start()
+    yield daemon, SimWork(backend.device)
+    daemon.stop()
+
+
+def assert_commits(records: Sequence[Any]) -> dict[PhaseKind, int | None]:
+    """The daemon's controller committed for both kinds, for a good part of the job (at least ten phases
+    each; it may retune now and then), and for at least one at a clock it locked (for the other it may keep
+    the default governor, None, when a lock saves too little for the time it costs). Returns the clock each
+    kind committed at most often."""
+    clocks: dict[PhaseKind, int | None] = {}
+    for kind in SimWork.KINDS:
+        committed = [
+            r.sm_clock_mhz for r in records if r.kind is kind and r.state is ControllerState.COMMITTED
+        ]
+        states = [(r.iteration, r.state.value, r.sm_clock_mhz) for r in records if r.kind is kind]
+        assert len(committed) >= 10, f"{kind.value}: {len(committed)} committed phases: {states}"
+        clocks[kind] = max(set(committed), key=committed.count)
+    assert any(clock is not None for clock in clocks.values()), f"no clock locked: {clocks}"
+    return clocks

@@ -28,7 +28,14 @@ import torch
 from eerl.integrations import HookWarning
 from eerl.phases import PhaseKind, Workload
 
-from tests.frameworks.conftest import GENERATION_MHZ, TRAINING_MHZ, Recorder, source_excerpt
+from tests.frameworks.conftest import (
+    GENERATION_MHZ,
+    TRAINING_MHZ,
+    Recorder,
+    SimWork,
+    assert_commits,
+    source_excerpt,
+)
 
 COMMIT = hook_module.NEMO_RL_COMMIT
 GRPO = "nemo_rl/algorithms/grpo.py"
@@ -36,6 +43,8 @@ GRPO = "nemo_rl/algorithms/grpo.py"
 # One generate call: two samples of 3 and 5 generated tokens after prompts of 4 tokens each.
 GENERATED = Workload(tokens=8, sequences=2, max_response_tokens=5, prompt_tokens=8)
 TURNS = 2  # a multi-turn rollout generates once per turn
+COMMIT_STEPS = 40
+"""Steps after which the daemon's controller has committed a clock per kind (in about 15 on this work)."""
 GENERATION = Workload(tokens=16, sequences=4, max_response_tokens=5, prompt_tokens=16)
 # train_data: three samples (7, 9, 6 tokens), loss on 3, 5, 3 of them; the third's sample_mask is 0.
 TRAINING = Workload(tokens=22, valid_tokens=8, sequences=3, max_response_tokens=5, prompt_tokens=11)
@@ -63,11 +72,14 @@ class StandInGeneration:
     """Shaped from ``GenerationInterface`` (and ``VllmGeneration``'s ``generate_async``,
     ``clear_logger_metrics``): returns ``GenerationOutputSpec`` fields, records the calls."""
 
-    def __init__(self, calls: list[str]) -> None:
+    def __init__(self, calls: list[str], work: SimWork | None = None) -> None:
         self.calls = calls
+        self.work = work
 
     def generate(self, data: dict[str, Any], greedy: bool) -> dict[str, torch.Tensor]:
         self.calls.append("generate")
+        if self.work is not None:
+            self.work.run(PhaseKind.GENERATION, share=1 / TURNS)
         return {
             "output_ids": torch.zeros((2, 9), dtype=torch.long),
             "generation_lengths": torch.tensor([3, 5]),
@@ -103,8 +115,9 @@ class StandInGeneration:
 class StandInPolicy:
     """Shaped from ``PolicyInterface`` (``train``, ``prepare_for_training``, ``get_logprobs``)."""
 
-    def __init__(self, calls: list[str]) -> None:
+    def __init__(self, calls: list[str], work: SimWork | None = None) -> None:
         self.calls = calls
+        self.work = work
 
     def get_logprobs(self, data: dict[str, Any], timer: Any = None) -> dict[str, torch.Tensor]:
         self.calls.append("get_logprobs")
@@ -124,6 +137,8 @@ class StandInPolicy:
         timer: Any = None,
     ) -> dict[str, Any]:
         self.calls.append("train" if not eval_mode else "train(eval_mode)")
+        if self.work is not None:
+            self.work.run(PhaseKind.TRAINING)
         return {"loss": torch.tensor(0.1)}
 
 
@@ -139,7 +154,12 @@ def train_data() -> dict[str, torch.Tensor]:
 
 
 def grpo_train_like(
-    policy: StandInPolicy, generation: StandInGeneration, steps: int, *, use_async: bool = False
+    policy: StandInPolicy,
+    generation: StandInGeneration,
+    steps: int,
+    *,
+    use_async: bool = False,
+    validate: bool = True,
 ) -> None:
     """The calls ``grpo_train`` makes on ``policy`` and ``policy_generation`` each step (checked against the
     excerpt by TestContract), with a validation after every step."""
@@ -160,9 +180,10 @@ def grpo_train_like(
         policy.get_logprobs(train_data())  # policy_and_reference_logprobs
         policy.prepare_for_training()  # training_prep
         policy.train(train_data(), loss_fn=None, timer=None)  # policy_training
-        generation.prepare_for_generation()  # validation: refit / prepare
-        generation.generate({}, greedy=False)  # validate() → run_multi_turn_rollout
-        generation.finish_generation()
+        if validate:
+            generation.prepare_for_generation()  # validation: refit / prepare
+            generation.generate({}, greedy=False)  # validate() → run_multi_turn_rollout
+            generation.finish_generation()
 
 
 class TestContract:
@@ -302,8 +323,8 @@ class TestDriven:
         calls: list[str] = []
         policy, generation = StandInPolicy(calls), StandInGeneration(calls)
         hook_module.instrument(policy, recorder, generation=generation).remove()
-        assert not vars(policy).keys() - {"calls"}
-        assert not vars(generation).keys() - {"calls"}
+        assert not vars(policy).keys() - {"calls", "work"}
+        assert not vars(generation).keys() - {"calls", "work"}
         grpo_train_like(policy, generation, steps=1)
         assert recorder.phases == []
 
@@ -335,3 +356,19 @@ class TestMetered:
             (GENERATION.tokens, 0, GENERATION_MHZ),
             (TRAINING.tokens, TRAINING.valid_tokens, TRAINING_MHZ),
         ] * 3
+
+    def test_the_daemons_own_controller_commits_a_clock_for_each_phase_kind(
+        self, committing_daemon: tuple[Any, SimWork]
+    ) -> None:
+        """The stand-ins' work runs on the simulated GPU the session holds: eerl explores and commits."""
+        daemon, work = committing_daemon
+        calls: list[str] = []
+        policy, generation = StandInPolicy(calls, work), StandInGeneration(calls, work)
+        with eerl.connect(gpus=[0], job_id="nemo-rl-grpo", config=daemon.config) as session:
+            hook_module.instrument(policy, session, generation=generation)
+            grpo_train_like(policy, generation, steps=COMMIT_STEPS, validate=False)
+            assert session.flush(10)
+        assert_commits(daemon.records)
+        assert {r.valid_tokens for r in daemon.records if r.kind is PhaseKind.TRAINING} == {
+            TRAINING.valid_tokens
+        }

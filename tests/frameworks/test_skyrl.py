@@ -32,7 +32,7 @@ from skyrl.train.trainer import RayPPOTrainer
 from skyrl.train.utils.callbacks import CallbackHandler, TrainingControl
 
 from tests.client.conftest import fast
-from tests.frameworks.conftest import GENERATION_MHZ, TRAINING_MHZ, Recorder
+from tests.frameworks.conftest import GENERATION_MHZ, TRAINING_MHZ, Recorder, SimWork, assert_commits
 
 PROMPTS = [[11, 12, 13], [21, 22]]  # one per prompt; each prompt sampled twice
 RESPONSES = [[1, 2], [3, 4, 5, 6], [7], [8, 9, 10]]  # (2 + 4) for prompt 0, (1 + 3) for prompt 1
@@ -117,11 +117,14 @@ class TestContract:
 class LocalGenerator:
     """Stands in for SkyRL's generator (the vLLM engines): canned responses in ``GeneratorOutput`` form."""
 
-    def __init__(self) -> None:
+    def __init__(self, work: SimWork | None = None) -> None:
         self.calls = 0
+        self.work = work
 
     async def generate(self, input_batch: dict[str, Any]) -> dict[str, Any]:
         self.calls += 1
+        if self.work is not None:
+            self.work.run(PhaseKind.GENERATION)
         n = len(input_batch["prompts"])
         assert n == len(RESPONSES)
         return {
@@ -138,8 +141,9 @@ class LocalGenerator:
 class LocalDispatch:
     """Stands in for ``WorkerDispatch`` (the Ray worker groups): one data-parallel rank, nothing remote."""
 
-    def __init__(self) -> None:
+    def __init__(self, work: SimWork | None = None) -> None:
         self.calls: list[str] = []
+        self.work = work
 
     def get_lcm_dp_size(self) -> int:
         return 1
@@ -171,6 +175,8 @@ class LocalDispatch:
 
     def forward_backward_from_staged(self, model: str, chunk: Any) -> Any:
         self.calls.append(f"forward_backward:{model}")
+        if self.work is not None:
+            self.work.run(PhaseKind.TRAINING)
         return SimpleNamespace(metrics={"policy_loss": 0.1})
 
     def optim_step(self, model: str) -> float:
@@ -203,7 +209,7 @@ def _config() -> SkyRLTrainConfig:
     return config
 
 
-def driven_trainer(cls: type = RayPPOTrainer, steps: int = 2) -> Any:
+def driven_trainer(cls: type = RayPPOTrainer, steps: int = 2, work: SimWork | None = None) -> Any:
     """The release's trainer class, its state set as ``__init__`` and ``build_models`` would, with the
     remote parts (generator, worker dispatch, inference client, tracker) local."""
     trainer = object.__new__(cls)
@@ -223,9 +229,9 @@ def driven_trainer(cls: type = RayPPOTrainer, steps: int = 2) -> Any:
     trainer.train_dataloader = [prompts[:1] + prompts[1:] for _ in range(steps)]
     trainer.total_training_steps = steps
     trainer.eval_dataloader = None
-    trainer.generator = LocalGenerator()
+    trainer.generator = LocalGenerator(work)
     trainer.inference_engine_client = LocalSleep()
-    trainer.dispatch = LocalDispatch()
+    trainer.dispatch = LocalDispatch(work)
     from skyrl.train.utils.trainer_utils import ResumeMode  # noqa: PLC0415 - the release's own enum
 
     trainer.resume_mode = ResumeMode.NONE
@@ -332,3 +338,13 @@ class TestMetered:
             (GENERATION.tokens, 0, GENERATION_MHZ),
             (TRAINING.tokens, TRAINING.valid_tokens, TRAINING_MHZ),
         ] * 3
+
+    def test_the_daemons_own_controller_commits_a_clock(self, committing_daemon: tuple[Any, SimWork]) -> None:
+        """The stand-ins' work runs on the simulated GPU the session holds: eerl explores and commits."""
+        daemon, work = committing_daemon
+        trainer = driven_trainer(steps=40, work=work)
+        with eerl.connect(gpus=[0], job_id="skyrl-grpo", config=daemon.config) as session:
+            hook_module.instrument(trainer, session)
+            asyncio.run(trainer.train())
+            assert session.flush(10)
+        assert_commits(daemon.records)

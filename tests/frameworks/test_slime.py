@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -27,7 +28,14 @@ from eerl.integrations import HookWarning
 from eerl.phases import PhaseKind, Workload
 
 from tests.client.conftest import fast
-from tests.frameworks.conftest import GENERATION_MHZ, TRAINING_MHZ, Recorder, source_excerpt
+from tests.frameworks.conftest import (
+    GENERATION_MHZ,
+    TRAINING_MHZ,
+    Recorder,
+    SimWork,
+    assert_commits,
+    source_excerpt,
+)
 
 COMMIT = hook_module.SLIME_COMMIT
 ADOPT_AFTER = "    actor_model, critic_model = create_training_models(args, pgs, rollout_manager)\n"
@@ -112,9 +120,23 @@ def stand_in_classes() -> tuple[type, type]:
             self.tokens = list(range(prompt + response))
             self.response_length, self.loss_mask = response, loss_mask
 
+    def sim_work(
+        state_file: str | None, gpu: int, compute_mhz_s: float, memory_s: float, wait_s: float
+    ) -> None:
+        """The phase's work on the shared simulated GPUs (``state_file``: the daemon's), else a sleep."""
+        if state_file is None:
+            time.sleep(wait_s)
+            return
+        from eerl_sim.gpu import open_sim_device  # noqa: PLC0415 - in the actor's process
+
+        open_sim_device(Path(state_file)).run_segments(gpu, [compute_mhz_s], [memory_s], 1.0)
+
     class RolloutManager:
-        def __init__(self, args: Any, pg: Any, samples: list[tuple[int, int, list[int]]]) -> None:
+        def __init__(
+            self, args: Any, pg: Any, samples: list[tuple[int, int, list[int]]], state_file: str | None = None
+        ) -> None:
             self.args, self.pg, self.samples, self.generated, self.evaluated = args, pg, samples, [], []
+            self.state_file = state_file
 
         def generate(self, rollout_id: int) -> list[Any]:
             self.rollout_id = rollout_id
@@ -124,7 +146,7 @@ def stand_in_classes() -> tuple[type, type]:
             return self._split_train_data_by_dp(data)
 
         def _get_rollout_data(self, rollout_id: int) -> tuple[list[Any], dict[str, float]]:
-            time.sleep(0.05)  # the engines sampling
+            sim_work(self.state_file, 0, *SimWork.GENERATION, 0.05)  # the engines sampling, on GPU 0
             return [Sample(i, *sample) for i, sample in enumerate(self.samples)], {}
 
         def eval(self, rollout_id: int) -> None:
@@ -151,11 +173,13 @@ def stand_in_classes() -> tuple[type, type]:
             return self.generated, self.evaluated
 
     class TrainActor:
-        def __init__(self) -> None:
+        def __init__(self, state_file: str | None = None) -> None:
             self.trained: list[int] = []
+            self.state_file = state_file
 
         def train(self, rollout_id: int, rollout_data_ref: Any, external_data: Any = None) -> None:
-            time.sleep(0.05)  # Megatron's step
+            compute_mhz_s, memory_s = SimWork.TRAINING
+            sim_work(self.state_file, 1, compute_mhz_s / 2, memory_s / 2, 0.05)  # its half, on GPU 1
             self.trained.append(rollout_id)
 
         def done(self) -> list[int]:
@@ -189,14 +213,14 @@ def local_ray() -> Iterator[None]:
     ray.shutdown()
 
 
-def _args(colocate: bool) -> SimpleNamespace:
+def _args(colocate: bool, rollouts: int = ROLLOUTS) -> SimpleNamespace:
     return SimpleNamespace(
         colocate=colocate,
         release_train=False,
         offload_rollout=colocate,
         offload_train=False,
         check_weight_update_equal=False,
-        num_rollout=ROLLOUTS,
+        num_rollout=rollouts,
         start_rollout_id=0,
         eval_interval=None,
         skip_eval_before_train=True,
@@ -209,7 +233,14 @@ def _args(colocate: bool) -> SimpleNamespace:
 
 
 def run_driver_loop(
-    script: str, colocate: bool, config: Any, env: dict[str, str], gpus: dict[str, list[int]]
+    script: str,
+    colocate: bool,
+    config: Any,
+    env: dict[str, str],
+    gpus: dict[str, list[int]],
+    *,
+    rollouts: int = ROLLOUTS,
+    state_file: str | None = None,
 ) -> tuple[Any, list[Any]]:
     """Executes ``script``'s ``train(args)`` at the commit (the excerpt), the adoption lines inserted,
     with slime's set-up functions returning the stand-ins; returns the rollout manager and train actors."""
@@ -217,9 +248,9 @@ def run_driver_loop(
     manager = (
         ray.remote(manager_class)
         .options(runtime_env={"env_vars": env})
-        .remote(_args(colocate), None, SAMPLES)
+        .remote(_args(colocate, rollouts), None, SAMPLES, state_file)
     )
-    actors = [ray.remote(actor_class).remote() for _ in range(2)]
+    actors = [ray.remote(actor_class).remote(state_file) for _ in range(2)]
     source = excerpt(script, "train")
     source = source.replace(ADOPT_AFTER, ADOPT_AFTER + ADOPTION, 1)
     source = source.replace(CLOSE_BEFORE, "    eerl_job.close()\n" + CLOSE_BEFORE, 1)
@@ -233,12 +264,12 @@ def run_driver_loop(
         "init_tracking": lambda args: None,
         "finish_tracking": lambda args: None,
         "create_placement_groups": lambda args: {"rollout": None, "actor": None},
-        "create_rollout_manager": lambda args, pg: (manager, ROLLOUTS),
+        "create_rollout_manager": lambda args, pg: (manager, rollouts),
         "create_training_models": lambda args, pgs, rollout_manager: (TrainGroup(actors), None),
         "should_run_periodic_action": lambda *args, **kwargs: False,
     }
     exec(compile(source, f"{script}@{COMMIT[:12]}", "exec"), namespace)  # slime's own loop text, at COMMIT
-    namespace["train"](_args(colocate))
+    namespace["train"](_args(colocate, rollouts))
     return manager, actors
 
 
@@ -334,3 +365,33 @@ class TestMetered:
             )
         ]
         assert len({r.session_id for r in records}) == 1
+
+    def test_train_async_py_each_pools_controller_commits_a_clock(self, sock_dir: Path) -> None:
+        """Both pools' work runs on simulated GPUs shared through a state file (the rollout manager's on
+        GPU 0, the train actors' on GPU 1): each pool's own async session explores and commits, the other
+        pool's phase times feeding its slack."""
+        from eerl_sim.gpu import create_sim_backend  # noqa: PLC0415 - the simulator loads only here
+        from eerl_sim.profiles import builtin_profile  # noqa: PLC0415
+
+        from tests.client.conftest import SimDaemon  # noqa: PLC0415
+
+        state_file = sock_dir / "gpus.json"
+        backend = create_sim_backend(builtin_profile("h100-sxm"), 2, speedup=2.0, state_file=state_file)
+        daemon = SimDaemon(sock_dir, controller="eerl", backend=backend).start()
+        try:
+            env = {"EERL_SOCKET": str(daemon.socket_path)}
+            gpus = {"generation": [0], "training": [1]}
+            run_driver_loop(
+                "train_async.py",
+                False,
+                fast(daemon.config),
+                env,
+                gpus,
+                rollouts=40,
+                state_file=str(state_file),
+            )
+        finally:
+            daemon.stop()
+        assert_commits(daemon.records)
+        assert {r.gpu_indices for r in daemon.records if r.kind is PhaseKind.GENERATION} == {(0,)}
+        assert {r.gpu_indices for r in daemon.records if r.kind is PhaseKind.TRAINING} == {(1,)}
