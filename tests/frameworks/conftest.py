@@ -1,9 +1,11 @@
-"""tests/frameworks: the hooks against the real, installed releases of verl, OpenRLHF and TRL.
+"""tests/frameworks: the hooks against the real, installed releases of verl, OpenRLHF, TRL and SkyRL, and
+against the source of NeMo-RL and slime at one commit each (not on the package index: sources/).
 
 Each framework's tests run in an environment of their own (``make test-frameworks`` builds one per pinned
-release under .venv-fw/ and runs ``pytest -m frameworks`` there with ``EERL_FRAMEWORK`` set): a module
-here is collected only when ``EERL_FRAMEWORK`` names its framework, so the main suite never imports them,
-and in its own environment a missing framework is an import error, never a skip.
+release under .venv-fw/ and runs ``pytest -m frameworks`` there with ``EERL_FRAMEWORK`` set; the source-only
+frameworks run in the main venv with ``EERL_FRAMEWORK_COMMIT`` too): a module here is collected only when
+``EERL_FRAMEWORK`` names its framework, so the main suite never imports them, and in its own environment a
+missing framework is an import error, never a skip.
 """
 
 from __future__ import annotations
