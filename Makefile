@@ -123,7 +123,7 @@ test: check-proto lint typecheck pytest test-frameworks
 # torch/transformers/ray (the main venv's are used: see docs/integrations.md).
 FW_DIR := .venv-fw
 FW_MAIN_SITE = $(shell $(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-FRAMEWORKS := trl-1.16.0 trl-1.15.0 verl-0.9.1 verl-0.8.0 openrlhf-0.11.2 openrlhf-0.10.4
+FRAMEWORKS := trl-1.16.0 trl-1.15.0 verl-0.9.1 verl-0.8.0 openrlhf-0.11.2 openrlhf-0.10.4 skyrl-0.4.0 skyrl-0.3.0
 FW_VERL_DEPS := tensordict==0.10.0 pyvers==0.1.0 cloudpickle omegaconf==2.3.0 antlr4-python3-runtime==4.9.3 hydra-core==1.3.2 \
 	codetiming==1.4.0 cachetools fastapi starlette uvicorn opentelemetry-api torchdata==0.11.0 peft==0.21.2
 FW_PKGS_trl-1.16.0 := trl==1.16.0
@@ -133,6 +133,18 @@ FW_PKGS_verl-0.8.0 := verl==0.8.0 $(FW_VERL_DEPS)
 FW_ORL_DEPS := hjson einops==0.8.2 peft==0.21.2 pylatexenc==2.11 torchdata==0.11.0 py-cpuinfo
 FW_PKGS_openrlhf-0.11.2 := openrlhf==0.11.2 deepspeed==0.19.6 $(FW_ORL_DEPS)
 FW_PKGS_openrlhf-0.10.4 := openrlhf==0.10.4 deepspeed==0.19.1 $(FW_ORL_DEPS)
+# SkyRL (the `skyrl` distribution holds skyrl/train/trainer.py; `skyrl-train` is its older name) declares
+# Python >= 3.12; the main venv is 3.11, so it is installed with --ignore-requires-python and one shim line
+# (typing.TypedDict -> typing_extensions.TypedDict, which pydantic asks for before 3.12): its modules
+# compile on 3.11 and the tests run its real loop (docs/integrations.md).
+FW_SKYRL_DEPS := skyrl-gym==0.4.0 jaxtyping==0.3.11 loguru==0.7.3 cloudpathlib==0.26.0 omegaconf==2.4.0 \
+	torchdata==0.11.0 pybase64==1.5.1 httpx==0.29.0
+FW_PKGS_skyrl-0.4.0 := skyrl==0.4.0 $(FW_SKYRL_DEPS)
+FW_PKGS_skyrl-0.3.0 := skyrl==0.3.0 $(FW_SKYRL_DEPS)
+# NeMo-RL and slime are not installable from the package index: their tests run in the main venv against
+# stand-ins shaped from their source at these commits, whose call sites they check in excerpts cut by
+# tests/frameworks/sources/vendor.py (docs/integrations.md). NAME@COMMIT.
+FW_SOURCES := nemo_rl@7ea279abfbeb698b092856d0dab61e7cf39bc909 slime@624b824a898ab0ec1fcb4d373004c7f3852bf515
 
 $(FW_DIR)/%/.installed: Makefile | $(STAMP)
 	@echo "frameworks: building $(FW_DIR)/$* ($(FW_PKGS_$*), --no-deps, over the main venv)"
@@ -140,8 +152,11 @@ $(FW_DIR)/%/.installed: Makefile | $(STAMP)
 	$(PYTHON) -m venv $(FW_DIR)/$*
 	site=$$($(FW_DIR)/$*/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 		echo "import site; site.addsitedir('$(FW_MAIN_SITE)')" > $$site/zz_eerl_main_venv.pth; \
-		case $* in openrlhf-*) echo "$(CURDIR)/tests/frameworks/stubs" > $$site/zz_eerl_framework_stubs.pth;; esac
-	$(FW_DIR)/$*/bin/python -m pip install --quiet --disable-pip-version-check --no-deps $(FW_PKGS_$*)
+		case $* in openrlhf-*) echo "$(CURDIR)/tests/frameworks/stubs" > $$site/zz_eerl_framework_stubs.pth;; \
+		skyrl-*) echo "import typing, typing_extensions; typing.TypedDict = typing_extensions.TypedDict" \
+			> $$site/zz_eerl_typeddict_shim.pth;; esac
+	$(FW_DIR)/$*/bin/python -m pip install --quiet --disable-pip-version-check --no-deps \
+		$(if $(filter skyrl-%,$*),--ignore-requires-python) $(FW_PKGS_$*)
 	@touch $@
 
 .PHONY: test-frameworks frameworks-envs clean-frameworks
@@ -161,6 +176,13 @@ test-frameworks: frameworks-envs
 			v("transformers") + ", ray", v("ray") + ")")' $$name; \
 		EERL_FRAMEWORK=$$name EERL_FRAMEWORK_VERSION=$$version \
 			$(FW_DIR)/$$fw/bin/python -m pytest -q -p no:cacheprovider -m frameworks tests/frameworks; \
+	done; \
+	for src in $(FW_SOURCES); do \
+		name=$${src%@*}; commit=$${src#*@}; \
+		echo "== test-frameworks: $$name source at commit $$commit (not on the package index: stand-ins shaped" \
+			"from that source)"; \
+		EERL_FRAMEWORK=$$name EERL_FRAMEWORK_COMMIT=$$commit \
+			$(BIN)/python -m pytest -q -p no:cacheprovider -m frameworks tests/frameworks; \
 	done
 
 bench: $(STAMP)

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
 from eerl import ClientConfig
+from eerl.phases import PhaseKind
 from eerl.testing import FakeDaemon
 
 from eerld.api.server import Server, create_server
 from eerld.config import Config
 from eerld.daemon import PhaseRecord, SessionView
+from eerld.gpu import GpuBackend
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
@@ -57,9 +59,19 @@ class SimDaemon:
     ``records`` collects every phase the daemon metered (its phase observer hook), across restarts.
     """
 
-    def __init__(self, directory: Path, *, controller: str = "off") -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        controller: str = "off",
+        fixed_clocks_mhz: Mapping[PhaseKind, int] | None = None,
+        backend: GpuBackend | None = None,
+    ) -> None:
         self.directory = directory
         self.controller = controller
+        self.fixed_clocks_mhz = fixed_clocks_mhz
+        self.backend = backend
+        """A sim backend of the caller's (whose device the caller also runs work on); default: a new one."""
         self.records: list[PhaseRecord] = []
         self._server: Server | None = None
 
@@ -83,7 +95,9 @@ class SimDaemon:
             controller=self.controller,
             metrics_address=None,
         )
-        server = create_server(config)
+        if self.fixed_clocks_mhz is not None:
+            config = dataclasses.replace(config, fixed_clocks_mhz=self.fixed_clocks_mhz)
+        server = create_server(config, backend=self.backend)
         server.daemon.events.subscribe(on_phase=self.records.append)
         server.start()
         self._server = server

@@ -55,7 +55,8 @@ def test_importing_eerl_loads_no_framework_or_heavy_library() -> None:
 
 def test_the_hooks_import_without_their_frameworks() -> None:
     code = (
-        "import sys, json, eerl.integrations.verl, eerl.integrations.openrlhf;"
+        "import sys, json, eerl.integrations.verl, eerl.integrations.openrlhf, eerl.integrations.skyrl,"
+        " eerl.integrations.nemo_rl, eerl.integrations.slime;"
         f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))))"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
