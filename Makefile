@@ -108,7 +108,11 @@ pytest: $(STAMP)
 	bash scripts/ensure_prometheus.sh
 	$(BIN)/pytest -q
 
-test: check-proto lint typecheck pytest test-frameworks
+# The framework environments build (pip: mostly disk and network) while pytest runs on one core; each
+# target's output is printed whole when it ends.
+test: check-proto lint typecheck
+	@$(MAKE) --no-print-directory -j2 --output-sync=target pytest frameworks-envs
+	@$(MAKE) --no-print-directory test-frameworks
 
 # The hooks against the real framework releases, current and previous minor (tests/frameworks). Their pins
 # conflict, so each release gets an environment of its own under $(FW_DIR)/NAME-VERSION: a plain venv with
