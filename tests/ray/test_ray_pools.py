@@ -7,14 +7,19 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import ray
 from eerl.directives import DirectivePurpose, DirectiveVerdict
 from eerl.errors import ConfigError
+from eerl.integrations import slime
 from eerl.job.pools import PoolControllers
 from eerl.phases import PhaseKind
 from eerl.ray import RayJob
+from ray.util import placement_group_table
+from ray.util.placement_group import placement_group, remove_placement_group
 
 from tests.ray.conftest import LocalCluster, SimNode
 from tests.ray.test_ray_job import CLOCKS, GEN, TRAIN, wait_until
@@ -181,3 +186,110 @@ def test_a_pool_whose_agents_never_start_is_late_and_the_job_runs_on(
         assert all(f.answered == 0 for f in job.fanouts if f.kind is TRAIN)
     finally:
         job.close()
+
+
+def slime_stand_ins() -> tuple[type, type]:
+    """slime's rollout manager and a train actor, shaped as in tests/frameworks/test_slime.py (made in a
+    function so that Ray ships them by value)."""
+
+    class Sample:
+        def __init__(self, response: int) -> None:
+            self.tokens = list(range(2 + response))
+            self.response_length, self.loss_mask = response, [1] * response
+
+    class RolloutManager:
+        def __init__(self) -> None:
+            self.rollout_id = -1
+
+        def generate(self, rollout_id: int) -> list[Any]:
+            self.rollout_id = rollout_id
+            samples, _ = self._get_rollout_data(rollout_id=rollout_id)
+            return [ray.put(self._convert_samples_to_train_data(samples))]
+
+        def _get_rollout_data(self, rollout_id: int) -> tuple[list[Any], dict[str, float]]:
+            time.sleep(0.6)  # the engines sampling: longer than training (generation is the bottleneck)
+            return [Sample(3), Sample(5)], {}
+
+        def _convert_samples_to_train_data(self, samples: list[Any]) -> dict[str, Any]:
+            return {
+                "tokens": [s.tokens for s in samples],
+                "response_lengths": [s.response_length for s in samples],
+                "loss_masks": [s.loss_mask for s in samples],
+            }
+
+    class TrainActor:
+        def train(self, rollout_id: int, rollout_data_ref: Any) -> int:
+            time.sleep(0.3)
+            return rollout_id
+
+    return RolloutManager, TrainActor
+
+
+class TrainGroup:
+    """slime's ``RayTrainGroup`` as the hook sees it: ``async_train``, one ref per train actor (one)."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    def async_train(self, rollout_id: int, rollout_data_ref: Any) -> list[Any]:
+        return [self.actor.train.remote(rollout_id, rollout_data_ref)]
+
+
+def test_slime_s_async_loop_reports_each_pool_through_a_pools_job(local_cluster: LocalCluster) -> None:
+    """train_async.py's loop (generation k + 1 while training k) with the slime hook given a pools job: each
+    pool's phases reach its own nodes with its own directives, and training k runs inside generation k + 1."""
+    group = placement_group([{"GPU": 1}] * 8, strategy="PACK")
+    ray.get(group.ready(), timeout=30)
+    try:
+        table = placement_group_table(group)["bundles_to_node_id"]
+        ordered = sorted(table, key=lambda index: (table[index], index))  # slime orders bundles by node
+        gpu_ids = [
+            [table[b] for b in ordered[:i]].count(table[ordered[i]]) for i in range(8)
+        ]  # 0, 1 per node
+        pgs = {"actor": (group, ordered, gpu_ids), "rollout": (group, ordered[4:], gpu_ids[4:])}
+        args = SimpleNamespace(actor_num_nodes=2, actor_num_gpus_per_node=2)
+        pools, gpus = slime.ray_pools(pgs, args)
+        nodes = sorted(set(table.values()))
+        assert pools == {"generation": nodes[2:], "training": nodes[:2]}
+        assert gpus == {
+            "generation": {n: [0, 1] for n in nodes[2:]},
+            "training": {n: [0, 1] for n in nodes[:2]},
+        }
+
+        manager_class, actor_class = slime_stand_ins()
+        manager = ray.remote(num_cpus=0)(manager_class).remote()
+        actor_model = TrainGroup(ray.remote(num_cpus=0)(actor_class).remote())
+        job = RayJob(
+            job_id="slime-pools", pools=pools, gpus=gpus, policy="fixed", fixed_clocks=CLOCKS, deadline_s=2.0
+        )
+        eerl_job = slime.instrument_job(manager, actor_model, overlap=True, job=job)
+        assert eerl_job is not None
+        assert eerl_job.attached_in_manager
+        # train_async.py's loop at slime 624b824a898a, update_weights_interval = 1, no critic
+        rollouts = 3
+        rollout_data_next_future = manager.generate.remote(0)
+        for rollout_id in range(rollouts):
+            if rollout_data_next_future is not None:
+                rollout_data_curr_ref = ray.get(rollout_data_next_future)
+            if rollout_id + 1 < rollouts:
+                rollout_data_next_future = manager.generate.remote(rollout_id + 1)
+            ray.get(actor_model.async_train(rollout_id, rollout_data_curr_ref))
+            rollout_data_curr_ref = ray.get(x) if (x := rollout_data_next_future) is not None else None
+            rollout_data_next_future = None
+        eerl_job.close()
+
+        events = [(f.kind, f.iteration, f.begin) for f in job.fanouts]
+        assert sorted(events) == sorted(
+            (k, i, b) for k in (GEN, TRAIN) for i in range(rollouts) for b in (True, False)
+        )
+        assert {(f.asked, f.answered) for f in job.fanouts} == {(2, 2)}
+        assert events.index((TRAIN, 0, True)) < events.index((GEN, 1, False))  # the pools overlapped
+        for kind in (GEN, TRAIN):
+            for i in range(rollouts):
+                directive = job.directive(kind, i)
+                assert directive is not None
+                assert directive.sm_clock_mhz == CLOCKS[kind]
+    finally:
+        remove_placement_group(group)
+    for node in local_cluster.nodes:
+        assert wait_until(lambda node=node: node.hardware_locks() == FREE, 3.0)  # type: ignore[misc]

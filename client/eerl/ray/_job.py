@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import ray
 from ray.exceptions import RayActorError, RayError
@@ -33,6 +33,8 @@ __all__ = ["FanOut", "RayJob"]
 logger = logging.getLogger("eerl")
 
 ControllerPlace = Literal["driver", "actor", "off"]
+GpuSpec = Sequence[int | str] | Mapping[str, Sequence[int | str]]
+"""GPUs of each node: one list for all, or lists by node id."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +96,7 @@ class RayJob(JobRunner):
     that waits for the other gets its clock lowered first. An iteration ends when both pools have ended
     it. Pools need ``controller="driver"`` (or ``"off"``): ``"actor"`` is refused (ConfigError). A node in
     both pools gets an agent per pool, which need ``gpus`` by pool (``{"generation": [0, 1], …}``) to
-    hold disjoint GPUs.
+    hold disjoint GPUs (each pool's ``gpus`` one list or lists by node id, as for the whole job).
 
     Fail-open: nothing here raises into the job; a failure costs one warning and the job goes on, with the
     nodes at their daemons' fallback clocks.
@@ -115,7 +117,7 @@ class RayJob(JobRunner):
         deadline_s: float = 1.0,
         start_timeout_s: float = 60.0,
         sockets: Mapping[str, str] | None = None,
-        gpus: Sequence[int | str] | Mapping[str, Sequence[int | str]] | None = None,
+        gpus: GpuSpec | Mapping[str, GpuSpec] | None = None,
         clock: Callable[[], float] = time.monotonic,
         pools: Mapping[str | PhaseKind, Any] | None = None,
     ) -> None:
@@ -322,7 +324,7 @@ class RayJob(JobRunner):
         placement_groups: Sequence[Any] | None,
         node_ids: Sequence[str] | None,
         sockets: Mapping[str, str] | None,
-        gpus: Sequence[int | str] | Mapping[str, Sequence[int | str]] | None,
+        gpus: GpuSpec | Mapping[str, GpuSpec] | None,
         start_timeout_s: float,
         *,
         places: Sequence[PoolPlace] = (),
@@ -347,11 +349,9 @@ class RayJob(JobRunner):
                     f"nodes:{kind}",
                     f"found no node for the {kind} pool; that pool runs without job-level control",
                 )
-            pool_gpus = gpus.get(kind.value) if kind is not None and isinstance(gpus, Mapping) else None
+            pool_gpus = _pool_gpus(gpus, kind)
             for rank, node_id in enumerate(chosen):
-                node_gpus = _node_gpus(
-                    node_id, gpus if pool_gpus is None else pool_gpus, resources.get(node_id, {})
-                )
+                node_gpus = _node_gpus(node_id, pool_gpus, resources.get(node_id, {}))
                 handle = NodeAgent.options(
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
                 ).remote(
@@ -481,9 +481,16 @@ def _job_nodes(
     return sorted(with_gpus or resources)
 
 
+def _pool_gpus(gpus: GpuSpec | Mapping[str, GpuSpec] | None, kind: PhaseKind | None) -> GpuSpec | None:
+    """The GPUs of ``kind``'s pool when ``gpus`` names them by pool, else ``gpus`` (for every node)."""
+    if kind is not None and isinstance(gpus, Mapping) and kind.value in gpus:
+        return gpus[kind.value]
+    return cast("GpuSpec | None", gpus)
+
+
 def _node_gpus(
     node_id: str,
-    gpus: Sequence[int | str] | Mapping[str, Sequence[int | str]] | None,
+    gpus: GpuSpec | None,
     resources: Mapping[str, float],
 ) -> list[int | str] | None:
     if isinstance(gpus, Mapping):
