@@ -172,7 +172,7 @@ def test_a_pool_whose_agents_never_start_is_late_and_the_job_runs_on(
         pools={"generation": [nodes[0].node_id], "training": [absent]},
     )
     try:
-        assert "did not start" in caplog.text
+        assert "the node agent of training node 0 (abababab) did not start" in caplog.text
         for i in range(2):
             started = time.monotonic()
             with job.phase(TRAIN, i):

@@ -61,6 +61,11 @@ class _Agent:
     kind: PhaseKind | None = None
     """The pool's kind (``pools``): this node gets that kind's phases only; None: every phase."""
 
+    @property
+    def name(self) -> str:
+        """``node 2``, or with pools ``training node 0`` (ranks count within a pool)."""
+        return f"node {self.rank}" if self.kind is None else f"{self.kind.value} node {self.rank}"
+
 
 class RayJob(JobRunner):
     """One decision per phase for all the nodes of a Ray job; a drop-in for :class:`eerl.Session`.
@@ -309,13 +314,12 @@ class RayJob(JobRunner):
         except RayActorError:
             agent.alive = False
             self._warn_once(
-                f"dead:{agent.rank}",
-                f"the node agent of node {agent.rank} ({agent.node_id[:8]}) is gone; the job goes on "
-                "without it",
+                f"dead:{agent.name}",
+                f"the node agent of {agent.name} ({agent.node_id[:8]}) is gone; the job goes on without it",
             )
             return None
         except RayError as e:
-            logger.debug("eerl: node %d: %s", agent.rank, e)
+            logger.debug("eerl: %s: %s", agent.name, e)
             return None
         return answer
 
@@ -377,14 +381,14 @@ class RayJob(JobRunner):
         for agent in self._agents:
             if agent.info is None and agent.alive:
                 self._warn_once(
-                    f"start:{agent.rank}",
-                    f"the node agent of node {agent.rank} ({agent.node_id[:8]}) did not start in "
+                    f"start:{agent.name}",
+                    f"the node agent of {agent.name} ({agent.node_id[:8]}) did not start in "
                     f"{start_timeout_s:g} s; that node runs at its daemon's fallback",
                 )
             elif agent.info is not None and not agent.info.connected:
                 self._warn_once(
-                    f"connect:{agent.rank}",
-                    f"node {agent.rank} ({agent.node_id[:8]}) has no job-mode session with its eerld yet",
+                    f"connect:{agent.name}",
+                    f"{agent.name} ({agent.node_id[:8]}) has no job-mode session with its eerld yet",
                 )
 
     def _start_controller(
