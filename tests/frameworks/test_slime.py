@@ -9,7 +9,9 @@ two adoption lines of docs/integrations.md inserted after ``create_training_mode
 cluster: the rollout manager is a Ray actor with the real one's methods (canned samples instead of SGLang
 engines), the train group a local object over Ray actors with ``train`` (no Megatron). Recorded, and
 metered by the real daemon on the sim backend: ``train_async.py`` as two sessions, one per pool, in async
-mode with their roles; ``train.py`` (colocated or not: its pools take turns) as one sync session.
+mode with their roles; ``train.py`` (colocated or not: its pools take turns) as one sync session. With a
+job object (``job=``, as an ``eerl.ray.RayJob`` with pools): both loops report through it, ``train_async.py``
+with generation k + 1 open over training k (the multi-node pools themselves: tests/ray/test_ray_pools.py).
 """
 
 from __future__ import annotations
