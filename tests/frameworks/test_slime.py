@@ -9,11 +9,14 @@ two adoption lines of docs/integrations.md inserted after ``create_training_mode
 cluster: the rollout manager is a Ray actor with the real one's methods (canned samples instead of SGLang
 engines), the train group a local object over Ray actors with ``train`` (no Megatron). Recorded, and
 metered by the real daemon on the sim backend: ``train_async.py`` as two sessions, one per pool, in async
-mode with their roles; ``train.py`` (colocated or not: its pools take turns) as one sync session.
+mode with their roles; ``train.py`` (colocated or not: its pools take turns) as one sync session. With a
+job object (``job=``, as an ``eerl.ray.RayJob`` with pools): both loops report through it, ``train_async.py``
+with generation k + 1 open over training k (the multi-node pools themselves: tests/ray/test_ray_pools.py).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +34,7 @@ from tests.client.conftest import fast
 from tests.frameworks.conftest import (
     GENERATION_MHZ,
     TRAINING_MHZ,
+    Recorded,
     Recorder,
     SimWork,
     assert_commits,
@@ -43,7 +47,7 @@ CLOSE_BEFORE = "    ray.get(rollout_manager.dispose.remote())\n"
 ADOPTION = (
     "    eerl_job = eerl.integrations.slime.instrument_job(\n"
     "        rollout_manager, actor_model, overlap=OVERLAP, job_id='slime-run',\n"
-    "        gpus=EERL_GPUS, config=CONFIG,\n"
+    "        gpus=EERL_GPUS, config=CONFIG, job=JOB,\n"
     "    )\n"
 )
 # Three samples per rollout: prompts of 4, 2, 3 tokens; responses of 3, 5, 2 (loss on 3, 4, 2 of them).
@@ -241,6 +245,7 @@ def run_driver_loop(
     *,
     rollouts: int = ROLLOUTS,
     state_file: str | None = None,
+    job: Any = None,
 ) -> tuple[Any, list[Any]]:
     """Executes ``script``'s ``train(args)`` at the commit (the excerpt), the adoption lines inserted,
     with slime's set-up functions returning the stand-ins; returns the rollout manager and train actors."""
@@ -260,6 +265,7 @@ def run_driver_loop(
         "CONFIG": config,
         "OVERLAP": script == "train_async.py",
         "EERL_GPUS": gpus,
+        "JOB": job,
         "configure_logger": lambda: None,
         "init_tracking": lambda args: None,
         "finish_tracking": lambda args: None,
@@ -312,6 +318,68 @@ class TestDriven:
         manager = manager_class(_args(False), None, SAMPLES)
         hook_module.instrument(manager, Broken())
         assert manager.generate(0)
+
+
+class PoolsJob:
+    """A job object with pools (as :class:`eerl.ray.RayJob` with ``pools``): records each phase's begin and
+    end, from whichever thread, in order."""
+
+    pools = (PhaseKind.GENERATION, PhaseKind.TRAINING)
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, PhaseKind, int | None]] = []
+        self.workloads: dict[tuple[PhaseKind, int | None], Workload] = {}
+        self.closed = False
+        self._lock = threading.Lock()
+
+    def phase(self, kind: Any, iteration: int | None = None, **kwargs: Any) -> Recorded:
+        job = self
+
+        class Logged(Recorded):
+            def __enter__(self) -> Recorded:
+                with job._lock:
+                    job.events.append(("begin", self.kind, self.iteration))
+                return self
+
+            def __exit__(self, *exc: object) -> None:
+                with job._lock:
+                    job.events.append(("end", self.kind, self.iteration))
+                    job.workloads[self.kind, self.iteration] = self.workload
+
+        return Logged(PhaseKind.parse(kind), iteration)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.usefixtures("local_ray")
+class TestPoolsJob:
+    def test_train_async_py_reports_both_pools_through_the_job_generation_k_plus_1_over_training_k(
+        self,
+    ) -> None:
+        job = PoolsJob()
+        manager, _ = run_driver_loop("train_async.py", False, None, {}, {}, rollouts=4, job=job)
+        assert ray.get(manager.calls.remote()) == (list(range(4)), [])
+        assert job.closed
+        gen, train = PhaseKind.GENERATION, PhaseKind.TRAINING
+        assert sorted(job.workloads.items()) == sorted(
+            [((gen, i), GENERATION) for i in range(4)] + [((train, i), TRAINING) for i in range(4)]
+        )
+        events = job.events
+        for k in range(3):  # generation k + 1 begins before training k, and they overlap
+            assert events.index(("begin", gen, k + 1)) < events.index(("begin", train, k))
+            assert events.index(("begin", train, k)) < events.index(("end", gen, k + 1))
+        # one generation phase at a time: each ends before the next begins
+        for k in range(3):
+            assert events.index(("end", gen, k)) < events.index(("begin", gen, k + 1))
+
+    def test_train_py_with_a_job_reports_the_pools_in_turn(self) -> None:
+        job = PoolsJob()
+        run_driver_loop("train.py", False, None, {}, {}, job=job)
+        gen, train = PhaseKind.GENERATION, PhaseKind.TRAINING
+        assert job.events == [
+            (edge, kind, i) for i in range(ROLLOUTS) for kind in (gen, train) for edge in ("begin", "end")
+        ]
 
 
 @pytest.mark.usefixtures("local_ray")

@@ -31,12 +31,19 @@ slime's default and the only placement it allows) generates rollout k + 1 while 
 keeps one role and the two run at once, so each gets a session of its own in async mode —
 ``role="generation"`` inside the rollout manager's actor (where ``_get_rollout_data`` is the phase), and
 ``role="training"`` in the driver — and the daemon's async slack lets the pool that waits for the other
-run slower first. Each session covers one node; per-pool control of several nodes is not built
-(docs/integrations.md).
+run slower first. Each session covers one node.
+
+**Pools on several nodes.** Given a job object (``job=``: an :class:`eerl.ray.RayJob` with ``pools``, see
+:func:`ray_pools`), the driver reports both phases through it instead of opening sessions, and the rollout
+manager's actor only counts: with ``overlap=True`` the driver's ``rollout_manager.generate.remote`` opens the
+generation phase and returns at once, a background thread ends it when the rollout is ready (``ray.wait``,
+no fetch), so that training k and generation k + 1 are open at once, each on its own pool's nodes, and the
+job-level controller of each pool decides for it (docs/multinode.md, "Pools").
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +62,7 @@ __all__ = [
     "SlimeTrainHook",
     "instrument",
     "instrument_job",
+    "ray_pools",
     "samples_workload",
     "train_data_workload",
 ]
@@ -150,16 +158,23 @@ class SlimeTrainHook:
     :meth:`remove` restores."""
 
     def __init__(
-        self, group: Any, session: PhaseSource, *, rollout_manager: Any = None, generation: bool = False
+        self,
+        group: Any,
+        session: PhaseSource,
+        *,
+        rollout_manager: Any = None,
+        generation: bool = False,
+        overlap: bool = False,
     ) -> None:
         self._phases = GuardedPhases(session, "slime")
         self._patches = Patches()
         self._manager = rollout_manager
+        self._generate: _RemoteGenerate | None = None
         self.training_hooked = self._patches.wrap(group, "async_train", self._training)
         self.generation_hooked = False
         if generation and rollout_manager is not None:
             self.generation_hooked = self._patches.wrap(
-                rollout_manager, "generate", lambda method: _RemoteGenerate(method, self)
+                rollout_manager, "generate", self._wrap_generate(overlap)
             )
         if not self.training_hooked:
             self._patches.undo()
@@ -170,8 +185,17 @@ class SlimeTrainHook:
             )
 
     def remove(self) -> None:
-        """Undoes the wrapping."""
+        """Undoes the wrapping (after the last overlapping generation phase ended, bounded)."""
         self._patches.undo()
+        if self._generate is not None:
+            self._generate.join()
+
+    def _wrap_generate(self, overlap: bool) -> Callable[[Any], Any]:
+        def wrap(method: Any) -> _RemoteGenerate:
+            self._generate = _RemoteGenerate(method, self, overlap=overlap)
+            return self._generate
+
+        return wrap
 
     def fetch(self, rollout_id: int) -> tuple[Workload, Workload]:
         """The rollout's workloads, asked of the rollout manager's hook (one small call)."""
@@ -214,25 +238,61 @@ class SlimeTrainHook:
 
 
 class _RemoteGenerate:
-    """Stands in for the rollout manager's ``generate`` actor method in the driver (pools taking turns):
-    ``.remote(rollout_id)`` opens the generation phase, submits, waits for the rollout (``train.py`` gets
-    it at once anyway), reports its tokens and ends the phase; anything else goes to the real method."""
+    """Stands in for the rollout manager's ``generate`` actor method in the driver: ``.remote(rollout_id)``
+    opens the generation phase, submits, waits for the rollout (pools taking turns: ``train.py`` gets it at
+    once anyway), reports its tokens and ends the phase; with ``overlap`` (a pools job, ``train_async.py``)
+    it returns the ref at once and a background thread does the waiting, reporting and ending. Anything
+    else goes to the real method."""
 
-    def __init__(self, method: Any, hook: SlimeTrainHook) -> None:
+    _JOIN_S = 60.0
+    """The longest a new rollout or :meth:`join` waits for the previous rollout's phase to end."""
+
+    def __init__(self, method: Any, hook: SlimeTrainHook, *, overlap: bool = False) -> None:
         self._method = method
         self._hook = hook
+        self._overlap = overlap
+        self._waiter: threading.Thread | None = None
 
     def remote(self, rollout_id: Any, *args: Any, **kwargs: Any) -> Any:
         hook, iteration = self._hook, _as_int(rollout_id)
+        self.join()  # one generation phase at a time (train_async.py has got the previous rollout by now)
         phase = hook._phases.begin(PhaseKind.GENERATION, iteration)
+        if not self._overlap:
+            try:
+                ref = self._method.remote(rollout_id, *args, **kwargs)
+                self._finish(phase, iteration, ref)
+                return ref
+            finally:
+                hook._phases.end(phase)
         try:
             ref = self._method.remote(rollout_id, *args, **kwargs)
-            hook._guarded(lambda: hook.wait([ref]))
-            if iteration is not None:
-                hook._phases.report(phase, lambda: hook.fetch(iteration)[0])
-            return ref
-        finally:
+        except BaseException:
             hook._phases.end(phase)
+            raise
+        waiter = threading.Thread(
+            target=self._finish_and_end, args=(phase, iteration, ref), name="eerl-slime-rollout", daemon=True
+        )
+        self._waiter = waiter
+        waiter.start()
+        return ref
+
+    def join(self) -> None:
+        """Waits (bounded) for the background thread of the previous rollout, if any."""
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            waiter.join(self._JOIN_S)
+
+    def _finish(self, phase: PhaseLike | None, iteration: int | None, ref: Any) -> None:
+        hook = self._hook
+        hook._guarded(lambda: hook.wait([ref]))
+        if iteration is not None:
+            hook._phases.report(phase, lambda: hook.fetch(iteration)[0])
+
+    def _finish_and_end(self, phase: PhaseLike | None, iteration: int | None, ref: Any) -> None:
+        try:
+            self._finish(phase, iteration, ref)
+        finally:
+            self._hook._phases.end(phase)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._method(*args, **kwargs)  # Ray's own answer: actor methods are called with .remote()
@@ -280,6 +340,7 @@ def instrument_job(
     gpus: Mapping[str, Sequence[int | str]] | None = None,
     timeout_s: float = 60.0,
     config: ClientConfig | None = None,
+    job: PhaseSource | None = None,
 ) -> SlimeJob | None:
     """Attaches eerl to a slime job from its driver, after ``create_training_models`` (see the module
     docstring). ``overlap`` False (``train.py``): one sync session in the driver reports both phases, the
@@ -288,14 +349,17 @@ def instrument_job(
     ``role="training"`` one. ``gpus``: each pool's GPUs on this node by role (``"generation"``,
     ``"training"``; the sync session takes both lists); absent, each session takes ``EERL_GPUS``.
     ``config``: the driver session's (default ``EERL_SOCKET`` …; the actor's reads its own environment).
-    None (with a warning) when it could not attach."""
+    ``job``: a job object to report both phases through instead (an :class:`eerl.ray.RayJob`; with
+    ``overlap=True`` one with ``pools``, see :func:`ray_pools`): no session is opened, the rollout manager's
+    actor only counts, and :meth:`SlimeJob.close` closes ``job``. None (with a warning) when it could not
+    attach."""
     import eerl  # noqa: PLC0415 - the client package imports this module lazily
 
     gpus = gpus or {}
     try:
         import ray  # noqa: PLC0415 - Ray is there whenever slime is
 
-        role = "generation" if overlap else None
+        role = "generation" if overlap and job is None else None
         ref = rollout_manager.__ray_call__.remote(
             _attach, role, job_id, list(gpus.get("generation", ())) or None
         )
@@ -306,6 +370,17 @@ def instrument_job(
             f"actor handle with __ray_call__, slime {SLIME_COMMIT[:12]}). Nothing will be reported."
         )
         return None
+    if job is not None:
+        if overlap and not getattr(job, "pools", ()):
+            warn_setup(
+                "slime hook: overlap=True with a job that has no pools: every phase goes to all its nodes; "
+                'give eerl.ray.RayJob pools={"generation": …, "training": …} '
+                "(eerl.integrations.slime.ray_pools)"
+            )
+        hook = SlimeTrainHook(
+            actor_model, job, rollout_manager=rollout_manager, generation=True, overlap=overlap
+        )
+        return SlimeJob(job, hook, attached)
     if not overlap:
         both = list(dict.fromkeys([*gpus.get("generation", ()), *gpus.get("training", ())]))
         session = eerl.connect(gpus=both or None, job_id=job_id, config=config)
@@ -319,6 +394,37 @@ def instrument_job(
         )
     hook = SlimeTrainHook(actor_model, session, rollout_manager=rollout_manager, generation=not overlap)
     return SlimeJob(session, hook, attached)
+
+
+def ray_pools(
+    pgs: Mapping[str, Any], args: Any
+) -> tuple[dict[str, list[str]], dict[str, dict[str, list[int | str]]]]:
+    """The pools of a disaggregated slime job for :class:`eerl.ray.RayJob`: ``(pools, gpus)``, each by kind,
+    from what ``create_placement_groups(args)`` returned. slime places both pools in one placement group:
+    ``pgs["actor"]`` and ``pgs["rollout"]`` are ``(pg, bundle indices, GPU ids)``, the actor's list holding
+    every bundle (the actor takes the first ``actor_num_nodes × actor_num_gpus_per_node``), the rollout's
+    those from the rollout offset on. Each pool's nodes are its bundles' nodes; its GPUs per node the
+    bundles' GPU ids::
+
+        pools, gpus = eerl.integrations.slime.ray_pools(pgs, args)
+        job = eerl.ray.RayJob(job_id="my-run", pools=pools, gpus=gpus)
+    """
+    from ray.util import placement_group_table  # noqa: PLC0415 - Ray is there whenever slime is
+
+    actors = int(args.actor_num_nodes) * int(args.actor_num_gpus_per_node)
+    pools: dict[str, list[str]] = {}
+    gpus: dict[str, dict[str, list[int | str]]] = {}
+    for kind, key, count in (("generation", "rollout", None), ("training", "actor", actors)):
+        pg, indices, gpu_ids = pgs[key][:3]
+        table = placement_group_table(pg).get("bundles_to_node_id", {})
+        nodes: dict[str, list[int | str]] = {}
+        for index, gpu in list(zip(indices, gpu_ids, strict=True))[:count]:
+            node = table.get(index)
+            if node:
+                nodes.setdefault(node, []).append(gpu)
+        pools[kind] = list(nodes)
+        gpus[kind] = nodes
+    return pools, gpus
 
 
 def samples_workload(samples: Sequence[Any]) -> Workload:

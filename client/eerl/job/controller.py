@@ -24,6 +24,12 @@ observations:
   falls under the threshold it backs off: committed clocks are lifted a step (a fraction of the top clock),
   up to a bound; when it is above the threshold by a margin it trims them a step, down to a bound.
 
+A **pool** controller (disaggregated placement, :mod:`eerl.job.pools`) runs one kind in async mode
+(``ControllerSettings(kinds=(kind,), mode=ExecutionMode.ASYNC)``); :meth:`JobController.observe_peer` feeds
+it the peer pool's job-level phase times, which its inner controller takes as async slack (a pool that waits
+for the other may slow down), and its iteration guard then judges the job's iteration as the slower pool's
+time: measured ``max(own slowest node, peer)`` against predicted ``max(own default, peer)``.
+
 Pure like :mod:`eerl.control`: no I/O and no clock reads; time comes in as ``now_s``.
 """
 
@@ -40,7 +46,7 @@ from eerl.control.predictor import BaselinePredictor
 from eerl.control.registry import DEFAULT_CONTROLLER, controller_factory
 from eerl.directives import Directive, DirectivePurpose, DirectiveVerdict
 from eerl.errors import ValidationError
-from eerl.phases import ControllerState, PhaseKind, Workload
+from eerl.phases import ControllerState, ExecutionMode, PhaseKind, Workload
 
 __all__ = [
     "GuardConfig",
@@ -126,6 +132,8 @@ class _Iteration:
     at_default: bool = True
     trial: bool = False
     """A trial ran in this iteration: the search's own cost, not what the guard judges."""
+    peer_s: float | None = None
+    """Async pools: the peer pool's time in this iteration (the iteration lasts as long as the slower)."""
 
 
 class JobController:
@@ -257,8 +265,30 @@ class JobController:
             record.at_default = False
         return JobObservation(True, "", observation)
 
+    def observe_peer(self, kind: PhaseKind, iteration: int, duration_s: float, now_s: float) -> None:
+        """The peer pool's job-level time for its phase of ``iteration`` (async pools; a kind this controller
+        plans for is refused): its inner controller takes it as slack, its guard as the pool it waits for."""
+        if kind in self._settings.kinds:
+            raise ValidationError("kind", f"{kind.value} is planned here, not a peer pool's kind")
+        if duration_s <= 0:
+            return
+        record = self._iterations.setdefault(iteration, _Iteration({}, {}))
+        record.peer_s = max(duration_s, record.peer_s or 0.0)
+        observation = PhaseObservation(
+            kind=kind,
+            iteration=iteration,
+            workload=Workload(),
+            duration_s=duration_s,
+            energy_j=0.0,
+            sm_clock_mhz=None,
+            gpus=0,
+            end_time_s=now_s,
+        )
+        self._inner.observe(observation, now_s)
+
     def end_iteration(self, iteration: int, wall_s: float, valid_tokens: int, now_s: float) -> None:
-        """The iteration guard: the job's measured wall time against the predicted default's."""
+        """The iteration guard: the job's measured wall time against the predicted default's (async pools:
+        the slower pool's time, see the module docstring; ``wall_s`` only has to be positive)."""
         record = self._iterations.pop(iteration, None)
         for old in [i for i in self._iterations if i < iteration]:
             del self._iterations[old]
@@ -269,6 +299,9 @@ class JobController:
             return
         if record.at_default or record.trial or any(kind not in record.medians for kind in kinds):
             return
+        if self._settings.mode is ExecutionMode.ASYNC:
+            own = sum(record.slowest[kind] for kind in kinds)
+            wall_s = max(own, record.peer_s or 0.0)
         predicted = self._predicted_default_wall_s(record, wall_s)
         if predicted is None:
             return
@@ -349,15 +382,16 @@ class JobController:
         slowest-to-median ratio of that phase (the same stragglers would have gated the default: a
         straggler's slowness does not depend on the clock); the time outside the phases is kept.
         """
-        predicted = wall_s
+        asynchronous = self._settings.mode is ExecutionMode.ASYNC
+        predicted = 0.0 if asynchronous else wall_s
         for kind in self._settings.kinds:
             predictor = self._predictors.get(kind)
             prediction = None if predictor is None else predictor.predict(record.workloads[kind])
             if prediction is None or predictor is None or predictor.count < 3:
                 return None
             gate = record.slowest[kind] / record.medians[kind]
-            predicted += prediction.duration_s * gate - record.slowest[kind]
-        return predicted
+            predicted += prediction.duration_s * gate - (0.0 if asynchronous else record.slowest[kind])
+        return max(predicted, record.peer_s or 0.0) if asynchronous else predicted
 
     def _lift(self, clock: int | None) -> int | None:
         """``clock`` moved by the guard's steps: up snapped up to the grid (the top clock means the default),

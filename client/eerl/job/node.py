@@ -90,7 +90,9 @@ class NodeLink:
 
     ``config``: how to reach this node's daemon (default discovery: :meth:`ClientConfig.from_env`).
     ``gpus``: the GPUs of this node the job uses (default ``config.gpus`` / ``EERL_GPUS``, else
-    ``CUDA_VISIBLE_DEVICES``; none on a scoped socket). ``timeout_s``: every call's deadline. ``connect``:
+    ``CUDA_VISIBLE_DEVICES``; none on a scoped socket). ``role``: BOTH (a sync session, every kind), or the
+    one kind of a pool's node (an async session with that role; the daemon refuses the other kind there).
+    ``timeout_s``: every call's deadline. ``connect``:
     how to reach the daemon (default: gRPC to ``config``'s socket; tests give
     :meth:`eerl.link.memory.MemoryDaemon.connect`).
     """
@@ -104,6 +106,7 @@ class NodeLink:
         incarnation: int,
         gpus: Sequence[int | str] | None = None,
         world_size: int = 0,
+        role: GpuRole = GpuRole.BOTH,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         reopen_initial_s: float = 0.2,
         reopen_max_s: float = 5.0,
@@ -115,6 +118,7 @@ class NodeLink:
         self._node_rank = node_rank
         self._incarnation = incarnation
         self._world_size = world_size
+        self._role = role
         self._timeout_s = timeout_s
         self._reopen_initial_s = reopen_initial_s
         self._reopen_max_s = reopen_max_s
@@ -331,8 +335,9 @@ class NodeLink:
             rank=self._node_rank,
             world_size=self._world_size,
             gpus=[gpu_ref(gpu) for gpu in self._gpus],
-            mode=MODE_TO_PB[ExecutionMode.SYNC],
-            role=ROLE_TO_PB[GpuRole.BOTH],
+            # A pool's node (one role) runs at once with the other pool: async, as eerl.connect's pools do.
+            mode=MODE_TO_PB[ExecutionMode.SYNC if self._role is GpuRole.BOTH else ExecutionMode.ASYNC],
+            role=ROLE_TO_PB[self._role],
             client_name=f"eerl-client {__version__} / node agent",
             claim_tickets=tickets.tickets,
             job_mode=eerl_pb2.JobMode(enabled=True, incarnation=self._incarnation, node_rank=self._node_rank),

@@ -2,7 +2,9 @@
 
 :class:`RayJob` (in the driver) starts one :class:`NodeAgent` per node of the job, pinned there, each
 holding its node's job-mode session at the local eerld; every phase is then planned once by one
-:class:`eerl.job.JobController` and fanned out to the nodes with a deadline. See docs/multinode.md.
+:class:`eerl.job.JobController` and fanned out to the nodes with a deadline. With ``pools`` (disaggregated
+placement) each pool's nodes get only their kind's phases, planned by one controller per pool
+(:class:`eerl.job.pools.PoolControllers`). See docs/multinode.md.
 """
 
 from __future__ import annotations

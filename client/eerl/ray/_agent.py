@@ -14,7 +14,7 @@ from eerl.config import ClientConfig
 from eerl.directives import Directive
 from eerl.job.controller import NodeReport
 from eerl.job.node import NodeBegin, NodeLink
-from eerl.phases import PhaseKind, Workload
+from eerl.phases import GpuRole, PhaseKind, Workload
 
 __all__ = ["AgentInfo", "NodeAgent", "NodeAgentImpl"]
 
@@ -38,6 +38,8 @@ class NodeAgentImpl:
 
     ``socket``: this node's daemon worker socket; None: discovered in the agent's environment as
     :meth:`eerl.ClientConfig.from_env` does (``EERL_SOCKET``, ``EERL_RUN_DIR``…, e.g. per-node ``env_vars``).
+    ``role``: ``"both"``, or a pool's one kind (``"generation"``, ``"training"``), as
+    :class:`eerl.job.node.NodeLink` takes it.
     """
 
     def __init__(
@@ -50,6 +52,7 @@ class NodeAgentImpl:
         gpus: Sequence[int | str] | None = None,
         nodes: int = 0,
         timeout_s: float = 1.0,
+        role: str = "both",
     ) -> None:
         try:
             config = ClientConfig.uds(socket_path) if socket_path else ClientConfig.from_env()
@@ -62,6 +65,7 @@ class NodeAgentImpl:
             incarnation=incarnation,
             gpus=gpus,
             world_size=nodes,
+            role=GpuRole(role),
             timeout_s=timeout_s,
         )
         self._node_rank = node_rank

@@ -16,6 +16,7 @@ import ray
 from eerl.control.base import ControllerSettings
 from eerl.directives import Directive
 from eerl.job.controller import JobController, NodeReport, make_job_controller
+from eerl.job.pools import PoolControllers
 from eerl.phases import PhaseKind, Workload
 
 __all__ = [
@@ -41,9 +42,9 @@ class ControllerPort(Protocol):
 
 
 class LocalController:
-    """The controller in the driver's process."""
+    """The controller in the driver's process: one JobController, or one per pool (PoolControllers)."""
 
-    def __init__(self, controller: JobController) -> None:
+    def __init__(self, controller: JobController | PoolControllers) -> None:
         self.controller = controller
 
     def plan(self, kind: PhaseKind, iteration: int, now_s: float) -> Directive | None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import ray
 from ray.exceptions import RayActorError, RayError
@@ -17,18 +18,23 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from eerl.control.base import ControllerSettings
 from eerl.directives import Directive
+from eerl.errors import ConfigError
 from eerl.job.controller import NodeReport, common_clocks, make_job_controller
 from eerl.job.node import NodeBegin
+from eerl.job.pools import PoolControllers, pool_settings
 from eerl.job.runner import JobRunner
 from eerl.phases import PhaseKind, Workload
 from eerl.ray._agent import AgentInfo, NodeAgent
 from eerl.ray._controller import ActorController, ControllerPort, JobControllerActor, LocalController
+from eerl.ray._pools import PoolPlace, PoolProgress, parse_pools
 
 __all__ = ["FanOut", "RayJob"]
 
 logger = logging.getLogger("eerl")
 
 ControllerPlace = Literal["driver", "actor", "off"]
+GpuSpec = Sequence[int | str] | Mapping[str, Sequence[int | str]]
+"""GPUs of each node: one list for all, or lists by node id."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +58,13 @@ class _Agent:
     info: AgentInfo | None = None
     pending: Any = None
     alive: bool = True
+    kind: PhaseKind | None = None
+    """The pool's kind (``pools``): this node gets that kind's phases only; None: every phase."""
+
+    @property
+    def name(self) -> str:
+        """``node 2``, or with pools ``training node 0`` (ranks count within a pool)."""
+        return f"node {self.rank}" if self.kind is None else f"{self.kind.value} node {self.rank}"
 
 
 class RayJob(JobRunner):
@@ -79,6 +92,17 @@ class RayJob(JobRunner):
     is absent from that phase (the phase runs anyway). ``start_timeout_s``: how long start-up waits for
     the node agents and the controller actor. ``clock``: the time the controller sees.
 
+    ``pools`` (disaggregated placement: each GPU pool runs one phase kind, the two at once), e.g.
+    ``pools={"generation": rollout_pg, "training": actor_pg}``: each kind's pool is a placement group, a list
+    of them or a list of node ids, in place of ``placement_groups`` / ``node_ids``. Each pool's nodes hold
+    async sessions with the pool's role (ranks 0…n-1 within the pool), ``phase(kind)`` goes to that kind's
+    pool only, a phase of each pool may be open at once (from two threads), and one job-level controller per
+    pool plans them, each told the other pool's times (:class:`eerl.job.pools.PoolControllers`): the pool
+    that waits for the other gets its clock lowered first. An iteration ends when both pools have ended
+    it. Pools need ``controller="driver"`` (or ``"off"``): ``"actor"`` is refused (ConfigError). A node in
+    both pools gets an agent per pool, which need ``gpus`` by pool (``{"generation": [0, 1], …}``) to
+    hold disjoint GPUs (each pool's ``gpus`` one list or lists by node id, as for the whole job).
+
     Fail-open: nothing here raises into the job; a failure costs one warning and the job goes on, with the
     nodes at their daemons' fallback clocks.
     """
@@ -98,10 +122,20 @@ class RayJob(JobRunner):
         deadline_s: float = 1.0,
         start_timeout_s: float = 60.0,
         sockets: Mapping[str, str] | None = None,
-        gpus: Sequence[int | str] | Mapping[str, Sequence[int | str]] | None = None,
+        gpus: GpuSpec | Mapping[str, GpuSpec] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        pools: Mapping[str | PhaseKind, Any] | None = None,
     ) -> None:
         super().__init__(clock=clock)
+        places = parse_pools(pools) if pools else []
+        if places and controller == "actor":
+            raise ConfigError('pools: the pool controllers run in the driver (controller="driver" or "off")')
+        if places and (placement_groups or node_ids):
+            raise ConfigError("pools: give the nodes per pool, not placement_groups or node_ids as well")
+        self.pools: tuple[PhaseKind, ...] = tuple(place.kind for place in places)
+        """The kinds that have a pool of their own (empty: every node runs every phase)."""
+        self._progress = PoolProgress(self.pools)
+        self._port_lock = threading.Lock()
         self.job_id = job_id or os.environ.get("EERL_JOB_ID") or f"{socket.gethostname()}-{os.getpid()}"
         self.incarnation = incarnation if incarnation is not None else time.time_ns() // 1_000_000
         self.deadline_s = deadline_s
@@ -115,7 +149,7 @@ class RayJob(JobRunner):
         self.last_observation: Any = None
         self.settings: ControllerSettings | None = None
         try:
-            self._start(placement_groups, node_ids, sockets, gpus, start_timeout_s)
+            self._start(placement_groups, node_ids, sockets, gpus, start_timeout_s, places=places)
             self._start_controller(controller, policy, threshold, fixed_clocks or {}, start_timeout_s)
         except Exception:
             self._warn_once(
@@ -143,6 +177,11 @@ class RayJob(JobRunner):
         return tuple(agent.handle for agent in self._agents)
 
     @property
+    def agent_kinds(self) -> tuple[PhaseKind | None, ...]:
+        """Each agent's pool (the kind it runs), in the order of :attr:`agents`; None without pools."""
+        return tuple(agent.kind for agent in self._agents)
+
+    @property
     def infos(self) -> tuple[AgentInfo | None, ...]:
         return tuple(agent.info for agent in self._agents)
 
@@ -163,15 +202,19 @@ class RayJob(JobRunner):
         started = time.monotonic()  # one deadline for the plan and the fan-out together
         directive: Directive | None = None
         port = self._port
+        if self.pools:
+            self._progress.begun(iteration, self._clock())
         if port is not None:
             try:
-                directive = port.plan(kind, iteration, self._clock())
+                with self._port_lock:
+                    directive = port.plan(kind, iteration, self._clock())
             except Exception as e:
                 self._warn_once(
                     "plan", f"the job-level controller did not plan ({type(e).__name__}); the nodes fall back"
                 )
                 directive = None
-        self._remember_directive(kind, iteration, directive)
+        with self._port_lock:
+            self._remember_directive(kind, iteration, directive)
         answers = self._fan(
             kind, iteration, True, lambda a: a.handle.begin.remote(directive, kind, iteration), started
         )
@@ -184,13 +227,21 @@ class RayJob(JobRunner):
         reports = [answer for answer in answers.values() if isinstance(answer, NodeReport)]
         self.last_reports = reports
         port = self._port
-        if port is not None and self.directive(kind, iteration) is not None:
-            self.last_observation = port.observe(kind, iteration, reports, workload, self._clock())
+        if port is None:
+            return
+        with self._port_lock:
+            if self.directive(kind, iteration) is not None:
+                self.last_observation = port.observe(kind, iteration, reports, workload, self._clock())
+            if self.pools:
+                done = self._progress.ended(kind, iteration, workload.valid_tokens, self._clock())
+                if done is not None:
+                    port.end_iteration(iteration, done[0], done[1], self._clock())
 
     def _iteration_done(self, iteration: int, wall_s: float, valid_tokens: int) -> None:
         port = self._port
-        if port is not None:
-            port.end_iteration(iteration, wall_s, valid_tokens, self._clock())
+        if port is not None and not self.pools:  # pools: when both have ended it (``_end``)
+            with self._port_lock:
+                port.end_iteration(iteration, wall_s, valid_tokens, self._clock())
 
     def _close(self) -> None:
         refs = []
@@ -216,11 +267,13 @@ class RayJob(JobRunner):
     def _fan(
         self, kind: PhaseKind, iteration: int, begin: bool, call: Callable[[_Agent], Any], started: float
     ) -> dict[int, object]:
-        """Sends ``call`` to every live agent that is not still busy with an earlier call; waits for the
-        replies until ``deadline_s`` after ``started``; returns them by node rank (absent: no reply in
-        time)."""
+        """Sends ``call`` to every live agent of ``kind`` (all of them without pools) that is not still busy
+        with an earlier call; waits for the replies until ``deadline_s`` after ``started``; returns them by
+        node rank (absent: no reply in time)."""
         asked: dict[Any, _Agent] = {}
         for agent in self._agents:
+            if agent.kind not in (None, kind):
+                continue
             if not agent.alive or not self._ready_for_more(agent):
                 continue
             ref = call(agent)
@@ -261,13 +314,12 @@ class RayJob(JobRunner):
         except RayActorError:
             agent.alive = False
             self._warn_once(
-                f"dead:{agent.rank}",
-                f"the node agent of node {agent.rank} ({agent.node_id[:8]}) is gone; the job goes on "
-                "without it",
+                f"dead:{agent.name}",
+                f"the node agent of {agent.name} ({agent.node_id[:8]}) is gone; the job goes on without it",
             )
             return None
         except RayError as e:
-            logger.debug("eerl: node %d: %s", agent.rank, e)
+            logger.debug("eerl: %s: %s", agent.name, e)
             return None
         return answer
 
@@ -276,8 +328,10 @@ class RayJob(JobRunner):
         placement_groups: Sequence[Any] | None,
         node_ids: Sequence[str] | None,
         sockets: Mapping[str, str] | None,
-        gpus: Sequence[int | str] | Mapping[str, Sequence[int | str]] | None,
+        gpus: GpuSpec | Mapping[str, GpuSpec] | None,
         start_timeout_s: float,
+        *,
+        places: Sequence[PoolPlace] = (),
     ) -> None:
         if not ray.is_initialized():
             self._warn_once("ray", "Ray is not initialised (ray.init()); job-level control is off")
@@ -287,24 +341,36 @@ class RayJob(JobRunner):
             for node in ray.nodes()  # type: ignore[no-untyped-call]
             if node.get("Alive", False)
         }
-        chosen = _job_nodes(placement_groups, node_ids, resources, start_timeout_s)
-        if not chosen:
-            self._warn_once("nodes", "found no node for the job; job-level control is off")
+        groups: list[tuple[PhaseKind | None, list[str]]] = [
+            (place.kind, _job_nodes(place.placement_groups, place.node_ids, resources, start_timeout_s))
+            for place in places
+        ] or [(None, _job_nodes(placement_groups, node_ids, resources, start_timeout_s))]
+        for kind, chosen in groups:
+            if not chosen and kind is None:
+                self._warn_once("nodes", "found no node for the job; job-level control is off")
+            elif not chosen:
+                self._warn_once(
+                    f"nodes:{kind}",
+                    f"found no node for the {kind} pool; that pool runs without job-level control",
+                )
+            pool_gpus = _pool_gpus(gpus, kind)
+            for rank, node_id in enumerate(chosen):
+                node_gpus = _node_gpus(node_id, pool_gpus, resources.get(node_id, {}))
+                handle = NodeAgent.options(
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+                ).remote(
+                    self.job_id,
+                    rank,
+                    self.incarnation,
+                    socket_path=(sockets or {}).get(node_id),
+                    gpus=node_gpus,
+                    nodes=len(chosen),
+                    timeout_s=max(0.05, self.deadline_s * 0.8),
+                    role="both" if kind is None else kind.value,
+                )
+                self._agents.append(_Agent(rank, node_id, handle, kind=kind))
+        if not self._agents:
             return
-        for rank, node_id in enumerate(chosen):
-            node_gpus = _node_gpus(node_id, gpus, resources.get(node_id, {}))
-            handle = NodeAgent.options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-            ).remote(
-                self.job_id,
-                rank,
-                self.incarnation,
-                socket_path=(sockets or {}).get(node_id),
-                gpus=node_gpus,
-                nodes=len(chosen),
-                timeout_s=max(0.05, self.deadline_s * 0.8),
-            )
-            self._agents.append(_Agent(rank, node_id, handle))
         refs = {agent.handle.start.remote(): agent for agent in self._agents}
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=start_timeout_s)
         for ref in ready:
@@ -315,14 +381,14 @@ class RayJob(JobRunner):
         for agent in self._agents:
             if agent.info is None and agent.alive:
                 self._warn_once(
-                    f"start:{agent.rank}",
-                    f"the node agent of node {agent.rank} ({agent.node_id[:8]}) did not start in "
+                    f"start:{agent.name}",
+                    f"the node agent of {agent.name} ({agent.node_id[:8]}) did not start in "
                     f"{start_timeout_s:g} s; that node runs at its daemon's fallback",
                 )
             elif agent.info is not None and not agent.info.connected:
                 self._warn_once(
-                    f"connect:{agent.rank}",
-                    f"node {agent.rank} ({agent.node_id[:8]}) has no job-mode session with its eerld yet",
+                    f"connect:{agent.name}",
+                    f"{agent.name} ({agent.node_id[:8]}) has no job-mode session with its eerld yet",
                 )
 
     def _start_controller(
@@ -340,6 +406,9 @@ class RayJob(JobRunner):
             for agent in self._agents
             if agent.info is not None and agent.info.supported_sm_clocks_mhz
         ]
+        if self.pools and grids:
+            self._start_pools(policy, threshold, fixed_clocks)
+            return
         if not grids:
             self._warn_once(
                 "grid",
@@ -369,6 +438,31 @@ class RayJob(JobRunner):
                 "the nodes fall back until it answers",
             )
 
+    def _start_pools(self, policy: str, threshold: float, fixed_clocks: Mapping[PhaseKind, int]) -> None:
+        """One job-level controller per pool, over its nodes and on their common clocks, in this process."""
+        controllers = {}
+        for kind in self.pools:
+            agents = [agent for agent in self._agents if agent.kind is kind]
+            grid = common_clocks(a.info.supported_sm_clocks_mhz for a in agents if a.info is not None)
+            if not grid:
+                self._warn_once(
+                    f"grid:{kind.value}",
+                    f"no node of the {kind.value} pool reported its clock grid; that pool runs at its "
+                    "daemons' fallback clocks",
+                )
+                continue
+            settings = ControllerSettings(
+                supported_sm_clocks_mhz=grid,
+                throughput_threshold=threshold,
+                fixed_clocks_mhz=dict(fixed_clocks),
+            )
+            controllers[kind] = make_job_controller(
+                pool_settings(settings, kind), len(agents), self.incarnation, policy
+            )
+            self.settings = self.settings or settings
+        if controllers:
+            self._port = LocalController(PoolControllers(controllers))
+
 
 def _job_nodes(
     placement_groups: Sequence[Any] | None,
@@ -391,9 +485,16 @@ def _job_nodes(
     return sorted(with_gpus or resources)
 
 
+def _pool_gpus(gpus: GpuSpec | Mapping[str, GpuSpec] | None, kind: PhaseKind | None) -> GpuSpec | None:
+    """The GPUs of ``kind``'s pool when ``gpus`` names them by pool, else ``gpus`` (for every node)."""
+    if kind is not None and isinstance(gpus, Mapping) and kind.value in gpus:
+        return gpus[kind.value]
+    return cast("GpuSpec | None", gpus)
+
+
 def _node_gpus(
     node_id: str,
-    gpus: Sequence[int | str] | Mapping[str, Sequence[int | str]] | None,
+    gpus: GpuSpec | None,
     resources: Mapping[str, float],
 ) -> list[int | str] | None:
     if isinstance(gpus, Mapping):

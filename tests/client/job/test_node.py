@@ -11,7 +11,7 @@ from eerl import ClientConfig
 from eerl.directives import Directive, DirectivePurpose, DirectiveVerdict
 from eerl.job import NodeReport
 from eerl.job.node import NodeLink, _intersection
-from eerl.phases import PhaseKind, Workload
+from eerl.phases import ExecutionMode, GpuRole, PhaseKind, Workload
 from eerl.v1 import eerl_pb2
 
 from eerld.testing import FAKE_SM_CLOCKS_MHZ, DaemonHandle, running_daemon
@@ -62,6 +62,20 @@ def test_opens_a_job_mode_session_with_the_grid(daemon: DaemonHandle) -> None:
         assert session.job_id == "job-1"
         assert session.gpu_indices == (0, 1)
         assert session.attached
+
+
+def test_a_pool_s_link_opens_an_async_session_with_the_pool_s_role(daemon: DaemonHandle) -> None:
+    """A node of one pool (disaggregated placement): async, its role; the daemon refuses the other kind."""
+    with link_to(daemon.socket_path, role=GpuRole.TRAINING) as link:
+        began = link.begin(directive(0, TRAIN, 1200), TRAIN, 0)
+        assert began.verdict is DirectiveVerdict.ACCEPTED
+        (session,) = daemon.daemon.reads.sessions()
+        assert (session.mode, session.role) == (ExecutionMode.ASYNC, GpuRole.TRAINING)
+        link.end(TRAIN, 0, WORK)
+        refused = link.begin(directive(1, GEN, 1200), GEN, 1)
+        assert refused.verdict is DirectiveVerdict.MISSING
+        assert not refused.reached
+        assert daemon.backend.locked() == {}
 
 
 def test_a_directive_clocks_the_phase_and_the_end_reports_the_metering(daemon: DaemonHandle) -> None:
