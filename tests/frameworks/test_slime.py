@@ -381,6 +381,32 @@ class TestPoolsJob:
             (edge, kind, i) for i in range(ROLLOUTS) for kind in (gen, train) for edge in ("begin", "end")
         ]
 
+    def test_ray_pools_reads_the_placement_groups_slime_s_own_code_makes(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """``create_placement_groups`` and its layout, executed from the excerpt of the named commit (only
+        the Ray placement group itself stood in: 2 actor nodes × 2 GPUs, 2 rollout nodes × 2 GPUs), give
+        ``ray_pools`` the shape it reads: each pool's nodes and their GPU ids."""
+        bundle_node = {b: f"node-{b // 2}" for b in range(8)}  # bundles 0–7, two per node, in node order
+        namespace: dict[str, Any] = {
+            "logger": SimpleNamespace(info=lambda *_: None),
+            "_create_placement_group": lambda n: ("pg", list(range(n)), [b % 2 for b in range(n)]),
+        }
+        for name in ("_get_placement_group_layout", "create_placement_groups"):
+            exec(excerpt("slime/ray/placement_group.py", name), namespace)  # noqa: S102 - vendored source
+        args = SimpleNamespace(
+            actor_num_nodes=2, actor_num_gpus_per_node=2, rollout_num_gpus=4, debug_train_only=False,
+            rollout_external=False, debug_rollout_only=False, colocate=False, use_critic=False,
+        )  # fmt: skip
+        pgs = namespace["create_placement_groups"](args)
+        monkeypatch.setattr(ray.util, "placement_group_table", lambda pg: {"bundles_to_node_id": bundle_node})
+        pools, gpus = hook_module.ray_pools(pgs, args)
+        assert pools == {"generation": ["node-2", "node-3"], "training": ["node-0", "node-1"]}
+        assert gpus == {
+            "generation": {"node-2": [0, 1], "node-3": [0, 1]},
+            "training": {"node-0": [0, 1], "node-1": [0, 1]},
+        }
+
 
 @pytest.mark.usefixtures("local_ray")
 class TestMetered:

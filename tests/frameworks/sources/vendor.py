@@ -36,6 +36,7 @@ PIECES: dict[str, list[tuple[str, list[str]]]] = {
         ("slime/ray/actor_group.py", ["RayTrainGroup"]),
         ("slime/backends/megatron_utils/actor.py", ["MegatronTrainRayActor.train"]),
         ("slime/utils/data.py", ["process_rollout_data"]),
+        ("slime/ray/placement_group.py", ["_get_placement_group_layout", "create_placement_groups"]),
     ],
 }
 
