@@ -393,7 +393,7 @@ class TestPoolsJob:
             "_create_placement_group": lambda n: ("pg", list(range(n)), [b % 2 for b in range(n)]),
         }
         for name in ("_get_placement_group_layout", "create_placement_groups"):
-            exec(excerpt("slime/ray/placement_group.py", name), namespace)  # noqa: S102 - vendored source
+            exec(excerpt("slime/ray/placement_group.py", name), namespace)  # the vendored source
         args = SimpleNamespace(
             actor_num_nodes=2, actor_num_gpus_per_node=2, rollout_num_gpus=4, debug_train_only=False,
             rollout_external=False, debug_rollout_only=False, colocate=False, use_critic=False,
