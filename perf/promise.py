@@ -36,6 +36,7 @@ SETS = {
     "tuning": SCENARIOS / "promise" / "tuning",
     "heldout": SCENARIOS / "promise" / "heldout",
     "after": SCENARIOS / "promise" / "after",
+    "ledger": SCENARIOS / "promise" / "ledger",
 }
 TOLERANCE = 0.003
 """A run may end this far below its threshold (noise no controller can see coming)."""

@@ -43,6 +43,9 @@ class EerlConfig:
     iterations' worth of default time."""
     max_run_spend: float = 0.01
     """The plan never aims more than this below its threshold, whatever the session banked."""
+    max_run_repay: float = 0.005
+    """What the run owes (slow trials, a yardstick later default phases corrected) the plan repays over the
+    same horizon, aiming at most this far above its threshold."""
     probe_interval_phases: int = 10
     """A committed kind runs one phase a fine step below its clock this often, while the session has
     throughput to spend: the curve keeps evidence below the commit, so the refine can move there."""

@@ -277,12 +277,17 @@ class EerlController:
         if prediction is None:
             return None
         clock = int(obs.sm_clock_mhz) if obs.sm_clock_mhz is not None else 0
+        features = workload_features(track.kind, obs.workload)
         self._planner.run.add_locked(
-            track.kind, clock, prediction.duration_s, obs.duration_s, self._between_counted(obs)
+            track.kind,
+            clock,
+            prediction.duration_s,
+            obs.duration_s,
+            self._between_counted(obs),
+            features=features,
         )
         time_ratio = obs.duration_s / prediction.duration_s
         energy_ratio = obs.energy_j / prediction.energy_j
-        features = workload_features(track.kind, obs.workload)
         track.curve.add(Trial(clock, features, obs.duration_s, obs.energy_j, obs.iteration))
         track.baseline.predictor.add_locked(clock, features, obs.duration_s, obs.energy_j)
         track.ledger.add_trial(prediction.energy_j, obs.energy_j, prediction.duration_s, obs.duration_s)

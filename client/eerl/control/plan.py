@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from eerl.control.between import BetweenWork
 from eerl.control.budget import Allocation, KindOptions, allocate_async, allocate_sync
@@ -22,11 +23,22 @@ from eerl.control.grid import ClockGrid
 from eerl.control.search import candidate_clocks, effective_floor_mhz
 from eerl.control.slack import PeerSlack
 from eerl.control.state import KindTrack
-from eerl.control.throughput import RunThroughput
-from eerl.phases import ControllerState
+from eerl.control.throughput import RunThroughput, Yardstick
+from eerl.phases import ControllerState, PhaseKind
 
 MIN_SUPPORT = 0.3
 """Kernel weight of nearby trials below which a clock's estimate is not trusted as it stands."""
+
+
+def newest_predictors(tracks: Sequence[KindTrack]) -> Yardstick:
+    """The run's yardstick: each kind's newest predictor, summed over the workloads of its locked phases."""
+    predictors = {t.kind: t.baseline.predictor for t in tracks}
+
+    def judged(kind: PhaseKind, count: int, feature_sum: npt.NDArray[np.float64]) -> float | None:
+        predictor = predictors.get(kind)
+        return None if predictor is None else predictor.predict_sum(count, feature_sum)
+
+    return judged
 
 
 class Planner:
@@ -80,7 +92,12 @@ class Planner:
     def _spend(self, tracks: Sequence[KindTrack], planned: float) -> float:
         iteration_s = sum(t.baseline.default_duration_s for t in tracks) + self.between_s
         return self.run.spend(
-            planned, iteration_s, self._config.run_spend_horizon, self._config.max_run_spend
+            planned,
+            iteration_s,
+            self._config.run_spend_horizon,
+            self._config.max_run_spend,
+            yardstick=newest_predictors(tracks),
+            max_repay=self._config.max_run_repay,
         )
 
     def _with_margin(self, tracks: Sequence[KindTrack]) -> float:

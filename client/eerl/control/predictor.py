@@ -261,6 +261,19 @@ class BaselinePredictor:
         factor_e = np.maximum(0.05, 1.0 + numeric.dot_rows(rel, slopes[1]))
         return d_mean * factor_d, e_mean * factor_e
 
+    def predict_sum(self, count: int, feature_sum: npt.NDArray[np.float64]) -> float | None:
+        """Summed predicted default duration of ``count`` phases whose :func:`workload_features` sum to
+        ``feature_sum`` (the model is linear in the features; its clipping of far workloads is left out),
+        None before the first default phase or where the sum makes no sense."""
+        if not self._durations or count <= 0:
+            return None
+        if self._model is None:
+            self._model = self._fit()
+        x_mean, slopes, d_mean, _ = self._model
+        rel_sum = np.where(x_mean > 0, feature_sum / np.where(x_mean > 0, x_mean, 1.0) - count, 0.0)
+        total = d_mean * (count + numeric.dot(rel_sum, slopes[0]))
+        return total if total > 0 else None
+
     def _fit(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], float, float]:
         """Ridge fit of relative cost on relative features, shrunk towards the prior slopes.
 

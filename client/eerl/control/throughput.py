@@ -8,8 +8,12 @@ while every plan aimed at 0.956; throughput left unused is energy left unsaved (
 capture for every 0.001). This ledger sums, since the session began (or its latest regime), the default
 time of every phase — measured for a default-governor phase, predicted for a locked one — and the time
 the phases took, the work between them on both sides. What it banks above the planned threshold, the
-plan may spend over the next ``horizon`` iterations (never more than ``max_spend`` below its threshold,
-and never the other way: a session behind its plan is the search's cost, not a debt later iterations pay).
+plan may spend over the next ``horizon`` iterations (never more than ``max_spend`` below its threshold);
+what it owes — slow trials, locked phases a corrected yardstick shows were slower than they looked — the
+same iterations repay (never more than ``max_repay`` above it): the threshold is a promise over the run.
+The locked phases' default time is judged on the newest predictor (:meth:`RunThroughput.banked_s`), not
+on the one each phase had: the early predictors rest on few default phases, and their bias summed over
+every locked phase was the gap between what runs believed they delivered and what they did.
 An async pool alone in its session keeps its own: its phases against their default, no gaps (a pool's gap
 is waiting for its peer, not work). The pool that gates the iteration banks and spends; the waiting one
 runs slower than its default by design, so it banks nothing and its plan stays its own.
@@ -19,9 +23,32 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+import numpy.typing as npt
+
 from eerl.phases import PhaseKind
+
+Yardstick = Callable[[PhaseKind, int, npt.NDArray[np.float64]], float | None]
+"""The summed predicted default time of ``count`` phases of a kind whose workload features sum to the
+array given (:meth:`eerl.control.predictor.BaselinePredictor.predict_sum`); None when it cannot say."""
+
+
+@dataclass(slots=True)
+class LockedWork:
+    """A kind's locked phases in the run: how many, their summed features and predicted default time."""
+
+    count: int = 0
+    predicted_s: float = 0.0
+    feature_sum: npt.NDArray[np.float64] | None = None
+
+    def add(self, predicted_s: float, features: npt.NDArray[np.float64]) -> None:
+        self.count += 1
+        self.predicted_s += predicted_s
+        self.feature_sum = features.copy() if self.feature_sum is None else self.feature_sum + features
+
 
 RECENT_AT_CLOCK = 5
 """A locked phase counts at the median time ratio of the last few phases of its kind at its clock."""
@@ -39,23 +66,35 @@ class RunThroughput:
     """
 
     default_s: float = 0.0
+    """Default time of every phase as each was judged (predicted for a locked one), the work between."""
     actual_s: float = 0.0
     _ratios: dict[tuple[PhaseKind, int], deque[float]] = field(default_factory=dict)
+    _locked: dict[PhaseKind, LockedWork] = field(default_factory=dict)
 
     def add_default(self, predicted_s: float, between_s: float) -> None:
         """A default-governor phase (its predicted default time: an outlier is the predictor's business)."""
         self._add(predicted_s, predicted_s, between_s)
 
     def add_locked(
-        self, kind: PhaseKind, clock_mhz: int, predicted_s: float, duration_s: float, between_s: float
+        self,
+        kind: PhaseKind,
+        clock_mhz: int,
+        predicted_s: float,
+        duration_s: float,
+        between_s: float,
+        *,
+        features: npt.NDArray[np.float64] | None = None,
     ) -> None:
         """A phase locked at ``clock_mhz`` that took ``duration_s`` where the default would take
-        ``predicted_s``."""
+        ``predicted_s``; with its workload ``features``, :meth:`banked_s` may judge it again on a newer
+        predictor."""
         if predicted_s <= 0 or duration_s <= 0:
             return
         recent = self._ratios.setdefault((kind, clock_mhz), deque(maxlen=RECENT_AT_CLOCK))
         recent.append(duration_s / predicted_s)
         self._add(predicted_s, predicted_s * statistics.median(recent), between_s)
+        if features is not None:
+            self._locked.setdefault(kind, LockedWork()).add(predicted_s, features)
 
     def _add(self, default_s: float, actual_s: float, between_s: float) -> None:
         if default_s > 0 and actual_s > 0:
@@ -66,8 +105,38 @@ class RunThroughput:
         """A new regime (a re-baseline): the old regime's phases were judged on a predictor now gone."""
         self.default_s = self.actual_s = 0.0
         self._ratios.clear()
+        self._locked.clear()
 
-    def spend(self, planned: float, iteration_default_s: float, horizon: int, max_spend: float) -> float:
+    def banked_s(self, planned: float, yardstick: Yardstick | None = None) -> float:
+        """The time the run is ahead of ``planned`` (negative: behind): ``default / planned - actual``.
+
+        With a ``yardstick`` (each kind's newest predictor, summed over workloads), the locked phases' default
+        time is judged again on it: a locked phase was judged on the predictor of its day, which the early
+        phases — few default phases — left biased, and that bias, summed over every locked phase, is the gap
+        between what the run believes it delivered and what it did.
+        """
+        if self.actual_s <= 0 or planned <= 0:
+            return 0.0
+        default_s = self.default_s
+        if yardstick is not None:
+            for kind, locked in self._locked.items():
+                if locked.feature_sum is None:
+                    continue
+                judged = yardstick(kind, locked.count, locked.feature_sum)
+                if judged is not None and judged > 0:
+                    default_s += judged - locked.predicted_s
+        return default_s / planned - self.actual_s
+
+    def spend(
+        self,
+        planned: float,
+        iteration_default_s: float,
+        horizon: int,
+        max_spend: float,
+        *,
+        yardstick: Yardstick | None = None,
+        max_repay: float = 0.0,
+    ) -> float:
         """How far below ``planned`` the next iterations may plan (a number ≤ 0).
 
         The time banked above ``planned`` (``default / planned - actual``), spread over ``horizon``
@@ -76,9 +145,12 @@ class RunThroughput:
         """
         if self.actual_s <= 0 or iteration_default_s <= 0 or planned <= 0:
             return 0.0
-        banked_s = self.default_s / planned - self.actual_s
-        if banked_s <= 0:
+        banked_s = self.banked_s(planned, yardstick)
+        if banked_s <= 0 and max_repay <= 0:
             return 0.0
         ahead_s = horizon * iteration_default_s
-        effective = ahead_s / (ahead_s / planned + banked_s)
-        return max(-max_spend, effective - planned)
+        remaining_s = ahead_s / planned + banked_s
+        if remaining_s <= 0:
+            return max_repay
+        effective = ahead_s / remaining_s
+        return min(max_repay, max(-max_spend, effective - planned))

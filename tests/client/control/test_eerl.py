@@ -15,6 +15,7 @@ from eerl.control.eerl import (
     create_eerl_controller,
     create_job_eerl_controller,
 )
+from eerl.control.plan import newest_predictors
 from eerl.control.registry import controller_factory
 from eerl.errors import ValidationError
 from eerl.phases import ControllerState, ExecutionMode, PhaseKind, Workload
@@ -33,6 +34,19 @@ from tests.client.control.synthetic import (
 )
 
 MAX_SPEND = EerlConfig().max_run_spend
+
+
+class _WarmUp(SyntheticJob):
+    """Its first iterations run 2% slower at the default governor than the job ever does again (a warm-up):
+    the baseline predicts the default 2% slow, and every locked phase looks 2% faster than it is."""
+
+    def observe(
+        self, kind: PhaseKind, iteration: int, sm_clock_mhz: int | None, now_s: float
+    ) -> PhaseObservation:
+        observation = super().observe(kind, iteration, sm_clock_mhz, now_s)
+        if iteration < 4:
+            return dataclasses.replace(observation, duration_s=observation.duration_s * 1.02)
+        return observation
 
 
 class _EnergyOutlier(SyntheticJob):
@@ -186,6 +200,27 @@ class TestWhatItReports:
 
 
 class TestBehaviour:
+    @pytest.mark.parametrize("threshold", [0.90, 0.95, 0.98])
+    def test_a_default_mispredicted_by_two_percent_is_judged_again_and_repaid(self, threshold: float) -> None:
+        """The baseline's phases run 2% slower than the default ever does again (a warm-up), so every locked
+        phase looks 2% faster than it is. The run's ledger judges its locked phases again on the newest
+        predictor, which the control phases corrected: what it believes the run delivered comes a fifth or
+        more closer to the truth than the predictors of their day said (a third to a half on most seeds),
+        and the debt it then sees is repaid. Over 300 iterations the run ends within 0.009 of its threshold
+        (0.0014-0.008 short; before, up to 0.013). Not the issue's 0.003: the newest predictor still carries half the bias (its four baseline
+        phases against five control phases), which docs/results-promise.md records as open."""
+        for seed in range(3):
+            job = _WarmUp(noise=0.01, seed=seed)
+            controller = EerlController(ControllerSettings(GRID_MHZ, throughput_threshold=threshold))
+            trace = drive_sync(controller, job, 300)
+            delivered = run_throughput(job, trace)
+            run = controller._planner.run
+            believed = run.default_s / run.actual_s
+            judged_again = 1.0 + run.banked_s(1.0, newest_predictors(controller._all)) / run.actual_s
+            assert believed - delivered > 0.005  # the bias is real: the early predictors flattered the run
+            assert abs(judged_again - delivered) < 0.8 * (believed - delivered)
+            assert delivered >= threshold - 0.009
+
     @pytest.mark.parametrize(
         ("kind", "steps"),
         # One step above a power-capped training clock changes nothing: no case there.

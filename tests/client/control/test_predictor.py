@@ -192,3 +192,18 @@ def test_a_rebaseline_forgets_the_locked_phases() -> None:
     assert alone is not None
     assert predictor.predict(probe) == alone
     assert with_locked != alone
+
+
+def test_a_sum_of_predictions_is_the_prediction_of_the_summed_features() -> None:
+    """The run's ledger judges its locked phases again from their summed features alone."""
+    rng = np.random.default_rng(5)
+    predictor = fitted(rng, 1200.0, samples=8)
+    batches = [generation(rng, 1200.0)[0] for _ in range(30)]
+    expected = 0.0
+    for workload in batches:
+        prediction = predictor.predict(workload)
+        assert prediction is not None
+        expected += prediction.duration_s
+    summed = predictor.predict_sum(len(batches), np.sum([features_of(w) for w in batches], axis=0))
+    assert summed == pytest.approx(expected, rel=1e-9)
+    assert BaselinePredictor(PhaseKind.GENERATION).predict_sum(3, features_of(batches[0])) is None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+import numpy.typing as npt
 import pytest
 from eerl.control.throughput import RunThroughput
 from eerl.phases import PhaseKind
@@ -30,8 +32,8 @@ class TestRunThroughput:
             run.add_default(10.0, between_s=0.0)
         assert _spend(run, max_spend=0.01) == pytest.approx(-0.01)
 
-    def test_a_session_behind_its_plan_never_raises_it(self) -> None:
-        """Slow trials are the search's cost: the plan spends surplus, it never repays a deficit."""
+    def test_without_a_repay_a_session_behind_its_plan_never_raises_it(self) -> None:
+        """With no repay allowed, the plan spends surplus and never repays a deficit."""
         run = RunThroughput()
         run.add_locked(TRAINING, 1305, predicted_s=10.0, duration_s=13.0, between_s=0.0)
         assert _spend(run) == 0.0
@@ -71,3 +73,34 @@ class TestRunThroughput:
             run.add_default(10.0, between_s=0.0)
         run.restart()
         assert _spend(run) == 0.0
+
+    def test_a_session_behind_its_plan_repays_within_its_bound(self) -> None:
+        """What the run owes, the next iterations repay: the plan aims above its threshold, at most
+        ``max_repay``; a small debt over the horizon raises it by what makes the run end at the plan."""
+        run = RunThroughput()
+        run.add_locked(TRAINING, 1305, predicted_s=10.0, duration_s=10.6, between_s=0.0)
+        owed = 10.0 / 0.95 - 10.6
+        raised = run.spend(0.95, iteration_default_s=10.0, horizon=50, max_spend=0.01, max_repay=0.005)
+        assert raised == pytest.approx(500.0 / (500.0 / 0.95 + owed) - 0.95)
+        assert 0.0 < raised < 0.005
+        run.add_locked(TRAINING, 1305, predicted_s=10.0, duration_s=200.0, between_s=0.0)
+        assert run.spend(0.95, iteration_default_s=10.0, horizon=50, max_spend=0.01, max_repay=0.005) == 0.005
+
+    def test_a_newer_yardstick_judges_the_locked_phases_again(self) -> None:
+        """Locked phases judged on a predictor 2 % slow looked ahead of the plan; judged again on the newest
+        predictor (which says the default takes 2 % less), the run is behind it, and the bank says so."""
+        run = RunThroughput()
+        for _ in range(10):
+            run.add_locked(
+                TRAINING, 1305, predicted_s=10.2, duration_s=10.2 / 0.95, between_s=0.0, features=np.ones(3)
+            )
+        assert run.banked_s(0.95) == pytest.approx(0.0, abs=1e-9)
+
+        def newest(kind: PhaseKind, count: int, feature_sum: npt.NDArray[np.float64]) -> float:
+            assert kind is TRAINING
+            assert feature_sum.tolist() == [10.0, 10.0, 10.0]
+            return 10.0 * count
+
+        assert run.banked_s(0.95, newest) == pytest.approx((100.0 - 102.0) / 0.95)
+        assert _spend(run) == pytest.approx(0.0, abs=1e-12)
+        assert run.spend(0.95, 10.0, 50, 0.01, yardstick=newest, max_repay=0.005) > 0.0
