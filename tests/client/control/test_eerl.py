@@ -207,8 +207,9 @@ class TestBehaviour:
         predictor, which the control phases corrected: what it believes the run delivered comes a fifth or
         more closer to the truth than the predictors of their day said (a third to a half on most seeds),
         and the debt it then sees is repaid. Over 300 iterations the run ends within 0.009 of its threshold
-        (up to 0.008 short; before, up to 0.013). Not the issue's 0.003: the newest predictor still carries half the bias (its four baseline
-        phases against five control phases), which docs/results-promise.md records as open."""
+        (up to 0.008 short; before, up to 0.013). Not the issue's 0.003: the newest predictor still
+        carries half the bias (its four baseline phases against five control phases), which
+        docs/results-promise.md records as open."""
         for seed in range(3):
             job = _WarmUp(noise=0.01, seed=seed)
             controller = EerlController(ControllerSettings(GRID_MHZ, throughput_threshold=threshold))
