@@ -37,6 +37,7 @@ SETS = {
     "heldout": SCENARIOS / "promise" / "heldout",
     "after": SCENARIOS / "promise" / "after",
     "ledger": SCENARIOS / "promise" / "ledger",
+    "nodes": SCENARIOS / "promise" / "nodes",
 }
 TOLERANCE = 0.003
 """A run may end this far below its threshold (noise no controller can see coming)."""

@@ -16,14 +16,19 @@ Pure like :mod:`eerl.job.controller`: no I/O and no clock reads.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from collections.abc import Mapping, Sequence
 
 from eerl.control.base import ControllerSettings
 from eerl.control.registry import DEFAULT_CONTROLLER
 from eerl.directives import Directive
 from eerl.errors import ValidationError
-from eerl.job.controller import JobController, JobObservation, NodeReport, make_job_controller
+from eerl.job.controller import (
+    JobController,
+    JobObservation,
+    NodeReport,
+    make_job_controller,
+    typical_duration,
+)
 from eerl.phases import ExecutionMode, PhaseKind, Workload
 
 __all__ = ["PoolControllers", "pool_settings"]
@@ -77,7 +82,7 @@ class PoolControllers:
         self, kind: PhaseKind, iteration: int, reports: Sequence[NodeReport], workload: Workload, now_s: float
     ) -> JobObservation:
         """Judge the pool's reports (its controller) and tell the other pools the phase's job-level time:
-        the counted observation's duration, else the median of what its nodes reported."""
+        the counted observation's duration, else the :func:`typical_duration` of what its nodes reported."""
         controller = self._controllers.get(kind)
         if controller is None:
             return JobObservation(False, f"no pool runs {kind.value}", None)
@@ -86,7 +91,7 @@ class PoolControllers:
         if observation.observation is not None:
             duration_s = observation.observation.duration_s
         elif reports:
-            duration_s = float(statistics.median(report.duration_s for report in reports))
+            duration_s = typical_duration([report.duration_s for report in reports])
         if duration_s is not None:
             for other, peer in self._controllers.items():
                 if other is not kind:

@@ -5,6 +5,7 @@ Pure tests: a scripted inner controller (or the real EE-RL one) and hand-made no
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -15,7 +16,7 @@ from eerl.control.eerl import EerlController
 from eerl.directives import Directive, DirectivePurpose, DirectiveVerdict
 from eerl.errors import ValidationError
 from eerl.job import GuardConfig, JobController, JobObservation, NodeReport
-from eerl.job.controller import directive_purpose
+from eerl.job.controller import directive_purpose, typical_duration
 from eerl.phases import ControllerState, PhaseKind, Workload
 
 GEN, TRAIN = PhaseKind.GENERATION, PhaseKind.TRAINING
@@ -179,11 +180,25 @@ class TestCompleteness:
 
 
 class TestAggregation:
-    def test_the_duration_is_the_median_not_the_max(self) -> None:
+    def test_the_duration_is_the_faster_halfs_mean_not_the_max(self) -> None:
         job = JobController(SETTINGS, 5, controller=Scripted())
         _, result = phase(job, GEN, 0, [10.0, 10.2, 9.8, 10.1, 14.0])
         assert result.observation is not None
-        assert result.observation.duration_s == pytest.approx(10.1)
+        assert result.observation.duration_s == pytest.approx((9.8 + 10.0 + 10.1) / 3)
+
+    def test_half_the_nodes_straggling_barely_moves_the_duration(self) -> None:
+        """Stragglers only ever slow a node: with four of eight slowed by a third, the median would read
+        the phase 15 % long; the faster half's mean reads the nodes that ran clean."""
+        clean = [10.0, 10.1, 9.9, 10.2, 10.0, 9.8, 10.1, 10.0]
+        straggled = [10.0, 10.1, 13.3, 10.2, 13.5, 9.8, 13.4, 13.0]
+        readings = []
+        for durations in (clean, straggled):
+            job = JobController(SETTINGS, 8, controller=Scripted())
+            _, result = phase(job, GEN, 0, durations)
+            assert result.observation is not None
+            readings.append(result.observation.duration_s)
+        assert readings[1] / readings[0] == pytest.approx(1.0, abs=0.02)
+        assert typical_duration(straggled) < 0.9 * statistics.median(straggled)
 
     def test_energy_and_gpus_are_summed_and_tokens_are_the_drivers(self) -> None:
         job = JobController(SETTINGS, 3, controller=Scripted())

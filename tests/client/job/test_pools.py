@@ -153,7 +153,7 @@ class TestBottleneck:
         assert paired_clock is not None
         assert paired_clock < lone_clock
 
-    def test_a_dropped_phase_still_tells_the_peer_its_median_time(self) -> None:
+    def test_a_dropped_phase_still_tells_the_peer_its_typical_time(self) -> None:
         pools = PoolControllers(
             {GEN: JobController(pool_settings(SETTINGS, GEN), NODES), TRAIN: Recording.pool(TRAIN)}
         )
