@@ -253,6 +253,10 @@ class EerlController:
             config=self._config,
         )
         if not missed:
+            if stepped is None and track.committed_mhz is None:
+                reason = self._refine_turn(track, obs.iteration)
+                if reason is not None:
+                    return Decision(track.kind, obs.iteration, None, track.state, reason, now_s)
             return (
                 None
                 if stepped is None
@@ -272,6 +276,32 @@ class EerlController:
             return None
         return respond_to_drift(track, step, self._pace, self._config, obs.iteration)
 
+    def _trial_stepped(self, track: KindTrack, obs: PhaseObservation) -> str | None:
+        """A searching kind's trial on a workload beyond the step band: None when it is not; "" when it is
+        held back (not learned from) until the next phase says whether the workload stepped; the step's
+        reason when this phase confirms it (two in a row, the same way).
+
+        A committed kind's monitor sees a step over its newest phases; a search must see it on the trials
+        themselves: judged on the regime it left, every trial of the new one reads as too slow (or fast),
+        and the search climbs on floors to the top clock (`regime-switch-h100` seed 4 at 0.95 spent a
+        regime's 30 iterations re-searching up to the top clock, capture 0.64). One batch far from the
+        newest default phases is no step (on `short-blocks-gb200` training trains on 1.3-2.6 M tokens in
+        one regime): a step persists, so a second phase confirms it.
+        """
+        step = (
+            None
+            if track.relearning
+            else stepped_phase(track.baseline.predictor, track.kind, obs.workload, self._config)
+        )
+        sign = 0 if step is None else (1 if step.shift > 0 else -1)
+        pending, track.search.step_sign = track.search.step_sign, sign
+        if step is None:
+            return None
+        if pending != sign:
+            return ""
+        track.search.step_sign = 0
+        return respond_to_drift(track, step, self._pace, self._config, obs.iteration)
+
     def _observe_trial(self, track: KindTrack, obs: PhaseObservation, now_s: float) -> Decision | None:
         prediction = track.baseline.predictor.predict(obs.workload)
         if prediction is None:
@@ -288,6 +318,11 @@ class EerlController:
         )
         time_ratio = obs.duration_s / prediction.duration_s
         energy_ratio = obs.energy_j / prediction.energy_j
+        if track.searching:
+            stepped = self._trial_stepped(track, obs)
+            if stepped is not None:
+                held = Decision(track.kind, obs.iteration, clock, track.state, stepped, now_s)
+                return held if stepped else None
         track.curve.add(Trial(clock, features, obs.duration_s, obs.energy_j, obs.iteration))
         track.baseline.predictor.add_locked(clock, features, obs.duration_s, obs.energy_j)
         track.ledger.add_trial(prediction.energy_j, obs.energy_j, prediction.duration_s, obs.duration_s)
@@ -354,13 +389,25 @@ class EerlController:
         reason = (
             None if drift is None else respond_to_drift(track, drift, self._pace, self._config, obs.iteration)
         )
-        track.monitor.since_refine += 1
         track.monitor.since_probe += 1
-        if reason is None and take_refine_turn(track.monitor, self._pace, self._config):
-            reason = refine(
-                self._all, self._planner, self._pace, self._grid, iteration=obs.iteration, config=self._config
-            )
-        return reason
+        if reason is not None:
+            track.monitor.since_refine += 1
+            return reason
+        return self._refine_turn(track, obs.iteration)
+
+    def _refine_turn(self, track: KindTrack, iteration: int) -> str | None:
+        """Count a committed phase towards the refine, and run the refine when its turn comes.
+
+        A kind committed at the default governor counts too: its phases are default phases, and without
+        the refine a run whose every kind committed there (a search that found nothing fast enough on an
+        early, biased yardstick) would stay at the default for good, its throughput allowance unspent.
+        """
+        track.monitor.since_refine += 1
+        if not take_refine_turn(track.monitor, self._pace, self._config):
+            return None
+        return refine(
+            self._all, self._planner, self._pace, self._grid, iteration=iteration, config=self._config
+        )
 
 
 def create_eerl_controller(settings: ControllerSettings) -> Controller:

@@ -9,7 +9,9 @@ cost of its phases) under its *signature*, the mean of its watched workload feat
 default phases. When a step lands on a workload whose signature matches a kept one on every watched
 feature (within half the step band: two regimes closer than that are one regime), the kind takes that
 regime up again — committed at its clock at once, with one control phase on the default governor to check
-that the kept predictor still holds (a confirmed miss there re-baselines as for any regime).
+that the kept predictor still holds (a confirmed miss there re-baselines as for any regime). A regime left
+before its search committed (blocks shorter than a search) takes its search up again, on the trials it
+had, after one default phase that checks its predictor.
 
 A regime is kept by copy: the live predictor and curve go on learning; the kept one is what the kind knew
 when it left. At most :data:`KEPT_REGIMES` per kind, the least recently left going first.
@@ -47,6 +49,9 @@ class Regime:
     committed_mhz: int | None
     committed_ratios: tuple[float, float]
     left_iteration: int
+    search_epoch: int | None = None
+    """Left while searching: its search's epoch (the trials from then on counted towards its commit);
+    None: left committed."""
 
 
 @dataclass(slots=True)
@@ -89,6 +94,7 @@ def snapshot_regime(
     committed_mhz: int | None,
     committed_ratios: tuple[float, float],
     iteration: int,
+    search_epoch: int | None = None,
 ) -> Regime:
     """A copy of what a kind knows now (predictor and curve copied together: the curve reads its ratios
     through the predictor, and the copy must keep reading through the copied one)."""
@@ -102,4 +108,5 @@ def snapshot_regime(
         committed_mhz=committed_mhz,
         committed_ratios=committed_ratios,
         left_iteration=iteration,
+        search_epoch=search_epoch,
     )

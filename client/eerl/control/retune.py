@@ -27,7 +27,7 @@ from eerl.control.grid import ClockGrid
 from eerl.control.monitor import WATCHED_FEATURES, Drift, WorkloadDrift, WorkloadStep, reset_for_commit
 from eerl.control.plan import Planner
 from eerl.control.regimes import Regime, snapshot_regime
-from eerl.control.search import restart_descent, settle, start_local, start_model_local
+from eerl.control.search import restart_descent, resume_model_search, settle, start_local, start_model_local
 from eerl.control.state import KindTrack, MonitorState, RefinePace
 from eerl.phases import ControllerState, PhaseKind
 
@@ -205,6 +205,7 @@ def regime_of(track: KindTrack, signature: npt.NDArray[np.float64], iteration: i
         committed_mhz=track.committed_mhz,
         committed_ratios=track.committed_ratios,
         iteration=iteration,
+        search_epoch=track.search.epoch_iteration if track.searching else None,
     )
 
 
@@ -220,10 +221,23 @@ def take_up_regime(track: KindTrack, regime: Regime, config: EerlConfig) -> None
     track.curve = regime.curve
     track.committed_mhz = regime.committed_mhz
     track.committed_ratios = regime.committed_ratios
+    if regime.search_epoch is not None:
+        # Left mid-search: its search goes on over the trials it had (taken up as a commit at the default
+        # governor, a regime of a job switching every 15 iterations ran at the default for 40).
+        track.state = (
+            ControllerState.RETUNING if regime.committed_mhz is not None else ControllerState.EXPLORING
+        )
+        resume_model_search(track.search, regime.search_epoch)
+        baseline.check_pending = True
+        return
     track.state = ControllerState.COMMITTED
     settle(track.search)
     reset_for_commit(track.monitor)
     track.monitor.since_control = config.control_interval_phases
+    # The commit was good when the regime was left: the refine re-checks it a full interval on, not on the
+    # count the other regime left (on which it re-tuned, three phases after the return, to repay what the
+    # other regime's re-tune had cost).
+    track.monitor.since_refine = 0
 
 
 def respond_to_control_miss(track: KindTrack, obs: PhaseObservation, error: float, config: EerlConfig) -> str:

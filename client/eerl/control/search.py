@@ -214,7 +214,19 @@ def start_model_local(
     search.epoch_iteration = epoch_iteration
 
 
+def resume_model_search(search: SearchState, epoch_iteration: int) -> None:
+    """Go on with a search over the whole curve, its trials from ``epoch_iteration`` on counting."""
+    search.window = None
+    search.coarse = []
+    search.coarse_stopped = True
+    search.floor_mhz = 0
+    search.trials_in_search = 0
+    search.step_sign = 0
+    search.epoch_iteration = epoch_iteration
+
+
 def settle(search: SearchState) -> None:
     """The search committed: drop its window and trial count (the floor stays, expiring on its own)."""
     search.window = None
     search.trials_in_search = 0
+    search.step_sign = 0

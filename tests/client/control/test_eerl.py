@@ -258,6 +258,81 @@ class TestBehaviour:
         assert energy <= best_energy + 0.001
         assert run_throughput(job, converged, later) >= settings.throughput_threshold
 
+    def test_a_run_committed_at_the_default_governor_still_refines(
+        self, settings: ControllerSettings
+    ) -> None:
+        """Both kinds committed at the default governor (a search that an early, biased yardstick showed
+        nothing fast enough) leave the whole allowance unspent: the refine still runs on their default
+        phases, and within 60 iterations the run is back to an allocation as good as the converged one.
+        (Before: a default commit never refined; `quiet-a100-long` seed 2 at 0.98 spent 390 iterations at
+        the default, capture 0.01.)"""
+        job = SyntheticJob()
+        controller = EerlController(settings)
+        converged = drive_sync(controller, job, 80)
+        best = {k: converged.clocks[k][-1] for k in KINDS}
+        _, best_energy = iteration_ratios(job, best)
+        for track in controller._all:  # commit both kinds at the default governor by hand
+            assert track.state is ControllerState.COMMITTED
+            track.committed_mhz = None
+        drive_sync(controller, job, 60, start=80)
+        assert any(d.iteration >= 80 and d.reason.startswith("refine") for d in controller.decisions())
+        final = {k: controller._tracks[k].committed_mhz for k in KINDS}
+        assert all(clock is not None for clock in final.values())
+        throughput, energy = iteration_ratios(job, final)
+        assert throughput >= settings.throughput_threshold - MAX_SPEND
+        assert energy <= best_energy + 0.001
+
+    def test_a_step_during_a_search_is_seen_on_its_trials(self, settings: ControllerSettings) -> None:
+        """The workload steps (twice the tokens, memory-heavier) while both kinds are still searching: the
+        second trial of the new regime confirms the step (before: nothing watched a search, its trials were
+        judged on the regime it left until a commit's monitor saw the step), and the run ends on an
+        allocation within 1 % energy of the oracle's for the new regime."""
+        job = SyntheticJob(step_at_iteration=6, step_tokens_factor=2.0, step_memory_factor=2.0)
+        controller = create_eerl_controller(settings)
+        trace = drive_sync(controller, job, 160)
+        for kind in KINDS:
+            seen = [d.iteration for d in controller.decisions() if d.kind is kind and "stepped" in d.reason]
+            assert seen[:1] == [7], kind
+        final = {k: trace.clocks[k][-1] for k in KINDS}
+        throughput, energy = iteration_ratios(job, final, iteration=159)
+        assert throughput >= settings.throughput_threshold - MAX_SPEND
+        assert energy <= oracle_energy_ratio(job, settings.throughput_threshold, iteration=159) + 0.01
+
+    def test_one_odd_batch_during_a_search_is_no_step(self, settings: ControllerSettings) -> None:
+        """One generation batch with 0.55 of the usual tokens (the cost following them) mid-search: held back
+        for a phase, it is no step, and the search goes on to its commit."""
+
+        @dataclasses.dataclass
+        class _OddBatch(SyntheticJob):
+            def workload(self, iteration: int) -> Workload:
+                usual = super().workload(iteration)
+                if iteration != 6:
+                    return usual
+                return dataclasses.replace(usual, tokens=int(usual.tokens * 0.55))
+
+        job = _OddBatch()
+        controller = create_eerl_controller(settings)
+        trace = drive_sync(controller, job, 60)
+        assert not any("stepped" in d.reason for d in controller.decisions())
+        assert all(trace.states[k][-1] == ControllerState.COMMITTED.value for k in KINDS)
+
+    def test_a_regime_left_mid_search_takes_its_search_up_again(self, settings: ControllerSettings) -> None:
+        """Regimes that alternate every 12 iterations from iteration 7, shorter than a search: the first is
+        left mid-search and, when it returns, goes on searching over its trials (one default phase to
+        check its predictor) instead of sitting at the default governor as if that were its commit."""
+        job = SyntheticJob(step_at_iteration=7, alternate_every=12, step_memory_factor=2.0)
+        controller = create_eerl_controller(settings)
+        trace = drive_sync(controller, job, 48)
+        for kind in KINDS:
+            back = [
+                d.iteration
+                for d in controller.decisions()
+                if d.kind is kind and 19 <= d.iteration < 31 and "back to a regime seen before" in d.reason
+            ]
+            assert back, kind
+            after = range(back[0] + 1, 31)
+            assert sum(trace.clocks[kind][i] is None for i in after) <= 1, kind
+
     def test_a_commit_probes_a_fine_step_below_while_the_run_has_throughput_to_spend(
         self, settings: ControllerSettings
     ) -> None:
