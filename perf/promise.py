@@ -38,6 +38,8 @@ SETS = {
     "after": SCENARIOS / "promise" / "after",
     "ledger": SCENARIOS / "promise" / "ledger",
     "nodes": SCENARIOS / "promise" / "nodes",
+    "noise": SCENARIOS / "promise" / "noise",
+    "switch": SCENARIOS / "promise" / "switch",
 }
 TOLERANCE = 0.003
 """A run may end this far below its threshold (noise no controller can see coming)."""
