@@ -49,6 +49,9 @@ class Regime:
     committed_mhz: int | None
     committed_ratios: tuple[float, float]
     left_iteration: int
+    signature_spread: FloatArray | None = None
+    """The watched features' relative spread over its window: a regime whose batches vary more is
+    recognised within a wider band (one phase's signature is one batch)."""
     search_epoch: int | None = None
     """Left while searching: its search's epoch (the trials from then on counted towards its commit);
     None: left committed."""
@@ -70,18 +73,29 @@ class RegimeMemory:
         """The most recently left regime whose signature matches, if any (it leaves the memory)."""
         for index in range(len(self.regimes) - 1, -1, -1):
             regime = self.regimes[index]
-            if signatures_match(regime.signature, signature, band):
+            if signatures_match(regime.signature, signature, band, regime.signature_spread):
                 del self.regimes[index]
                 return regime
         return None
 
 
-def signatures_match(kept: FloatArray, seen: FloatArray, band: float) -> bool:
-    """Every watched feature within ×(1 + ``band``) of the kept one's, either way; a feature 0 in either is
-    moot."""
-    pairs = [(float(k), float(s)) for k, s in zip(kept, seen, strict=True) if k > 0 and s > 0]
+SIGNATURE_SPREADS = 2.5
+"""A step lands on a kept regime within this many of the regime's own batch spread (or the band)."""
+
+
+def signatures_match(
+    kept: FloatArray, seen: FloatArray, band: float, spread: FloatArray | None = None
+) -> bool:
+    """Every watched feature within ×(1 + ``band``) of the kept one's, either way — wider where the kept
+    regime's batches spread more (``spread``, relative: a step's signature may be a single batch; on
+    `four-regimes-a100` training, whose prompts with differing rewards vary, missed its kept regime on
+    two returns of four); a feature 0 in either is moot."""
+    widths = (
+        [band] * len(kept) if spread is None else [max(band, SIGNATURE_SPREADS * float(x)) for x in spread]
+    )
+    pairs = [(float(k), float(s), w) for k, s, w in zip(kept, seen, widths, strict=True) if k > 0 and s > 0]
     # math.log, not NumPy's: its SIMD kernels differ by CPU in the last bit (eerl.control.numeric).
-    return bool(pairs) and all(abs(math.log(s / k)) <= math.log1p(band) for k, s in pairs)
+    return bool(pairs) and all(abs(math.log(s / k)) <= math.log1p(w) for k, s, w in pairs)
 
 
 def snapshot_regime(
@@ -95,6 +109,7 @@ def snapshot_regime(
     committed_ratios: tuple[float, float],
     iteration: int,
     search_epoch: int | None = None,
+    signature_spread: FloatArray | None = None,
 ) -> Regime:
     """A copy of what a kind knows now (predictor and curve copied together: the curve reads its ratios
     through the predictor, and the copy must keep reading through the copied one)."""
@@ -109,4 +124,5 @@ def snapshot_regime(
         committed_ratios=committed_ratios,
         left_iteration=iteration,
         search_epoch=search_epoch,
+        signature_spread=signature_spread,
     )

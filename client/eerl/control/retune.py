@@ -196,6 +196,7 @@ def switch_regime(track: KindTrack, step: WorkloadStep, config: EerlConfig, iter
 
 def regime_of(track: KindTrack, signature: npt.NDArray[np.float64], iteration: int) -> Regime:
     """What ``track`` knows now, kept under ``signature`` (a copy: the track goes on learning)."""
+    spread = track.baseline.predictor.feature_spread()
     return snapshot_regime(
         signature,
         track.baseline.predictor,
@@ -206,6 +207,7 @@ def regime_of(track: KindTrack, signature: npt.NDArray[np.float64], iteration: i
         committed_ratios=track.committed_ratios,
         iteration=iteration,
         search_epoch=track.search.epoch_iteration if track.searching else None,
+        signature_spread=None if spread is None else spread[list(WATCHED_FEATURES[track.kind])],
     )
 
 

@@ -43,6 +43,15 @@ class TestSignatures:
         assert signatures_match(np.array([1000.0, 0.0]), np.array([1010.0, 5.0]), HALF_STEP)
         assert not signatures_match(np.array([0.0]), np.array([0.0]), HALF_STEP)
 
+    def test_a_regime_whose_batches_spread_is_matched_within_its_spread(self) -> None:
+        """One batch 40 % above a kept regime's tokens is another regime when its batches vary by 5 %, the
+        same one when they vary by 20 % (2.5 spreads: ×1.5); a doubling is another regime either way."""
+        kept = np.array([1.0e6])
+        assert not signatures_match(kept, kept * 1.4, HALF_STEP, np.array([0.05]))
+        assert signatures_match(kept, kept * 1.4, HALF_STEP, np.array([0.2]))
+        assert signatures_match(kept, kept / 1.4, HALF_STEP, np.array([0.2]))
+        assert not signatures_match(kept, kept * 2.0, HALF_STEP, np.array([0.2]))
+
 
 class TestMemory:
     def test_keep_replaces_a_kept_regime_it_matches_and_is_bounded(self) -> None:
