@@ -28,7 +28,6 @@ from eerl.v1 import eerl_pb2 as pb
 from eerl.v1 import eerl_pb2_grpc as pb_grpc
 
 from eerld.api.podresources import api_pb2 as kpb
-from eerld.sessions import DEFAULT_MAX_LEASE_TTL_S
 from eerld.testing import DaemonHandle, FakeGpuBackend, running_daemon
 from soak.daemon import DaemonProcess, wait_for
 from tests.kubelet import pod_resources_server
@@ -85,14 +84,24 @@ def grant_to_nobody(admin_socket: Path, name: str, gpu: int) -> str:
     return f"unix:{reply.grant.socket_path}"
 
 
+CAP_S = 6.0
+"""The daemon's lease cap in the test below (short: the test waits it out)."""
+
+
 class TestAJobKilledMidPhaseWithoutAttach:
     @pytest.mark.slow
     def test_its_gpu_is_reset_and_claimable_within_the_lease_cap_whatever_lease_it_asked_for(
         self, reachable_dir: Path
     ) -> None:
-        """A real eerld (sim backend, fixed controller, multi-tenant, default cap): ``nobody`` asks for an
-        hour, gets at most the cap, locks GPU 0, dies by SIGKILL; the GPU is free again within the cap."""
-        extra = ["--tenancy=multi", f"--grant-dir={reachable_dir / 'grants'}"]
+        """A real eerld (sim backend, fixed controller, multi-tenant, a lease cap of 6 s — the default,
+        30 s, is `tests/eerld/api/test_lease_cap.py`'s): ``nobody`` asks for an hour, gets at most the cap,
+        locks GPU 0, dies by SIGKILL; the GPU is free again within the cap."""
+        extra = [
+            "--tenancy=multi",
+            f"--grant-dir={reachable_dir / 'grants'}",
+            f"--max-lease-ttl={CAP_S:g}",
+            f"--lease-ttl={CAP_S:g}",
+        ]
         with DaemonProcess(reachable_dir, gpus=2, extra_args=extra) as daemon:
             target = grant_to_nobody(daemon.admin_socket_path, "job", 0)
             with lease_job(target, "job-a") as job:
@@ -102,15 +111,15 @@ class TestAJobKilledMidPhaseWithoutAttach:
                 wait_for(
                     lambda: daemon.hardware_locks()[0] is None and not daemon.sessions(),
                     "the dead job's GPU at its default clocks and its claim freed",
-                    DEFAULT_MAX_LEASE_TTL_S + SLACK_S,
+                    CAP_S + SLACK_S,
                 )
             after = run_as(target, [open_call(0, job_id="next-job")])[0]
             log = [json.loads(line) for line in daemon.log_path.read_text().splitlines() if line[:1] == "{"]
         assert locked_mid_phase == [1200, None]
-        assert job.reply["lease_ttl_s"] == DEFAULT_MAX_LEASE_TTL_S  # granted, not the hour asked
+        assert job.reply["lease_ttl_s"] == CAP_S  # granted, not the hour asked
         assert after.code == "OK", after.details
         [capped] = [e for e in log if e["event"] == "lease_capped"]
-        assert (capped["asked_s"], capped["granted_s"]) == (AN_HOUR_S, DEFAULT_MAX_LEASE_TTL_S)
+        assert (capped["asked_s"], capped["granted_s"]) == (AN_HOUR_S, CAP_S)
         closes = [e["reason"] for e in log if e["event"] == "session_close" and e["job_id"] == "job-a"]
         assert closes == ["lease expired"]
 

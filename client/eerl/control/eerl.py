@@ -276,17 +276,18 @@ class EerlController:
             return None
         return respond_to_drift(track, step, self._pace, self._config, obs.iteration)
 
-    def _trial_stepped(self, track: KindTrack, obs: PhaseObservation) -> str | None:
-        """A searching kind's trial on a workload beyond the step band: None when it is not; "" when it is
-        held back (not learned from) until the next phase says whether the workload stepped; the step's
-        reason when this phase confirms it (two in a row, the same way).
+    def _locked_phase_stepped(self, track: KindTrack, obs: PhaseObservation) -> str | None:
+        """A searching or committed kind's locked phase on a workload beyond the step band: None when it is
+        not; "" when it is held back (not learned from) until the next phase says whether the workload
+        stepped; the step's reason when this phase confirms it (two in a row, the same way).
 
-        A committed kind's monitor sees a step over its newest phases; a search must see it on the trials
-        themselves: judged on the regime it left, every trial of the new one reads as too slow (or fast),
-        and the search climbs on floors to the top clock (`regime-switch-h100` seed 4 at 0.95 spent a
-        regime's 30 iterations re-searching up to the top clock, capture 0.64). One batch far from the
-        newest default phases is no step (on `short-blocks-gb200` training trains on 1.3-2.6 M tokens in
-        one regime): a step persists, so a second phase confirms it.
+        Only a committed kind's monitor used to see steps, over the median of its newest phases: a search
+        judged a new regime's trials on the old one's predictor, read them as too slow (or fast) and
+        climbed on floors to the top clock (`regime-switch-h100` seed 4 at 0.95 spent a regime's 30
+        iterations re-searching up to the top clock, capture 0.64), and a commit saw the step three to
+        five phases late, those phases learned into the regime it left. One batch far from the newest
+        default phases is no step (on `short-blocks-gb200` training trains on 1.3-2.6 M tokens in one
+        regime): a step persists, so a second phase confirms it.
         """
         step = (
             None
@@ -318,8 +319,8 @@ class EerlController:
         )
         time_ratio = obs.duration_s / prediction.duration_s
         energy_ratio = obs.energy_j / prediction.energy_j
-        if track.searching:
-            stepped = self._trial_stepped(track, obs)
+        if track.searching or track.state is ControllerState.COMMITTED:
+            stepped = self._locked_phase_stepped(track, obs)
             if stepped is not None:
                 held = Decision(track.kind, obs.iteration, clock, track.state, stepped, now_s)
                 return held if stepped else None

@@ -69,8 +69,8 @@ class SearchState:
     """Trials from this iteration on count towards a commit."""
     trials_in_search: int = 0
     step_sign: int = 0
-    """The sign of the previous trial's workload shift when it lay beyond the step band (0: it did not): a
-    step is confirmed by the next phase, one odd batch is not."""
+    """The sign of the previous locked phase's workload shift when it lay beyond the step band (0: it did
+    not): a step is confirmed by the next phase, one odd batch is not."""
 
 
 @dataclass(slots=True)

@@ -298,6 +298,18 @@ class TestBehaviour:
         assert throughput >= settings.throughput_threshold - MAX_SPEND
         assert energy <= oracle_energy_ratio(job, settings.throughput_threshold, iteration=159) + 0.01
 
+    def test_a_committed_kind_sees_a_step_on_its_second_phase(self, settings: ControllerSettings) -> None:
+        """Committed, a kind holds back its first phase past the step band and the second confirms the step
+        (the monitor's median over its newest phases took three to five: phases of the new regime that went
+        into the old one's curve and, kept with it, came back when it did)."""
+        job = SyntheticJob(step_at_iteration=100, step_tokens_factor=2.0, step_memory_factor=2.0)
+        controller = create_eerl_controller(settings)
+        trace = drive_sync(controller, job, 110)
+        for kind in KINDS:
+            assert trace.states[kind][99] == ControllerState.COMMITTED.value, kind
+            seen = [d.iteration for d in controller.decisions() if d.kind is kind and "stepped" in d.reason]
+            assert seen[:1] == [101], kind
+
     def test_one_odd_batch_during_a_search_is_no_step(self, settings: ControllerSettings) -> None:
         """One generation batch with 0.55 of the usual tokens (the cost following them) mid-search: held back
         for a phase, it is no step, and the search goes on to its commit."""
