@@ -40,6 +40,7 @@ SETS = {
     "nodes": SCENARIOS / "promise" / "nodes",
     "noise": SCENARIOS / "promise" / "noise",
     "switch": SCENARIOS / "promise" / "switch",
+    "jobs": SCENARIOS / "promise" / "jobs",
 }
 TOLERANCE = 0.003
 """A run may end this far below its threshold (noise no controller can see coming)."""
