@@ -108,11 +108,11 @@ pytest: $(STAMP)
 	bash scripts/ensure_prometheus.sh
 	$(BIN)/pytest -q
 
-# The framework environments build (pip: mostly disk and network) while pytest runs on one core; each
-# target's output is printed whole when it ends.
+# The framework environments build (pip: mostly disk and network), then their tests run, while pytest
+# runs on the other core (each local Ray cluster takes ports of its own); each target's output is printed
+# whole when it ends.
 test: check-proto lint typecheck
-	@$(MAKE) --no-print-directory -j2 --output-sync=target pytest frameworks-envs
-	@$(MAKE) --no-print-directory test-frameworks
+	@$(MAKE) --no-print-directory -j2 --output-sync=target pytest test-frameworks
 
 # The hooks against the real framework releases, current and previous minor (tests/frameworks). Their pins
 # conflict, so each release gets an environment of its own under $(FW_DIR)/NAME-VERSION: a plain venv with

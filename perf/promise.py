@@ -1,10 +1,11 @@
 """The promise over many runs: capture and throughput per scenario, seed and threshold (issue #33).
 
-Each scenario and seed is priced once (and cached on disk, keyed by the scenario file's text and the
-seed), then the online controller runs on that price table at every threshold — the same code path as
-``eerl-bench seeds`` / ``eerl-bench multinode`` (the ``job`` policy), so the figures are theirs. Prints a
-markdown table per set: capture median / worst and the worst run's throughput per threshold, ✗ where a
-run ended below threshold − 0.003, "(med thr …)" where the median run ended below the threshold.
+Each scenario and seed is priced once (and cached on disk, keyed by the scenario file's text, the seed and the
+simulator's source: a change to how the simulator prices or reports a phase is priced afresh), then the online
+controller runs on that price table at every threshold — the same code path as ``eerl-bench seeds`` /
+``eerl-bench multinode`` (the ``job`` policy), so the figures are theirs. Prints a markdown table per set:
+capture median / worst and the worst run's throughput per threshold, ✗ where a run ended below threshold −
+0.003, "(med thr …)" where the median run ended below the threshold.
 
     python -m perf.promise --set builtin --set tuning --set heldout --seeds 1-5 --json out.json
 
@@ -14,6 +15,7 @@ Single-node scenarios only by default; ``--multinode`` adds the multi-node files
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import pickle
@@ -30,7 +32,8 @@ from eerl_sim.bench.multinode import MultinodeRun, figures
 from eerl_sim.bench.runner import ScenarioRun
 from eerl_sim.scenario import Scenario, load_scenario
 
-SCENARIOS = Path(__file__).resolve().parents[1] / "sim" / "eerl_sim" / "scenarios"
+SIMULATOR = Path(__file__).resolve().parents[1] / "sim" / "eerl_sim"
+SCENARIOS = SIMULATOR / "scenarios"
 SETS = {
     "builtin": SCENARIOS,
     "tuning": SCENARIOS / "promise" / "tuning",
@@ -57,8 +60,17 @@ class Cell:
     throughput: float
 
 
+@functools.cache
+def _simulator_digest() -> bytes:
+    """The simulator's Python source, hashed: a price table is only as current as the code that priced it."""
+    digest = hashlib.sha256()
+    for source in sorted(SIMULATOR.rglob("*.py")):
+        digest.update(source.relative_to(SIMULATOR).as_posix().encode() + b"\0" + source.read_bytes())
+    return digest.digest()
+
+
 def _cache_key(path: Path, seed: int) -> str:
-    return hashlib.sha256(path.read_bytes() + f"/{seed}".encode()).hexdigest()[:20]
+    return hashlib.sha256(_simulator_digest() + path.read_bytes() + f"/{seed}".encode()).hexdigest()[:20]
 
 
 def _priced(path: Path, seed: int, cache: Path | None) -> ScenarioRun | MultinodeRun:

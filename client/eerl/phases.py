@@ -99,9 +99,10 @@ class Workload:
     trained on for training). ``valid_tokens``: response tokens of the responses trained on (the figure
     of merit's denominator). ``sequences``: responses. ``max_response_tokens``: the longest response
     (decode steps). ``prompt_tokens``: prompt tokens (prefill). ``max_worker_kv_tokens``: for generation,
-    the KV-cache tokens the busiest generation worker's decode steps read — Σ over its responses of
-    length² / 2; the phase ends with that worker, which the totals cannot tell (reports combine by
-    maximum: each worker reports its own).
+    the busiest generation worker's decode reads in KV-cache tokens — Σ over its responses of length² / 2
+    plus, for each of its decode steps (its longest response), the model's weights counted as the KV-cache
+    tokens that cost as much to read (``eerl.integrations._counting.decode_reads``); the phase ends with
+    that worker, which the totals cannot tell (reports combine by maximum: each worker reports its own).
     """
 
     tokens: int = 0

@@ -270,15 +270,29 @@ def valid_tokens(rollout: Rollout | None) -> int:
     return 0 if rollout is None else int(rollout.response_tokens[rollout.valid].sum())
 
 
-def generation_workload(rollout: Rollout, gpus: int) -> Workload:
+def step_reads(generation: GenerationSpec) -> float:
+    """One decode step's weight read in KV-cache tokens of the simulated model: ``decode_weight_s`` over
+    ``decode_kv_s_per_token`` (what a hook derives from the model's parameters and attention shape); 0 when
+    reading the KV cache costs nothing (the reads are then Σ length² / 2 alone)."""
+    if generation.decode_kv_s_per_token <= 0:
+        return 0.0
+    return generation.decode_weight_s / generation.decode_kv_s_per_token
+
+
+def generation_workload(rollout: Rollout, gpus: int, *, reads_per_step: float) -> Workload:
     """Generation's workload. ``valid_tokens`` is 0: validity is known only after the rewards, and the
     iteration's valid tokens are credited once, to the training phase that trains on them.
-    ``max_worker_kv_tokens`` is the busiest of the ``gpus`` workers' Σ length² / 2 (their responses split
-    as :func:`generation_segments` splits them), as a hook that knows each worker's responses reports it."""
+    ``max_worker_kv_tokens`` is the busiest of the ``gpus`` workers' decode reads (their responses split
+    as :func:`generation_segments` splits them), as a hook that knows each worker's responses and its
+    model reports it (``eerl.integrations._counting.decode_reads``): ``reads_per_step`` KV-cache tokens for
+    each decode step (the worker's longest response; :func:`step_reads` of the generation spec) plus
+    Σ length² / 2."""
     lengths = rollout.response_tokens
     bounds = split_bounds(len(lengths), max(gpus, 1))
     squares = lengths.astype(np.float64) ** 2 / 2.0
     per_worker = np.add.reduceat(squares, bounds[:-1]) if len(lengths) else np.zeros(1)
+    if len(lengths):
+        per_worker = per_worker + reads_per_step * np.maximum.reduceat(lengths, bounds[:-1])
     per_worker[np.diff(bounds) == 0] = 0.0  # reduceat gives an empty block its neighbour's value
     return Workload(
         tokens=int(lengths.sum()),

@@ -16,6 +16,7 @@ import eerl
 import eerl.integrations.openrlhf as openrlhf_hook
 import numpy as np
 from eerl import ClientConfig, PhaseKind, Workload
+from eerl.integrations._counting import decode_reads
 from eerl.testing import FakeDaemon
 
 
@@ -119,9 +120,10 @@ class Generator:
 
 
 LENGTHS = {"p0": [3, 3], "p1": [6, 1], "p2": [2, 2]}
-# Engine 0 decodes p0 and p2 (9 + 9 + 4 + 4 = 26), engine 1 p1 (36 + 1 = 37): the busiest reads 37 // 2.
+# Engine 0 decodes p0 and p2 (longest 3; 9 + 9 + 4 + 4 = 26), engine 1 p1 (longest 6; 36 + 1 = 37): the
+# busiest is engine 1.
 SENT = [("p0", 0), ("p1", 1), ("p2", 0)]
-BUSIEST = 37 // 2
+BUSIEST = decode_reads([6, 1])
 
 
 def engines(names: tuple[bytes, ...] = (b"e0", b"e1")) -> list[Engine]:
@@ -167,7 +169,7 @@ class TestPerEngine:
     def test_one_engine_is_the_whole_batch(self, fake: FakeDaemon, config: ClientConfig) -> None:
         generator = Generator(engines((b"e0",)), [(p, 0) for p, _ in SENT], completion=[1, 0, 2])
         (generation,) = _generations(generator, fake, config)
-        assert generation.max_worker_kv_tokens == (9 + 9 + 36 + 1 + 4 + 4) // 2
+        assert generation.max_worker_kv_tokens == decode_reads([3, 3, 6, 1, 2, 2])
 
     def test_responses_filtered_out_were_still_decoded_and_count(
         self, fake: FakeDaemon, config: ClientConfig
@@ -207,7 +209,7 @@ class TestUnknownReportsZero:
     ) -> None:
         generator = Generator(engines(), [*SENT, ("p1", 1)], completion=[3, 0, 1, 2])
         (generation,) = _generations(generator, fake, config)
-        assert generation.max_worker_kv_tokens == (37 + 37) // 2
+        assert generation.max_worker_kv_tokens == decode_reads([6, 1, 6, 1])
 
     def test_a_ref_that_names_no_actor(self, fake: FakeDaemon, config: ClientConfig) -> None:
         generator = Generator(engines((b"e0", b"")), SENT, completion=[0, 1, 2])
@@ -221,7 +223,7 @@ class TestEngineTally:
         tally.dispatched([("p", "l"), ("q", "l")], [b"a", b"b"])
         tally.decoded(("p", "l"), [3])
         tally.decoded(("q", "l"), [2, 2])
-        assert tally.busiest() == 9 // 2
+        assert tally.busiest() == decode_reads([3])  # as many KV reads (4) as b, in 3 decode steps to 2
         tally.decoded(("never sent", None), [1])
         assert tally.busiest() == 0
 

@@ -8,8 +8,15 @@ from typing import Any
 import eerl
 import eerl.integrations.trl
 import numpy as np
+import pytest
 from eerl import ClientConfig, PhaseKind
-from eerl.integrations._counting import kv_reads
+from eerl.integrations._counting import (
+    DEFAULT_STEP_READS,
+    decode_reads,
+    mask_decode_reads,
+    model_step_reads,
+    step_reads,
+)
 from eerl.testing import FakeDaemon
 
 COMPLETIONS = np.array([[1, 1, 1, 0], [1, 1, 0, 0]])
@@ -76,7 +83,7 @@ class TestTrlHook:
         assert _events(fake) == [(b, k, i) for i in (0, 1) for k in (g, t) for b in (True, False)]
         generation, training = [p.workload for p in fake.phases if not p.begin][:2]
         assert (generation.tokens, generation.sequences, generation.max_response_tokens) == (5, 2, 3)
-        assert generation.max_worker_kv_tokens == (3 * 3 + 2 * 2) // 2  # this process's completions
+        assert generation.max_worker_kv_tokens == decode_reads([3, 2])  # this process's completions
         assert (training.valid_tokens, training.tokens, training.prompt_tokens) == (5, 8, 3)
 
     def test_a_generation_inside_a_step_ends_the_training_phase_first(
@@ -95,8 +102,31 @@ class TestTrlHook:
         assert fake.phases == []
 
 
-class TestKvReads:
-    def test_each_response_reads_its_length_squared_over_two(self) -> None:
+class TestDecodeReads:
+    def test_a_mask_reads_a_weight_read_per_step_and_each_responses_length_squared_over_two(self) -> None:
         mask = [[1, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0]]
-        assert kv_reads(np.array(mask)) == kv_reads(mask) == (9 + 4) // 2
-        assert kv_reads(None) == kv_reads(np.zeros((0, 4))) == 0
+        expected = 3 * 1000 + (9 + 4) // 2
+        assert mask_decode_reads(np.array(mask), 1000.0) == mask_decode_reads(mask, 1000.0) == expected
+        assert mask_decode_reads(None) == mask_decode_reads(np.zeros((0, 4))) == 0
+
+    def test_a_models_step_reads_are_its_parameters_over_the_kv_values_a_token_adds(self) -> None:
+        """Llama-3.1-8B's shape: 8.03 G parameters, 32 layers, 8 of 32 heads keep K and V, 128 per head."""
+        config = SimpleNamespace(
+            num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, hidden_size=4096
+        )
+        model = SimpleNamespace(config=config, num_parameters=lambda: 8_030_000_000)
+        assert model_step_reads(model) == pytest.approx(8.03e9 / (2 * 32 * 8 * 128))
+        assert model_step_reads(model) == pytest.approx(DEFAULT_STEP_READS, rel=0.01)
+        multi_head = SimpleNamespace(num_hidden_layers=2, num_attention_heads=4, hidden_size=64, head_dim=8)
+        assert model_step_reads(SimpleNamespace(config=multi_head, num_parameters=lambda: 640)) == 5.0
+
+    def test_a_model_it_cannot_read_gets_the_default(self) -> None:
+        assert model_step_reads(None) == DEFAULT_STEP_READS
+        assert model_step_reads(SimpleNamespace(training=True)) == DEFAULT_STEP_READS
+        broken = SimpleNamespace(
+            config=SimpleNamespace(num_hidden_layers=0, num_attention_heads=4, hidden_size=8)
+        )
+        assert (
+            model_step_reads(SimpleNamespace(config=broken, num_parameters=lambda: 10)) == DEFAULT_STEP_READS
+        )
+        assert step_reads(0, 32, 8, 128) is None

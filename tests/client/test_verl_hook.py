@@ -16,7 +16,14 @@ import eerl.integrations.verl as verl_hook
 import numpy as np
 import pytest
 from eerl import ClientConfig, PhaseKind, Workload
-from eerl.integrations._counting import as_ints, busiest_kv, contiguous_chunks, row_lengths
+from eerl.integrations._counting import (
+    DEFAULT_STEP_READS,
+    as_ints,
+    busiest_decode_reads,
+    contiguous_chunks,
+    decode_reads,
+    row_lengths,
+)
 from eerl.testing import FakeDaemon
 
 from ._verl_v1 import V1VerlTrainer
@@ -24,7 +31,7 @@ from ._verl_v1 import V1VerlTrainer
 # Four responses of 4, 1, 2 and 2 tokens (right-padded to 4 columns) after 2-token prompts.
 RESPONSE_MASK = np.array([[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 0, 0]])
 ATTENTION = np.concatenate([np.ones((4, 2), dtype=int), RESPONSE_MASK], axis=1)
-WHOLE_BATCH_KV = (16 + 1 + 4 + 4) // 2
+WHOLE_BATCH_KV = decode_reads([4, 1, 2, 2])
 
 
 def server_manager(replicas: int = 1, data_parallel_size: int = 1, disaggregation: bool = False) -> Any:
@@ -125,7 +132,7 @@ class TestAgentLoopRollout:
         self, fake: FakeDaemon, config: ClientConfig
     ) -> None:
         trainer = V1VerlTrainer(llm_server_manager=server_manager())
-        assert _generation_kv(trainer, fake, config) == [(2 * 2 + 3 * 3) // 2] * 2  # V1_TAGS, padding out
+        assert _generation_kv(trainer, fake, config) == [decode_reads([2, 3])] * 2  # V1_TAGS, padding out
 
     def test_the_v1_trainers_two_replicas_report_zero(self, fake: FakeDaemon, config: ClientConfig) -> None:
         trainer = V1VerlTrainer(llm_server_manager=server_manager(replicas=2))
@@ -150,7 +157,7 @@ class TestWorkerGroupRollout:
     ) -> None:
         """Four ranks at tensor parallel 2: two engines, the first decoding rows 0-1 (4 and 1 tokens)."""
         trainer = WorkerGroupTrainer({"rollout": [0, 0, 1, 1]})
-        assert _generation_kv(trainer, fake, config) == [(16 + 1) // 2] * 2
+        assert _generation_kv(trainer, fake, config) == [decode_reads([4, 1])] * 2
 
     def test_without_verls_dispatch_mapping_it_reports_zero(
         self, fake: FakeDaemon, config: ClientConfig
@@ -169,8 +176,8 @@ class TestGenerationWorkload:
     def test_the_engines_split_the_batch_as_dataproto_chunk_does(self) -> None:
         output = rollout_output()
         assert verl_hook.generation_workload(output, 1).max_worker_kv_tokens == WHOLE_BATCH_KV
-        assert verl_hook.generation_workload(output, 3).max_worker_kv_tokens == (16 + 1) // 2  # [4,1] [2,2]
-        assert verl_hook.generation_workload(output, 4).max_worker_kv_tokens == 16 // 2
+        assert verl_hook.generation_workload(output, 3).max_worker_kv_tokens == decode_reads([4, 1])  # [2,2]
+        assert verl_hook.generation_workload(output, 4).max_worker_kv_tokens == decode_reads([4])
         assert verl_hook.generation_workload(output, None) == Workload(
             tokens=9, sequences=4, max_response_tokens=4, prompt_tokens=8
         )
@@ -183,9 +190,18 @@ class TestCounting:
         assert row_lengths(None) == []
         assert row_lengths(np.zeros((0, 3))) == []
 
-    def test_busiest_kv_is_the_largest_groups_squares_over_two(self) -> None:
-        assert busiest_kv([[4, 1], [2, 2], []]) == 8
-        assert busiest_kv([]) == 0
+    def test_decode_reads_are_a_weight_read_per_step_and_each_responses_length_squared_over_two(self) -> None:
+        assert decode_reads([4, 1], reads_per_step=100.0) == 100 * 4 + (16 + 1) // 2
+        assert decode_reads([4, 1]) == int(DEFAULT_STEP_READS * 4) + 8
+        assert decode_reads([]) == 0
+
+    def test_the_busiest_worker_is_the_one_with_the_most_decode_reads(self) -> None:
+        # [6] decodes 6 steps, [4, 4, 4] reads more KV cache (24 vs 18): which one the phase waits for
+        # depends on what a step's weight read costs.
+        groups = [[6], [4, 4, 4], []]
+        assert busiest_decode_reads(groups, reads_per_step=100.0) == 600 + 18
+        assert busiest_decode_reads(groups, reads_per_step=1.0) == 4 + 24
+        assert busiest_decode_reads([]) == 0
 
     def test_contiguous_chunks_split_like_torch_chunk(self) -> None:
         assert contiguous_chunks([1, 2, 3, 4, 5], 2) == [[1, 2, 3], [4, 5]]

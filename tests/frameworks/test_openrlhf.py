@@ -9,7 +9,7 @@ experience maker, the Ray queues and lock) replaced by local stand-ins and ``ray
 ``max_worker_kv_tokens``: the real ``SamplesGenerator.generate_samples`` → ``_generate_vllm`` →
 ``_dispatch_prompts_to_vllm`` → ``_process_response_into_experience``, on a local Ray cluster whose vLLM
 engines are Ray actors that answer with canned responses (the dict OpenRLHF's executors return) and
-remember what they decoded: the busiest engine's Σ length² / 2 is known from the engines themselves.
+remember what they decoded: the busiest engine's decode reads are known from the engines themselves.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import pytest
 import ray
 import torch
 from eerl.integrations import HookWarning
+from eerl.integrations._counting import busiest_decode_reads, decode_reads
 from eerl.phases import PhaseKind, Workload
 from openrlhf.trainer.ppo_trainer import BasePPOTrainer, PPOTrainer
 from openrlhf.trainer.ppo_trainer_async import GenerateSamplesActor, PPOTrainerAsync, TrainingActor
@@ -365,7 +366,7 @@ def _generator(
 
 def _busiest(engines: list[Any]) -> tuple[int, list[list[int]]]:
     decoded = ray.get([engine.decoded_lengths.remote() for engine in engines])
-    return max(sum(n * n for n in lengths) // 2 for lengths in decoded), decoded
+    return busiest_decode_reads(decoded), decoded
 
 
 GENERATE = {"max_new_tokens": 16, "max_len": 64, "n_samples_per_prompt": 2}
@@ -383,7 +384,7 @@ class TestPerEngineOnRay:
         assert all(decoded), "both engines decoded some prompts"
         (generation,) = [p.workload for p in recorder.phases]
         assert generation.max_worker_kv_tokens == busiest
-        assert busiest < sum(n * n for lengths in decoded for n in lengths) // 2  # not the whole batch
+        assert busiest < decode_reads([n for lengths in decoded for n in lengths])  # not the whole batch
         assert generation.tokens == sum(sum(lengths) for lengths in decoded)
 
     def test_responses_dynamic_filtering_drops_were_decoded_and_count(self, recorder: Recorder) -> None:

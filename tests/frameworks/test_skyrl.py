@@ -24,6 +24,7 @@ import eerl.integrations.skyrl as hook_module
 import pytest
 import torch
 from eerl.integrations import HookWarning
+from eerl.integrations._counting import decode_reads
 from eerl.phases import PhaseKind, Workload
 from skyrl.backends.skyrl_train.training_batch import TrainingInputBatch
 from skyrl.train.config import SkyRLTrainConfig
@@ -258,7 +259,7 @@ class TestDriven:
         hook = hook_module.instrument(trainer, recorder)
         assert hook.variant == hook_module.SYNC
         asyncio.run(trainer.train())
-        one_engine_kv = sum(len(r) ** 2 for r in RESPONSES) // 2
+        one_engine_kv = decode_reads([len(r) for r in RESPONSES])
         generation = dataclasses.replace(GENERATION, max_worker_kv_tokens=one_engine_kv)
         assert [(p.kind, p.iteration, p.workload) for p in recorder.phases] == [
             (PhaseKind.GENERATION, 1, generation),

@@ -26,7 +26,7 @@ from typing import Any
 import eerl.integrations.verl as hook_module
 import pytest
 import torch
-from eerl.integrations._counting import kv_reads
+from eerl.integrations._counting import decode_reads, mask_decode_reads
 from eerl.phases import PhaseKind, Workload
 from packaging.version import Version
 from tensordict import TensorDict
@@ -153,12 +153,12 @@ class TestV1Trainer:
         assert hook_module.batch_workload(batch) == LEGACY
 
     @pytest.mark.parametrize(
-        ("replicas", "kv"), [(None, 0), (1, (2 * 2 + 3 * 3) // 2), (2, 0)], ids=["none", "one", "two"]
+        ("replicas", "kv"), [(None, 0), (1, decode_reads([2, 3])), (2, 0)], ids=["none", "one", "two"]
     )
     def test_the_real_sync_trainers_step_reports_a_generation_and_a_training_phase(
         self, recorder: Recorder, replicas: int | None, kv: int
     ) -> None:
-        """With one rollout replica its generation phase also reads the tags' Σ response length² / 2."""
+        """With one rollout replica its generation phase also reports the tags' decode reads."""
         from omegaconf import OmegaConf
         from transfer_queue.metadata import KVBatchMeta
         from verl.trainer.ppo.v1 import PPOTrainerSync
@@ -383,8 +383,8 @@ class TestMaxWorkerKvTokens:
             collect_lazy_compute_data_proto("rollout", workers, per_rank).batch["responses"],
             output.batch["responses"],
         )
-        expected = max(kv_reads(chunk.batch["attention_mask"][:, -4:]) for chunk in decoded)
-        assert expected == (16 + 1) // 2
+        expected = max(mask_decode_reads(chunk.batch["attention_mask"][:, -4:]) for chunk in decoded)
+        assert expected == decode_reads([4, 1])
         assert hook_module._dp_engines(workers) == 2
         assert hook_module.generation_workload(output, 2).max_worker_kv_tokens == expected
         assert hook_module._dp_engines(object.__new__(WorkerGroup)) is None
@@ -397,8 +397,8 @@ class TestMaxWorkerKvTokens:
         output.meta_info["_verl_auto_padding"] = True  # lets DataProto.chunk split unevenly
         chunks = output.chunk(2)
         assert [len(chunk) for chunk in chunks] == [3, 2]
-        expected = max(kv_reads(chunk.batch["response_mask"]) for chunk in chunks)
-        assert expected == (16 + 1 + 4) // 2
+        expected = max(mask_decode_reads(chunk.batch["response_mask"]) for chunk in chunks)
+        assert expected == decode_reads([4, 1, 2])
         assert hook_module.generation_workload(output, 2).max_worker_kv_tokens == expected
 
 

@@ -6,10 +6,11 @@ import dataclasses
 
 import numpy as np
 import pytest
+from eerl.integrations._counting import decode_reads
 from eerl.phases import PhaseKind
 from eerl_sim.evaluate import evaluate_phase, sample_iteration
 from eerl_sim.scenario import Scenario
-from eerl_sim.workload import draw_rollout
+from eerl_sim.workload import draw_rollout, step_reads
 
 from .conftest import quiet
 
@@ -81,13 +82,19 @@ class TestWorkloads:
         assert workload.prompt_tokens == 2048 * 512
         assert workload.valid_tokens == 0
 
-    def test_generation_reports_the_busiest_workers_kv_reads(self, sync_h100: Scenario) -> None:
-        """The largest, over the 8 GPUs' contiguous blocks of responses, of Σ length² / 2."""
+    def test_generation_reports_the_busiest_workers_decode_reads(self, sync_h100: Scenario) -> None:
+        """The largest, over the 8 GPUs' contiguous blocks of responses, of their decode reads as a hook
+        reports them (the client's ``decode_reads``), each step's weight read at the model's own ratio."""
         sample = sample_iteration(sync_h100, 0)
         lengths = sample.rollout.response_tokens.astype(np.int64)
-        per_gpu = [int((block**2).sum()) // 2 for block in np.array_split(lengths, 8)]
-        assert abs(sample.generation.workload.max_worker_kv_tokens - max(per_gpu)) <= 1
-        assert max(per_gpu) > 1.05 * min(per_gpu)  # the workers differ: the figure says which is busiest
+        generation = sync_h100.workload.generation
+        reads_per_step = generation.decode_weight_s / generation.decode_kv_s_per_token
+        assert step_reads(generation) == pytest.approx(reads_per_step)
+        per_gpu = [decode_reads(block.tolist(), reads_per_step) for block in np.array_split(lengths, 8)]
+        assert abs(sample.generation.workload.max_worker_kv_tokens - max(per_gpu)) <= 2
+        assert max(per_gpu) > 1.02 * min(per_gpu)  # the workers differ: the figure says which is busiest
+        squares_alone = max(int((block**2).sum()) // 2 for block in np.array_split(lengths, 8))
+        assert sample.generation.workload.max_worker_kv_tokens > squares_alone + reads_per_step * 1000
 
     def test_training_reports_the_valid_responses(self, sync_h100: Scenario) -> None:
         sample = sample_iteration(sync_h100, 0)

@@ -17,7 +17,8 @@ object (``docs/integrations.md`` has the subclass to write):
   training only); :func:`instrument_async`, called in ``PPOTrainerAsync.__init__``, attaches both through
   Ray's ``__ray_call__``, each with a session of its own (``mode="async"``, ``role`` its pool).
 
-A generation phase also reports ``max_worker_kv_tokens``, the busiest vLLM engine's Σ response length² / 2.
+A generation phase also reports ``max_worker_kv_tokens``, the busiest vLLM engine's decode reads
+(``eerl.integrations._counting.decode_reads``: Σ response length² / 2 plus its decode steps' weight reads).
 ``SamplesGenerator._dispatch_prompts_to_vllm`` sends each prompt (with its ``n_samples_per_prompt``
 samples) to one engine, the least loaded by a heap over the engines' unfinished requests, as
 ``engine.generate_responses.remote(prompt=..., label=...)``, and returns one Ray object ref per prompt;
@@ -42,7 +43,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from eerl.integrations._common import GuardedPhases, framework_version, logger, warn_setup
-from eerl.integrations._counting import as_ints, busiest_kv, row_lengths, total
+from eerl.integrations._counting import as_ints, busiest_decode_reads, row_lengths, total
 from eerl.integrations._source import PhaseSource
 from eerl.integrations._wrapping import Patches
 from eerl.phases import PhaseKind, Workload
@@ -206,8 +207,9 @@ class _EngineTally:
         self._decoded.setdefault(engine, []).extend(lengths)
 
     def busiest(self) -> int:
-        """The largest Σ length² / 2 any one engine decoded; 0 when not known (or nothing decoded)."""
-        return busiest_kv(self._decoded.values()) if self.known else 0
+        """The largest decode reads of any one engine's responses (``busiest_decode_reads``); 0 when not
+        known (or nothing decoded)."""
+        return busiest_decode_reads(self._decoded.values()) if self.known else 0
 
     def guarded(self, record: Callable[[], None]) -> None:
         """Runs ``record``; a failure (a batch shaped unlike OpenRLHF's) makes the tally unknown."""

@@ -17,10 +17,11 @@ of its methods on that one object:
 Between the phases, not in one: postprocessing, ``convert_to_training_input``, the forward pass for
 log-probs/values/rewards, advantages, checkpoints, and the weight sync to the engines.
 
-``max_worker_kv_tokens``: SkyRL's inference client spreads requests over its engines as they arrive and
-the output does not say which engine decoded which sample, so the hook reports the batch's Σ response
-length² / 2 only when there is one engine (``generator.inference_engine``: ``run_engines_locally``,
-``num_engines`` 1, ``data_parallel_size`` 1, no prefill/decode disaggregation), else 0 (unknown).
+``max_worker_kv_tokens``: SkyRL's inference client spreads requests over its engines as they arrive and the
+output does not say which engine decoded which sample, so the hook reports the batch's decode reads (Σ
+response length² / 2 plus its decode steps' weight reads, ``_counting.decode_reads``) only when there is one
+engine (``generator.inference_engine``: ``run_engines_locally``, ``num_engines`` 1, ``data_parallel_size`` 1,
+no prefill/decode disaggregation), else 0 (unknown).
 
 ``FullyAsyncRayPPOTrainer`` generates in background tasks through ``generator.generate`` while it trains:
 the hook reports its training phases only (open the session with ``mode="async", role="training"``; the
@@ -36,7 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from eerl.integrations._common import GuardedPhases, framework_version, logger, warn_setup
-from eerl.integrations._counting import longest_row, rows, total
+from eerl.integrations._counting import decode_reads, longest_row, rows, total
 from eerl.integrations._source import PhaseSource
 from eerl.integrations._wrapping import Patches
 from eerl.phases import PhaseKind, Workload
@@ -129,14 +130,14 @@ def instrument(trainer: Any, session: PhaseSource) -> SkyrlHook:
 def generation_workload(output: Any, one_engine: bool) -> Workload:
     """The workload of a ``GeneratorOutput``: response tokens generated (``response_ids``), prompt tokens
     (``prompt_token_ids``), sequences, the longest response, and — when ``one_engine`` decoded them all —
-    Σ response length² / 2 as ``max_worker_kv_tokens`` (else 0: not known)."""
+    its decode reads as ``max_worker_kv_tokens`` (else 0: not known)."""
     lengths = [len(ids) for ids in _lists(output, "response_ids")]
     return Workload(
         tokens=sum(lengths),
         sequences=len(lengths),
         max_response_tokens=max(lengths, default=0),
         prompt_tokens=sum(len(ids) for ids in _lists(output, "prompt_token_ids")),
-        max_worker_kv_tokens=sum(length * length for length in lengths) // 2 if one_engine else 0,
+        max_worker_kv_tokens=decode_reads(lengths) if one_engine else 0,
     )
 
 
@@ -158,7 +159,7 @@ def training_workload(batch: Any) -> Workload:
 
 
 def _one_engine(trainer: Any) -> bool:
-    """Whether one inference engine decodes every sample (then the batch's Σ length² / 2 is its own)."""
+    """Whether one inference engine decodes every sample (then the batch's decode reads are its own)."""
     engine = getattr(getattr(getattr(trainer, "cfg", None), "generator", None), "inference_engine", None)
     if engine is None:
         return False

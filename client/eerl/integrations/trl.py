@@ -16,8 +16,9 @@ The trainers that share GRPO's generation path, checked against TRL 1.16.0 and 1
 * **generation** wraps ``_generate_and_score_completions`` — TRL's rollout: sampling completions, then
   scoring them (rewards, reference log-probs). Its tokens are the completion tokens generated
   (``completion_mask`` sum); ``prompt_tokens``, ``sequences`` and the longest completion go with them, and
-  ``max_worker_kv_tokens``, this process's Σ completion length² / 2 (each process decodes its own
-  completions, so its session's generation predictor sees its own decode work).
+  ``max_worker_kv_tokens``, this process's decode reads (each process decodes its own completions, so its
+  session's generation predictor sees its own decode work): Σ completion length² / 2 plus, for each decode
+  step, the model's weights in KV-cache tokens (from ``trainer.model``'s config and parameter count).
 * **training** begins once a micro-batch's inputs are ready (after any generation inside
   ``_prepare_inputs``) and ends at the optimiser step (``on_step_end`` of a ``transformers`` trainer
   callback, the framework's extension point). Its ``valid_tokens`` are the completion tokens of the samples
@@ -37,7 +38,7 @@ from __future__ import annotations
 from typing import Any
 
 from eerl.integrations._common import GuardedPhases, framework_version, logger, warn_setup
-from eerl.integrations._counting import kv_reads, longest_row, rows, total
+from eerl.integrations._counting import longest_row, mask_decode_reads, model_step_reads, rows, total
 from eerl.integrations._source import PhaseLike, PhaseSource
 from eerl.phases import PhaseKind, Workload
 
@@ -54,6 +55,7 @@ class TrlHook:
         self._phases = GuardedPhases(session, "TRL")
         self._training: PhaseLike | None = None
         self._callback = _StepCallback(self)
+        self._step_reads = model_step_reads(getattr(trainer, "model", None))
         missing = [name for name in _NEEDED if not callable(getattr(trainer, name, None))]
         self.attached = not missing
         self.vllm_mode = _vllm_mode(trainer)
@@ -101,7 +103,7 @@ class TrlHook:
         phase = self._phases.begin(PhaseKind.GENERATION, self._iteration())
         try:
             output = self._original_generate(inputs)
-            self._phases.report(phase, lambda: _generation_workload(output))
+            self._phases.report(phase, lambda: _generation_workload(output, self._step_reads))
             return output
         finally:
             self._phases.end(phase)
@@ -127,14 +129,14 @@ def instrument(trainer: Any, session: PhaseSource) -> TrlHook:
     return TrlHook(trainer, session)
 
 
-def _generation_workload(output: Any) -> Workload:
+def _generation_workload(output: Any, reads_per_step: float) -> Workload:
     completion_mask = output.get("completion_mask")
     return Workload(
         tokens=total(completion_mask),
         sequences=rows(completion_mask),
         max_response_tokens=longest_row(completion_mask),
         prompt_tokens=total(output.get("prompt_mask")),
-        max_worker_kv_tokens=kv_reads(completion_mask),
+        max_worker_kv_tokens=mask_decode_reads(completion_mask, reads_per_step),
     )
 
 

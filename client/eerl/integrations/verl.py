@@ -18,16 +18,17 @@ Two trainers, both checked against the releases' own source (verl 0.9.1 and 0.8.
   ``attention_mask``); training wraps ``_update_actor(batch: DataProto)`` (or
   ``actor_rollout_wg.update_actor``). Call :func:`instrument` after ``trainer.init_workers()``.
 
-A generation phase also reports ``max_worker_kv_tokens`` (the busiest rollout engine's Σ response
-length² / 2) where the split of the batch across engines can be known on the driver, and 0 (unknown: the
-predictor leaves the feature out) where it cannot:
+A generation phase also reports ``max_worker_kv_tokens`` (the busiest rollout engine's decode reads: Σ
+response length² / 2 plus its decode steps' weight reads, ``_counting.decode_reads``) where the split of the
+batch across engines can be known on the driver, and 0 (unknown: the predictor leaves the feature out) where
+it cannot:
 
 * **the agent-loop rollout** (the v1 trainer, and the legacy trainer's ``async_rollout_manager``; verl
   0.8, 0.9): ``AgentLoopManager.generate_sequences`` chunks the batch across agent-loop workers, but each
   request then goes to whichever server replica ``GlobalRequestLoadBalancer.acquire_server`` picks (the
   least in-flight requests, sticky per request id; verl/workers/rollout/router.py in 0.9,
   llm_server.py in 0.8), and no sample carries the server that decoded it. So the hook reports the batch's
-  Σ length² / 2 only when there is one engine — ``trainer.llm_server_manager.get_replicas()`` has one
+  decode reads only when there is one engine — ``trainer.llm_server_manager.get_replicas()`` has one
   replica, ``rollout.data_parallel_size`` is 1 and prefill/decode disaggregation is off — and 0 otherwise.
 * **the worker group's rollout** (``actor_rollout_wg.generate_sequences``, verl 0.6 and 0.7): registered
   with ``make_nd_compute_dataproto_dispatch_fn(mesh_name="rollout")``, it gives the rollout's data-parallel
@@ -48,7 +49,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from eerl.integrations._common import GuardedPhases, framework_version, logger, warn_setup
-from eerl.integrations._counting import busiest_kv, contiguous_chunks, longest_row, row_lengths, rows, total
+from eerl.integrations._counting import (
+    busiest_decode_reads,
+    contiguous_chunks,
+    longest_row,
+    row_lengths,
+    rows,
+    total,
+)
 from eerl.integrations._source import PhaseLike, PhaseSource
 from eerl.integrations._wrapping import Patches
 from eerl.phases import PhaseKind, Workload
@@ -283,7 +291,7 @@ def generation_workload(batch: Any, engines: int | None) -> Workload:
     ``max_worker_kv_tokens`` for ``engines`` rollout engines that each decoded one contiguous chunk of the
     batch, in order (``DataProto.chunk``); ``engines`` None — the split is not known — reports 0."""
     workload = batch_workload(batch)
-    kv = busiest_kv(contiguous_chunks(_response_lengths(batch), engines)) if engines else 0
+    kv = busiest_decode_reads(contiguous_chunks(_response_lengths(batch), engines)) if engines else 0
     return Workload(
         tokens=workload.valid_tokens,
         sequences=workload.sequences,

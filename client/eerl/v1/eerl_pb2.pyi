@@ -432,10 +432,12 @@ class Workload(_message.Message):
     prompt_tokens: _builtins.int
     """Prompt tokens of the phase (0 if unknown)."""
     max_worker_kv_tokens: _builtins.int
-    """Generation: KV-cache tokens the busiest generation worker's decode steps read, the sum over
-    its responses of (response tokens)^2 / 2 (each step reads its response so far); 0 if unknown.
-    A phase ends with its busiest worker: this tells which, where the totals cannot. Reports
-    combine by maximum, so each worker reports its own.
+    """Generation: the busiest generation worker's decode reads, in KV-cache tokens: the sum over its
+    responses of (response tokens)^2 / 2 (each step reads its response so far) plus, for each of its
+    decode steps (its longest response), the model's weights counted as the KV-cache tokens that
+    cost as much to read (parameters / (2 x layers x KV heads x head size)); 0 if unknown. A phase
+    ends with its busiest worker: this tells which, where the totals cannot. Reports combine by
+    maximum, so each worker reports its own.
     """
     def __init__(
         self,

@@ -8,6 +8,7 @@ import pytest
 from eerl.control.baseline import schedule_rebaseline
 from eerl.control.predictor import BaselinePredictor, workload_features
 from eerl.control.state import BaselineState
+from eerl.integrations._counting import busiest_decode_reads
 from eerl.phases import PhaseKind, Workload
 
 SEQUENCES = 1024
@@ -102,8 +103,51 @@ def test_after_a_step_the_old_regimes_samples_go_even_when_only_the_longest_resp
     assert prediction.duration_s == pytest.approx(120.0)
 
 
+READS_PER_STEP = WEIGHT_S_PER_STEP / (16 * KV_S_PER_TOKEN)
+"""The weights a decode step reads, in KV-cache tokens, of the batches below (a block of responses ``b``
+takes ``WEIGHT_S_PER_STEP · max(b) + 16 · KV_S_PER_TOKEN · Σ b² / 2``)."""
+
+
+def _decoded_batch(rng: np.random.Generator, report_reads: bool, cap: int = 8192) -> tuple[Workload, float]:
+    """Eight workers decode contiguous blocks of a batch; the phase lasts as long as the slowest one."""
+    lengths = np.minimum(rng.lognormal(np.log(1200.0), 0.8, SEQUENCES), cap).astype(np.int64)
+    blocks = np.array_split(lengths, 8)
+    times = [WEIGHT_S_PER_STEP * int(b.max()) + 8 * KV_S_PER_TOKEN * float((b * b).sum()) for b in blocks]
+    reads = busiest_decode_reads([b.tolist() for b in blocks], READS_PER_STEP)
+    workload = Workload(
+        tokens=int(lengths.sum()),
+        sequences=SEQUENCES,
+        max_response_tokens=int(lengths.max()),
+        prompt_tokens=PROMPT * SEQUENCES,
+        max_worker_kv_tokens=reads if report_reads else 0,
+    )
+    return workload, max(times)
+
+
+def test_few_default_phases_predict_generation_from_the_busiest_workers_decode_reads() -> None:
+    """Responses whose cap is rarely reached: each worker's longest response differs, and the phase's time
+    follows its busiest worker's decode reads. Four default phases: with the reads reported the error is
+    a fraction of what the totals leave (the prior elasticity on the reads does what four samples cannot)."""
+    errors: dict[bool, float] = {}
+    for report_reads in (False, True):
+        rng = np.random.default_rng(11)
+        predictor = BaselinePredictor(PhaseKind.GENERATION, window=24)
+        for _ in range(4):
+            workload, duration = _decoded_batch(rng, report_reads, cap=32768)
+            predictor.add(workload, duration, duration * 400.0, force=True)
+        residuals = []
+        for _ in range(200):
+            workload, duration = _decoded_batch(rng, report_reads, cap=32768)
+            prediction = predictor.predict(workload)
+            assert prediction is not None
+            residuals.append(prediction.duration_s / duration - 1.0)
+        errors[report_reads] = float(np.sqrt(np.mean(np.square(residuals))))
+    assert errors[True] < 0.5 * errors[False]
+    assert errors[True] < 0.01
+
+
 def test_the_busiest_workers_kv_reads_explain_what_the_totals_cannot() -> None:
-    """A phase ends with its busiest worker: with its KV reads reported the predictor's error halves.
+    """A phase ends with its busiest worker: with its decode reads reported the predictor's error halves.
 
     Eight workers decode contiguous blocks of the batch; the phase lasts as long as the slowest one
     (weights per step of its longest response, plus its KV reads). The totals (tokens, longest response)
@@ -112,18 +156,7 @@ def test_the_busiest_workers_kv_reads_explain_what_the_totals_cannot() -> None:
     rng = np.random.default_rng(7)
 
     def batch(report_kv: bool) -> tuple[Workload, float]:
-        lengths = np.minimum(rng.lognormal(np.log(1200.0), 0.8, SEQUENCES), 8192).astype(np.int64)
-        blocks = np.array_split(lengths, 8)
-        times = [WEIGHT_S_PER_STEP * int(b.max()) + 8 * KV_S_PER_TOKEN * float((b * b).sum()) for b in blocks]
-        kv = max(int((b * b).sum()) // 2 for b in blocks)
-        workload = Workload(
-            tokens=int(lengths.sum()),
-            sequences=SEQUENCES,
-            max_response_tokens=int(lengths.max()),
-            prompt_tokens=PROMPT * SEQUENCES,
-            max_worker_kv_tokens=kv if report_kv else 0,
-        )
-        return workload, max(times)
+        return _decoded_batch(rng, report_kv)
 
     errors: dict[bool, float] = {}
     for report_kv in (False, True):
