@@ -325,8 +325,9 @@ LENGTHS = {
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[None]:
-    """A local Ray of two CPUs for the engine actors (they take none)."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    """A local Ray of two CPUs for the engine actors (they take none): a new one (``address="local"``), never
+    another cluster running on the machine (``make test`` runs the main suite's beside it)."""
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         yield
     finally:

@@ -212,7 +212,11 @@ class TrainGroup:
 
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    """A new local Ray (``address="local"``), never another cluster running on the machine (``make test``
+    runs the main suite's beside it)."""
+    ray.init(
+        address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False
+    )
     yield
     ray.shutdown()
 
