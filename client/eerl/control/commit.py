@@ -46,6 +46,7 @@ def try_commit(
         raise_floor(failing.search, clock, iteration)
         return f"trial at {clock} MHz measured below the threshold: search above it"
     judge_refine_outcome(pace, plan, config)
+    pace.committed_throughput = plan.throughput_ratio
     for track in searching:
         commit_track(track, plan.sm_clock_mhz.get(track.kind))
     return (

@@ -404,7 +404,9 @@ class EerlController:
         early, biased yardstick) would stay at the default for good, its throughput allowance unspent.
         """
         track.monitor.since_refine += 1
-        if not take_refine_turn(track.monitor, self._pace, self._config):
+        if not take_refine_turn(
+            track.monitor, self._pace, self._config, lambda: self._planner.threshold(self._all)
+        ):
             return None
         return refine(
             self._all, self._planner, self._pace, self._grid, iteration=iteration, config=self._config

@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,9 +57,23 @@ def refine_interval(pace: RefinePace, config: EerlConfig) -> int:
     return config.refine_interval_phases * pace.backoff
 
 
-def take_refine_turn(monitor: MonitorState, pace: RefinePace, config: EerlConfig) -> bool:
-    """True (and the count restarts) when the committed phases since the last refine fill the interval."""
-    if monitor.since_refine >= refine_interval(pace, config):
+def take_refine_turn(
+    monitor: MonitorState, pace: RefinePace, config: EerlConfig, planned_threshold: Callable[[], float]
+) -> bool:
+    """True (and the count restarts) when the committed phases since the last refine fill the interval.
+
+    The backed-off interval holds only while the commit still covers the plan: the run's ledger raises the
+    planned threshold when the run owes (slow trials, a yardstick later default phases corrected), and a
+    commit that expected less than that by more than ``refine_surplus`` is re-checked every plain interval
+    (``planned_threshold`` is asked once per plain interval, not per phase).
+    """
+    base = config.refine_interval_phases
+    interval = refine_interval(pace, config)
+    if base <= monitor.since_refine < interval and monitor.since_refine % base == 0:
+        expected = pace.committed_throughput
+        if expected is not None and expected < planned_threshold() - config.refine_surplus:
+            interval = base
+    if monitor.since_refine >= interval:
         monitor.since_refine = 0
         return True
     return False

@@ -173,6 +173,9 @@ class RefinePace:
     """The refine interval's multiplier."""
     from_energy: float | None = None
     """The energy ratio an energy-driven re-tune left; judged when the re-tune commits."""
+    committed_throughput: float | None = None
+    """The throughput ratio the latest commit expected: the plan's threshold then (see
+    :func:`eerl.control.retune.refine_interval`)."""
 
 
 def new_track(kind: PhaseKind, predictor_window: int, bandwidth_mhz: float) -> KindTrack:

@@ -82,14 +82,43 @@ class TestRefineRule:
         assert _move(throughput, gain) is None
 
 
+def _turn_after(pace: RefinePace, threshold: float, asked: list[int]) -> int:
+    """Committed phases until the refine's turn while the plan asks ``threshold`` (each ask noted)."""
+    monitor = MonitorState(since_refine=0)
+    phases = 0
+
+    def planned() -> float:
+        asked.append(monitor.since_refine)
+        return threshold
+
+    while phases < 1000:
+        phases += 1
+        monitor.since_refine += 1
+        if take_refine_turn(monitor, pace, CONFIG, planned):
+            return phases
+    return phases
+
+
 class TestRefinePace:
     def test_the_refine_takes_its_turn_every_interval(self) -> None:
         """After 20 committed phases the refine runs and the count restarts."""
         monitor, pace = MonitorState(since_refine=19), RefinePace()
-        assert not take_refine_turn(monitor, pace, CONFIG)
+        assert not take_refine_turn(monitor, pace, CONFIG, lambda: 0.95)
         monitor.since_refine = 20
-        assert take_refine_turn(monitor, pace, CONFIG)
+        assert take_refine_turn(monitor, pace, CONFIG, lambda: 0.95)
         assert monitor.since_refine == 0
+
+    def test_a_backed_off_refine_comes_at_the_plain_interval_once_the_plan_outgrows_the_commit(self) -> None:
+        """Backed off fourfold, a commit that expected 0.978 waits 80 phases while the plan asks 0.980; once
+        the run owes and the plan asks 0.985 (more than ``refine_surplus`` above it), 20 phases."""
+        pace = RefinePace(backoff=4, committed_throughput=0.978)
+        asked: list[int] = []
+
+        assert _turn_after(pace, 0.980, asked) == 80
+        assert asked == [20, 40, 60]  # once per plain interval, not per phase
+        assert _turn_after(pace, 0.985, asked) == 20
+        pace.committed_throughput = None  # nothing committed yet: the backed-off interval holds
+        assert _turn_after(pace, 0.985, asked) == 80
 
     def test_an_energy_move_that_gains_nothing_doubles_the_interval_up_to_the_cap(self) -> None:
         """Each re-tune for energy that commits no better doubles the interval, at most eight times."""
