@@ -101,7 +101,7 @@ class Workload:
     (decode steps). ``prompt_tokens``: prompt tokens (prefill). ``max_worker_kv_tokens``: for generation,
     the busiest generation worker's decode reads in KV-cache tokens — Σ over its responses of length² / 2
     plus, for each of its decode steps (its longest response), the model's weights counted as the KV-cache
-    tokens that cost as much to read (``eerl.integrations._counting.decode_reads``); the phase ends with
+    tokens that cost as much to read (``eerl.integrations.decode_reads``); the phase ends with
     that worker, which the totals cannot tell (reports combine by maximum: each worker reports its own).
     """
 

@@ -284,7 +284,7 @@ def generation_workload(rollout: Rollout, gpus: int, *, reads_per_step: float) -
     iteration's valid tokens are credited once, to the training phase that trains on them.
     ``max_worker_kv_tokens`` is the busiest of the ``gpus`` workers' decode reads (their responses split
     as :func:`generation_segments` splits them), as a hook that knows each worker's responses and its
-    model reports it (``eerl.integrations._counting.decode_reads``): ``reads_per_step`` KV-cache tokens for
+    model reports it (``eerl.integrations.decode_reads``): ``reads_per_step`` KV-cache tokens for
     each decode step (the worker's longest response; :func:`step_reads` of the generation spec) plus
     Σ length² / 2."""
     lengths = rollout.response_tokens

@@ -195,6 +195,15 @@ class TestCounting:
         assert decode_reads([4, 1]) == int(DEFAULT_STEP_READS * 4) + 8
         assert decode_reads([]) == 0
 
+    def test_a_hook_of_your_own_finds_the_decode_reads_in_eerl_integrations(self) -> None:
+        import eerl.integrations as public  # noqa: PLC0415 - what a user's own hook imports
+
+        assert public.decode_reads([4, 1], 100.0) == 408
+        assert public.busiest_decode_reads([[6], [4, 4, 4]], 1.0) == 28
+        assert public.DEFAULT_STEP_READS == DEFAULT_STEP_READS
+        exported = {"decode_reads", "busiest_decode_reads", "model_step_reads", "step_reads"}
+        assert exported <= set(public.__all__)
+
     def test_the_busiest_worker_is_the_one_with_the_most_decode_reads(self) -> None:
         # [6] decodes 6 steps, [4, 4, 4] reads more KV cache (24 vs 18): which one the phase waits for
         # depends on what a step's weight read costs.

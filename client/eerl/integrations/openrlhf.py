@@ -18,7 +18,7 @@ object (``docs/integrations.md`` has the subclass to write):
   Ray's ``__ray_call__``, each with a session of its own (``mode="async"``, ``role`` its pool).
 
 A generation phase also reports ``max_worker_kv_tokens``, the busiest vLLM engine's decode reads
-(``eerl.integrations._counting.decode_reads``: Σ response length² / 2 plus its decode steps' weight reads).
+(``eerl.integrations.decode_reads``: Σ response length² / 2 plus its decode steps' weight reads).
 ``SamplesGenerator._dispatch_prompts_to_vllm`` sends each prompt (with its ``n_samples_per_prompt``
 samples) to one engine, the least loaded by a heap over the engines' unfinished requests, as
 ``engine.generate_responses.remote(prompt=..., label=...)``, and returns one Ray object ref per prompt;

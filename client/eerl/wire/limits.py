@@ -27,7 +27,7 @@ MAX_TOKENS = 10**12
 """The most tokens (``tokens``, ``valid_tokens``, ``max_response_tokens``, ``prompt_tokens``) one phase may
 report."""
 MAX_KV_TOKENS = 10**18
-"""The most ``max_worker_kv_tokens`` one phase may report (a sum of squared lengths)."""
+"""The most ``max_worker_kv_tokens`` one phase may report (decode reads: squared lengths and weight reads)."""
 MAX_SEQUENCES = 10**9
 """The most sequences one phase may report."""
 MAX_ITERATION = 10**12
