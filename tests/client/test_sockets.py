@@ -63,8 +63,12 @@ class TestClaimTickets:
             scoped.stop()
             scoped.start()
             assert scoped.wait_for(lambda f: len(f.sessions) == 2, PATIENCE_S)
-        assert [len(o.tickets_issued) for o in others] == [2, 2]
-        assert scoped.sessions[1].claim_tickets == tuple(o.tickets_issued[1] for o in others)
+        first, reopened = (s.claim_tickets for s in scoped.sessions)
+        assert first == tuple(o.tickets_issued[0] for o in others)
+        # An open tried while the daemon restarts spends its tickets too: the reopened session holds new
+        # ones, each from its own socket.
+        assert all(len(o.tickets_issued) >= 2 for o in others)
+        assert all(t in o.tickets_issued[1:] for t, o in zip(reopened, others, strict=True))
 
     def test_a_socket_that_gives_no_ticket_is_skipped_with_one_warning(
         self, scoped: FakeDaemon, others: list[FakeDaemon], caplog: pytest.LogCaptureFixture
@@ -76,7 +80,12 @@ class TestClaimTickets:
             scoped.stop()
             scoped.start()
             assert scoped.wait_for(lambda f: len(f.sessions) == 2, PATIENCE_S)
-        assert [s.claim_tickets for s in scoped.sessions] == [(t,) for t in others[1].tickets_issued]
+        issued = others[1].tickets_issued
+        first, reopened = (s.claim_tickets for s in scoped.sessions)
+        assert first == (issued[0],)  # the refusing socket's ticket is left out
+        # The reopened session holds a new ticket (an open tried mid-restart may have spent one before it).
+        assert len(reopened) == 1
+        assert reopened[0] in issued[1:]
         tickets = [w for w in _warnings(caplog) if "claim ticket" in w]
         assert len(tickets) == 1
         assert str(others[0].socket_path) in tickets[0]
