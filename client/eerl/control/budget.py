@@ -75,16 +75,16 @@ def allocate_sync(options: list[KindOptions], threshold: float, between_s: float
 
 
 def allocate_async(
-    own: KindOptions, peer_duration_s: float | None, threshold: float, idle_power_w: float
+    own: KindOptions, peer_reference_s: float | None, threshold: float, idle_power_w: float
 ) -> Allocation:
     """Minimum-energy clock for one pool of an async job.
 
     The iteration lasts as long as the slower pool. This pool may take up to the larger of its own default
-    time and its peer's current time, over the threshold: a pool that waits uses its slack, and the pool
-    that gates the iteration spends the threshold. Time this pool no longer waits at idle power is credited
-    (``idle_power_w`` over all of its GPUs).
+    time and its peer's reference (:meth:`eerl.control.slack.PeerSlack.reference_s`), over the threshold: a
+    pool that waits uses its slack, and the pool that gates the iteration spends the threshold. Time this
+    pool no longer waits at idle power is credited (``idle_power_w`` over all of its GPUs).
     """
-    horizon_s = max(own.default_duration_s, peer_duration_s or 0.0)
+    horizon_s = max(own.default_duration_s, peer_reference_s or 0.0)
     allowed_s = horizon_s / threshold
     t = own.default_duration_s * np.nan_to_num(own.time_ratio, nan=np.inf)
     e = own.default_energy_j * np.nan_to_num(own.energy_ratio, nan=np.inf)

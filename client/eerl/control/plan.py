@@ -41,6 +41,11 @@ def newest_predictors(tracks: Sequence[KindTrack]) -> Yardstick:
     return judged
 
 
+def _pool_noise(track: KindTrack) -> float:
+    """How far below its peer's time a waiting pool stays: twice its phases' relative noise (1–5 %)."""
+    return min(0.05, max(0.01, 2.0 * track.baseline.predictor.error_fraction))
+
+
 class Planner:
     """Plans the iteration over the kinds' tracks it is given; of its own it holds the run's throughput."""
 
@@ -118,7 +123,8 @@ class Planner:
         """The allocation of the kinds' current options (committed kinds hold their clocks)."""
         if self.async_pool:
             options = self.options(tracks[0], iteration)
-            return allocate_async(options, self._slack.peer_duration_s(), self.threshold(tracks), 0.0)
+            threshold = self.threshold(tracks)
+            return allocate_async(options, self._peer_reference(tracks, threshold), threshold, 0.0)
         return self._sync([self.options(t, iteration) for t in tracks], tracks)
 
     def committed_and_best(
@@ -126,15 +132,17 @@ class Planner:
     ) -> tuple[Allocation, Allocation]:
         """The committed allocation, and the best one on the evidence so far (for the refine)."""
         if self.async_pool:
-            peer = self._slack.peer_duration_s()
-            current = allocate_async(
-                self.committed_option(tracks[0], iteration), peer, self.threshold(tracks), 0.0
-            )
+            threshold = self.threshold(tracks)
+            peer = self._peer_reference(tracks, threshold)
+            current = allocate_async(self.committed_option(tracks[0], iteration), peer, threshold, 0.0)
             free = self.options(tracks[0], iteration, free=True, extrapolate=False)
-            return current, allocate_async(free, peer, self.threshold(tracks), 0.0)
+            return current, allocate_async(free, peer, threshold, 0.0)
         current = self._sync([self.committed_option(t, iteration) for t in tracks], tracks)
         best = self._sync([self.options(t, iteration, free=True, extrapolate=False) for t in tracks], tracks)
         return current, best
+
+    def _peer_reference(self, tracks: Sequence[KindTrack], threshold: float) -> float | None:
+        return self._slack.reference_s(threshold, _pool_noise(tracks[0]))
 
     def _sync(self, options: list[KindOptions], tracks: Sequence[KindTrack]) -> Allocation:
         return allocate_sync(options, self.threshold(tracks), self.between_s)
@@ -143,7 +151,7 @@ class Planner:
         """The largest time ratio this kind could take if every other phase ran at default."""
         default_s = track.baseline.default_duration_s
         if self.async_pool:
-            return self._slack.time_cap(default_s, self._target)
+            return self._slack.time_cap(default_s, self._target, _pool_noise(track))
         total = sum(t.baseline.default_duration_s for t in tracks) + self.between_s
         slack = total / self._target - total
         return 1.0 + slack / max(default_s, 1e-9)

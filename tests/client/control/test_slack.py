@@ -20,15 +20,34 @@ class TestPeerSlack:
         slack.observe_peer(0.0)
         assert slack.peer_duration_s() is None
 
-    def test_a_waiting_pool_may_slow_down_to_its_peers_time(self) -> None:
-        """A 10 s pool whose peer takes 20 s may take up to 20 s over the threshold."""
+    def test_a_waiting_pool_may_slow_down_to_its_peers_time_less_its_noise(self) -> None:
+        """A 10 s pool whose peer takes 20 s may take up to 20 s less 2 %: the peer's time already holds
+        the peer's own slowdown, so the threshold does not stretch it again."""
         slack = PeerSlack(active=True)
         slack.observe_peer(20.0)
-        assert slack.time_cap(10.0, 0.95) == pytest.approx(20.0 / (0.95 * 10.0))
+        assert slack.time_cap(10.0, 0.95, 0.02) == pytest.approx(20.0 * 0.98 / 10.0)
+        assert slack.reference_s(0.95, 0.02) == pytest.approx(20.0 * 0.98 * 0.95)
 
     def test_without_a_slower_peer_the_threshold_alone_is_the_budget(self) -> None:
         """A pool that gates the iteration (or has no peer yet) spends the threshold only."""
         slack = PeerSlack(active=True)
-        assert slack.time_cap(10.0, 0.95) == pytest.approx(1 / 0.95)
+        assert slack.time_cap(10.0, 0.95, 0.02) == pytest.approx(1 / 0.95)
+        assert slack.reference_s(0.95, 0.02) is None
         slack.observe_peer(5.0)
-        assert slack.time_cap(10.0, 0.95) == pytest.approx(1 / 0.95)
+        assert slack.time_cap(10.0, 0.95, 0.02) == pytest.approx(1 / 0.95)
+
+    @pytest.mark.parametrize("threshold", [0.90, 0.95, 0.98])
+    def test_two_pools_of_one_length_do_not_stretch_each_other_round_after_round(
+        self, threshold: float
+    ) -> None:
+        """Two 10 s pools, each taking all the time its budget allows (a curve that keeps saving): the
+        iteration settles at the default over the threshold. Budgets of the peer's time over the threshold
+        grew by 1 / threshold a round (10 s at 0.95 became 36 s in 25 rounds)."""
+        first, second = PeerSlack(active=True), PeerSlack(active=True)
+        default_s = 10.0
+        for _ in range(25):
+            first_s = default_s * first.time_cap(default_s, threshold, 0.02)
+            second_s = default_s * second.time_cap(default_s, threshold, 0.02)
+            first.observe_peer(second_s)
+            second.observe_peer(first_s)
+        assert max(first_s, second_s) == pytest.approx(default_s / threshold)
