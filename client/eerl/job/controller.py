@@ -14,8 +14,9 @@ observations:
 * **observe** — the nodes' :class:`NodeReport`\\ s count only when every node reported, all ACCEPTED the
   directive (its epoch and its clock) and no node's session restarted since its previous report; otherwise
   the phase is dropped with a reason. A counted phase's duration is the **mean of the faster half** of the
-  nodes' durations (:func:`typical_duration`: a straggler only slows, so stragglers are noise, not the effect
-  of the clock), its energy and GPUs the sums, its tokens the driver's workload;
+  nodes' durations, less any far behind the fastest (:func:`typical_duration`: a straggler only slows, so
+  stragglers are noise, not the effect of the clock), its energy and GPUs the sums, its tokens the
+  driver's workload;
 * **end_iteration** — the iteration guard. The typical node keeps the controller's estimates calm, but the
   job's wall time is its slowest node's, and the inner plan can be off: the guard compares each committed
   iteration's measured wall time with what the default governor would have needed (per-kind default
@@ -104,19 +105,61 @@ class GuardConfig:
     predictor_window: int = 24
 
 
-def typical_duration(durations: Sequence[float]) -> float:
-    """A phase's job-level duration: the mean of the faster half of the nodes (⌈n/2⌉ of them).
+MIN_STRAGGLER_BAND = 0.06
+"""A node of the faster half at least this much slower than the fastest (or more, where the nodes' own
+speeds spread wider: :class:`NodeSpread`) straggled in that phase."""
+
+
+def fast_half(durations: Sequence[float]) -> list[float]:
+    """The faster half of the nodes' phase times (⌈n/2⌉ of them), fastest first."""
+    ordered = sorted(durations)
+    return ordered[: max(1, math.ceil(len(ordered) / 2))]
+
+
+def typical_duration(durations: Sequence[float], band: float | None = None) -> float:
+    """A phase's job-level duration: the mean of the faster half of the nodes (⌈n/2⌉ of them), less those
+    more than ``band`` slower than the fastest.
 
     A straggler only ever slows its node, so the typical node is read from the fast side: a phase where half
     the nodes straggle (about 1 % of phases when each straggles 12 % of the time, on 8 nodes) moves the
     median by the stragglers' whole slowdown, and a default phase like that among the first four leaves the
     yardstick every trial is judged by several percent long for the whole run. Averaging the half rather
-    than taking one order statistic keeps the per-GPU noise down. The wall time is the slowest node's: the
+    than taking one order statistic keeps the per-GPU noise down. On few nodes the half itself can hold a
+    straggler (4 nodes straggling 20 % of the time: 3 of them in 3 % of phases; `multinode-straggle-4-h100`
+    seed 2 drew one among its 4 baseline phases, +6 %, and ran the whole job 1.7 % slower than it judged),
+    so a node of the half far behind the fastest is left out. The wall time is the slowest node's: the
     iteration guard scales by it.
     """
-    ordered = sorted(durations)
-    fast_half = ordered[: max(1, math.ceil(len(ordered) / 2))]
-    return float(sum(fast_half) / len(fast_half))
+    half = fast_half(durations)
+    limit = half[0] * (1.0 + (MIN_STRAGGLER_BAND if band is None else band))
+    clean = [d for d in half if d <= limit]
+    return float(sum(clean) / len(clean))
+
+
+class NodeSpread:
+    """How far apart the faster half of the nodes usually is: the straggler band grows with it.
+
+    Nodes differ in speed for good (silicon, cooling, power delivery: a few percent); a fixed band would
+    cut a node that is only slower by nature from some phases and not others, and the typical would jump
+    with the cut. The band is twice the median spread of the faster half over recent phases, at least
+    :data:`MIN_STRAGGLER_BAND`.
+    """
+
+    def __init__(self, history: int = 32) -> None:
+        self._spreads: deque[float] = deque(maxlen=history)
+
+    def band(self) -> float:
+        """The straggler band for the next phase."""
+        if not self._spreads:
+            return MIN_STRAGGLER_BAND
+        ordered = sorted(self._spreads)
+        return max(MIN_STRAGGLER_BAND, 2.0 * ordered[len(ordered) // 2])
+
+    def observe(self, durations: Sequence[float]) -> None:
+        """Take one phase's node times."""
+        half = fast_half(durations)
+        if half[0] > 0:
+            self._spreads.append(half[-1] / half[0] - 1.0)
 
 
 def directive_purpose(state: ControllerState, sm_clock_mhz: int | None) -> DirectivePurpose:
@@ -179,6 +222,7 @@ class JobController:
         self._directives: dict[PhaseKind, Directive] = {}
         """The latest directive per kind: its clock is the kind's planned clock."""
         self._session_epochs: dict[int, int] = {}
+        self._spread = NodeSpread()
         self._predictors = {
             kind: BaselinePredictor(kind, self._guard.predictor_window) for kind in settings.kinds
         }
@@ -253,7 +297,8 @@ class JobController:
             record.at_default = False
             return JobObservation(False, reason or "no directive was planned for this phase", None)
         durations = [report.duration_s for report in reports]
-        typical = typical_duration(durations)
+        typical = typical_duration(durations, self._spread.band())
+        self._spread.observe(durations)
         energy = float(sum(report.energy_j for report in reports))
         if typical <= 0 or energy <= 0:
             record.at_default = False

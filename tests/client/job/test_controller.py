@@ -200,6 +200,32 @@ class TestAggregation:
         assert readings[1] / readings[0] == pytest.approx(1.0, abs=0.02)
         assert typical_duration(straggled) < 0.9 * statistics.median(straggled)
 
+    def test_a_straggler_within_the_faster_half_is_left_out(self) -> None:
+        """Three of four nodes slowed (one of them by 13 %): the faster half holds a straggler, and its mean
+        read the phase 6 % long; the node far behind the fastest leaves it."""
+        durations = [100.0, 115.2, 112.9, 126.9]
+        assert typical_duration(durations) == pytest.approx(100.0)
+        job = JobController(SETTINGS, 4, controller=Scripted())
+        _, result = phase(job, GEN, 0, durations)
+        assert result.observation is not None
+        assert result.observation.duration_s == pytest.approx(100.0)
+
+    def test_nodes_that_are_slower_by_nature_stay_in_the_typical(self) -> None:
+        """Eight nodes whose speeds spread 10 % for good: after a few phases the band has widened, and the
+        faster half's slowest node (8 % behind the fastest) counts in every phase instead of only in
+        those where noise brought it within a fixed 6 %."""
+        speeds = [0.92, 0.95, 0.97, 1.0, 1.02, 1.05, 1.08, 1.1]
+        job = JobController(SETTINGS, 8, controller=Scripted())
+        readings = []
+        for iteration in range(6):
+            durations = [100.0 * s for s in speeds]
+            _, result = phase(job, GEN, iteration, durations)
+            assert result.observation is not None
+            readings.append(result.observation.duration_s)
+            job.end_iteration(iteration, max(durations), 1000, float(iteration + 1))
+        assert readings[0] == pytest.approx(100.0 * (0.92 + 0.95 + 0.97) / 3)
+        assert readings[-1] == pytest.approx(100.0 * (0.92 + 0.95 + 0.97 + 1.0) / 4)
+
     def test_energy_and_gpus_are_summed_and_tokens_are_the_drivers(self) -> None:
         job = JobController(SETTINGS, 3, controller=Scripted())
         directive = job.plan(TRAIN, 0, 0.0)
