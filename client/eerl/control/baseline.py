@@ -50,7 +50,7 @@ def baseline_complete(baseline: BaselineState, config: EerlConfig) -> bool:
 def schedule_rebaseline(baseline: BaselineState, phases: int, *, same_work: bool = False) -> None:
     """Run ``phases`` more default phases before the next re-tune (the old regime's samples then go; its
     locked phases go now). ``same_work``: the cost of the same work changed, not the work itself."""
-    baseline.rebaseline_left = phases
+    baseline.rebaseline_left = baseline.rebaseline_length = phases
     baseline.rebaseline_same_work = same_work
     baseline.predictor.forget_locked()
 
@@ -71,5 +71,5 @@ def rebaseline_step(baseline: BaselineState, workload: Workload, config: EerlCon
         baseline.predictor.keep_newest(config.rebaseline_phases)
         baseline.rebaseline_same_work = False
     else:
-        baseline.predictor.forget_far(workload, config.drift_feature_band)
+        baseline.predictor.forget_far(workload, config.drift_feature_band, baseline.rebaseline_length)
     return True

@@ -49,7 +49,7 @@ from eerl.control.config import EerlConfig
 from eerl.control.curve import Trial
 from eerl.control.grid import ClockGrid
 from eerl.control.monitor import control_due, judge_control_phase, probe_due, stepped_phase, watch
-from eerl.control.plan import Planner
+from eerl.control.plan import Planner, judged_by
 from eerl.control.predictor import workload_features
 from eerl.control.retune import (
     refine,
@@ -131,12 +131,17 @@ class EerlController:
             return None
         track.ledger.phases += 1
         before_state, before_clock = track.state, track.committed_mhz
+        before_predictor, rebaselining = track.baseline.predictor, track.baseline.rebaseline_left > 0
         if observation.sm_clock_mhz is None:
             verdict = self._observe_default(track, observation, now_s)
         else:
             verdict = self._observe_trial(track, observation, now_s)
-        if track.baseline.rebaseline_left > 0:
-            self._planner.run.restart()  # a new regime: the old one's phases were judged on its predictor
+        left_regime = track.baseline.predictor is not before_predictor or (
+            track.baseline.rebaseline_left > 0 and not rebaselining
+        )
+        if left_regime:
+            # The regime's locked phases keep the judgement of its own predictor (before it goes).
+            self._planner.run.settle(track.kind, judged_by(before_predictor))
         if verdict is not None:
             self._history.append(verdict)
             return verdict
@@ -309,6 +314,16 @@ class EerlController:
             return None
         clock = int(obs.sm_clock_mhz) if obs.sm_clock_mhz is not None else 0
         features = workload_features(track.kind, obs.workload)
+        time_ratio = obs.duration_s / prediction.duration_s
+        energy_ratio = obs.energy_j / prediction.energy_j
+        if track.searching or track.state is ControllerState.COMMITTED:
+            stepped = self._locked_phase_stepped(track, obs)
+            if stepped is not None:
+                # Its default is the old regime's guess at another workload: the run counts its time as
+                # taken at the default (neither banked nor owed).
+                self._planner.run.add_default(obs.duration_s, self._between_counted(obs))
+                held = Decision(track.kind, obs.iteration, clock, track.state, stepped, now_s)
+                return held if stepped else None
         self._planner.run.add_locked(
             track.kind,
             clock,
@@ -317,13 +332,6 @@ class EerlController:
             self._between_counted(obs),
             features=features,
         )
-        time_ratio = obs.duration_s / prediction.duration_s
-        energy_ratio = obs.energy_j / prediction.energy_j
-        if track.searching or track.state is ControllerState.COMMITTED:
-            stepped = self._locked_phase_stepped(track, obs)
-            if stepped is not None:
-                held = Decision(track.kind, obs.iteration, clock, track.state, stepped, now_s)
-                return held if stepped else None
         track.curve.add(Trial(clock, features, obs.duration_s, obs.energy_j, obs.iteration))
         track.baseline.predictor.add_locked(clock, features, obs.duration_s, obs.energy_j)
         track.ledger.add_trial(prediction.energy_j, obs.energy_j, prediction.duration_s, obs.duration_s)

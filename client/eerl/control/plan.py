@@ -20,6 +20,7 @@ from eerl.control.between import BetweenWork
 from eerl.control.budget import Allocation, KindOptions, allocate_async, allocate_sync
 from eerl.control.config import EerlConfig
 from eerl.control.grid import ClockGrid
+from eerl.control.predictor import BaselinePredictor
 from eerl.control.search import candidate_clocks, effective_floor_mhz
 from eerl.control.slack import PeerSlack
 from eerl.control.state import KindTrack
@@ -28,6 +29,15 @@ from eerl.phases import ControllerState, PhaseKind
 
 MIN_SUPPORT = 0.3
 """Kernel weight of nearby trials below which a clock's estimate is not trusted as it stands."""
+
+
+def judged_by(predictor: BaselinePredictor) -> Yardstick:
+    """A yardstick of one predictor (for the kind it predicts)."""
+
+    def judged(kind: PhaseKind, count: int, feature_sum: npt.NDArray[np.float64]) -> float | None:
+        return predictor.predict_sum(count, feature_sum)
+
+    return judged
 
 
 def newest_predictors(tracks: Sequence[KindTrack]) -> Yardstick:

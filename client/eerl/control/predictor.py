@@ -140,11 +140,13 @@ class BaselinePredictor:
             return None
         return np.median(np.stack(list(self._features)), axis=0)
 
-    def feature_spread(self) -> npt.NDArray[np.float64] | None:
-        """Relative standard deviation of each feature over the window (how much batches vary anyway)."""
-        if len(self._features) < 2:
+    def feature_spread(self, newest: int | None = None) -> npt.NDArray[np.float64] | None:
+        """Relative standard deviation of each feature over the window, or its ``newest`` samples (how much
+        batches vary anyway)."""
+        samples = list(self._features) if newest is None else list(self._features)[-newest:]
+        if len(samples) < 2:
             return None
-        features = np.stack(list(self._features))
+        features = np.stack(samples)
         means = features.mean(axis=0)
         return np.where(means > 0, features.std(axis=0) / np.where(means > 0, means, 1.0), 0.0)
 
@@ -207,10 +209,15 @@ class BaselinePredictor:
         self._group_moments.clear()
         self._model = None
 
-    def forget_far(self, workload: Workload, band: float) -> None:
+    def forget_far(self, workload: Workload, band: float, recent: int) -> None:
         """Drop samples whose features differ from this workload's by more than ×(1 + ``band``) either way in
         any feature — for the tokens and the busiest worker's KV reads, by more than 2.5 of their spread over
-        the window, where that is wider (they vary from batch to batch anyway).
+        the ``recent`` newest samples (the new regime's own), where that is wider (they vary from batch to
+        batch anyway). The ``recent`` samples themselves always stay: they are the new regime's by
+        construction. (Over the whole window the spread held both regimes, and where fewer than two
+        samples were near this one every sample stayed: on `short-switch-gb200` the long regime's
+        training kept the short regime's samples, was kept under the short one's signature, and every
+        return to it re-baselined.)
 
         After a step change the old regime's samples would make the regression extrapolate; samples of a
         gradual drift stay within the band and keep the fit's range. Every feature counts: a raised
@@ -218,7 +225,7 @@ class BaselinePredictor:
         feature's spread, which the step itself makes wide, must not widen its band).
         """
         reference = workload_features(self._kind, workload)
-        spread = self.feature_spread()
+        spread = self.feature_spread(recent)
         bands = np.full(len(reference), band)
         if spread is not None:
             for index in _SPREAD_WIDENED[self._kind]:
@@ -226,12 +233,15 @@ class BaselinePredictor:
         known = [i for i in range(len(reference)) if reference[i] > 0]
         # Either way alike: a sample at half the new workload is as far as one at twice it (log ratios;
         # math.log, the same on every CPU).
-        keep = [
-            all(abs(math.log(max(float(f[i] / reference[i]), 1e-12))) <= math.log1p(bands[i]) for i in known)
-            for f in self._features
-        ]
-        if sum(keep) >= 2:
-            self._keep_only(keep)
+        newest = len(self._features) - recent
+
+        def near(f: npt.NDArray[np.float64]) -> bool:
+            return all(
+                abs(math.log(max(float(f[i] / reference[i]), 1e-12))) <= math.log1p(bands[i]) for i in known
+            )
+
+        keep = [index >= newest or near(f) for index, f in enumerate(self._features)]
+        self._keep_only(keep)
 
     def keep_newest(self, count: int) -> None:
         """Keep only the ``count`` newest default phases (the tracked errors stay: the noise level)."""

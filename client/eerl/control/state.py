@@ -41,6 +41,8 @@ class BaselineState:
     default_energy_j: float = 0.0
     rebaseline_left: int = 0
     """Default phases still to run before a re-tune starts from a fresh baseline (0: none pending)."""
+    rebaseline_length: int = 0
+    """Default phases the latest re-baseline runs in all (the new regime's own samples)."""
     rebaseline_same_work: bool = False
     """The pending re-baseline answers a change in what the same work costs (ratios, control phases), not
     in the work: every older default phase goes, however alike its workload."""

@@ -85,6 +85,23 @@ def test_its_out_of_sample_error_is_tracked() -> None:
     assert 0.0 < predictor.error_fraction < 0.05
 
 
+def test_after_a_step_the_old_regime_goes_however_much_the_new_one_varies() -> None:
+    """Training tokens stepping 2.27 M -> 5.4-8.3 M (long answers vary from batch to batch): the window's
+    spread held both regimes and widened the band past the step, and with no other sample near the newest
+    one every sample stayed; the re-baseline's own phases stay, the old regime's go."""
+    predictor = BaselinePredictor(PhaseKind.TRAINING)
+    for tokens in (2_270_000, 1_770_000, 2_190_000, 2_270_000):
+        predictor.add(Workload(tokens=tokens, sequences=1400), 0.01 * tokens / 1000, 10.0 * tokens / 1000)
+    for tokens in (8_250_000, 7_230_000, 5_410_000):
+        learned = Workload(tokens=tokens, sequences=1400)
+        predictor.add(learned, 0.01 * tokens / 1000, 10.0 * tokens / 1000, force=True)
+    predictor.forget_far(Workload(tokens=5_410_000, sequences=1400), 0.12, recent=3)
+    assert predictor.count == 3
+    medians = predictor.feature_medians()
+    assert medians is not None
+    assert medians[0] == 7_230_000
+
+
 def test_after_a_step_the_old_regimes_samples_go_even_when_only_the_longest_response_changed() -> None:
     """A raised response cap doubles the longest response while the tokens barely move: the samples of the
     old cap are forgotten too, so that the fit does not extrapolate between the regimes."""
@@ -96,7 +113,7 @@ def test_after_a_step_the_old_regimes_samples_go_even_when_only_the_longest_resp
         predictor.add(new_cap, 120.0, 3e4, force=True)  # the re-baseline learns them all
     current = Workload(tokens=1_000_000, sequences=2048, max_response_tokens=16384)
     assert predictor.count == 9
-    predictor.forget_far(current, 0.12)
+    predictor.forget_far(current, 0.12, recent=3)
     assert predictor.count == 3
     prediction = predictor.predict(current)
     assert prediction is not None

@@ -66,13 +66,24 @@ class TestRunThroughput:
         with_between.add_default(10.0, between_s=5.0)
         assert _spend(with_between) < _spend(without) < 0.0
 
-    def test_a_restart_forgets_the_old_regime(self) -> None:
-        """After a re-baseline nothing of the old regime is left to spend."""
+    def test_a_regime_left_keeps_the_judgement_of_its_own_predictor(self) -> None:
+        """A kind's locked phases are judged on its newest predictor; once it leaves their regime they keep
+        the judgement of the regime's own, not the next regime's (whose model of another workload
+        judged a long regime's phases 10 % fast), and what they banked stays to spend."""
+        features = np.array([1000.0, 0.0, 0.0])
         run = RunThroughput()
-        for _ in range(20):
-            run.add_default(10.0, between_s=0.0)
-        run.restart()
-        assert _spend(run) == 0.0
+        for _ in range(10):
+            run.add_locked(TRAINING, 1305, 10.0, 10.2, between_s=0.0, features=features)
+
+        def own(kind: PhaseKind, count: int, feature_sum: npt.NDArray[np.float64]) -> float:
+            return 10.4 * count  # the regime's newest predictor: its default is a little slower
+
+        def next_regimes(kind: PhaseKind, count: int, feature_sum: npt.NDArray[np.float64]) -> float:
+            return 11.5 * count
+
+        run.settle(TRAINING, own)
+        assert run.banked_s(1.0, next_regimes) == pytest.approx(10 * 10.4 - 10 * 10.2)
+        assert run.banked_s(1.0) == pytest.approx(10 * 10.4 - 10 * 10.2)
 
     def test_a_session_behind_its_plan_repays_within_its_bound(self) -> None:
         """What the run owes, the next iterations repay: the plan aims above its threshold, at most
