@@ -491,6 +491,23 @@ class TestBehaviour:
             assert held == {left_at}
         assert run_throughput(job, trace) >= settings.throughput_threshold - 0.001
 
+    @pytest.mark.parametrize("every", [15, 30, 60])
+    def test_across_returning_regimes_the_run_is_judged_as_it_ran(self, every: int) -> None:
+        """Regimes alternating every 15, 30 or 60 iterations: what the run's ledger believes it delivered
+        stays within 0.005 of what it did. It judged every locked phase on its kind's newest predictor, after
+        a return the other regime's (its model of another workload: believed 1.12–1.26, delivered
+        0.952–0.981), and restarted at each re-baseline; a regime left now keeps its own predictor's
+        judgement, and the phase that showed the step counts at its default."""
+        for seed in range(3):
+            job = SyntheticJob(
+                noise=0.01, seed=seed, step_at_iteration=every, alternate_every=every, step_memory_factor=2.0
+            )
+            controller = EerlController(ControllerSettings(GRID_MHZ))
+            trace = drive_sync(controller, job, 240)
+            run = controller._planner.run
+            judged = 1.0 + run.banked_s(1.0, newest_predictors(controller._all)) / run.actual_s
+            assert judged == pytest.approx(run_throughput(job, trace), abs=0.005)
+
     def test_when_the_same_work_changes_its_cost_the_baseline_follows(
         self, settings: ControllerSettings
     ) -> None:
