@@ -319,9 +319,11 @@ class EerlController:
         if track.searching or track.state is ControllerState.COMMITTED:
             stepped = self._locked_phase_stepped(track, obs)
             if stepped is not None:
-                # Its default is the old regime's guess at another workload: the run counts its time as
-                # taken at the default (neither banked nor owed).
-                self._planner.run.add_default(obs.duration_s, self._between_counted(obs))
+                # Its default is the old regime's guess at another workload: the run judges it on the
+                # predictor of the regime it landed in, once that is known.
+                self._planner.run.add_stepped(
+                    track.kind, obs.duration_s, self._between_counted(obs), features
+                )
                 held = Decision(track.kind, obs.iteration, clock, track.state, stepped, now_s)
                 return held if stepped else None
         self._planner.run.add_locked(

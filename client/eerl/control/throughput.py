@@ -44,10 +44,15 @@ class LockedWork:
     predicted_s: float = 0.0
     feature_sum: npt.NDArray[np.float64] | None = None
 
-    def add(self, predicted_s: float, features: npt.NDArray[np.float64]) -> None:
-        self.count += 1
+    def add(self, predicted_s: float, features: npt.NDArray[np.float64], count: int = 1) -> None:
+        self.count += count
         self.predicted_s += predicted_s
         self.feature_sum = features.copy() if self.feature_sum is None else self.feature_sum + features
+
+    def absorb(self, other: LockedWork) -> None:
+        """Take ``other``'s phases in."""
+        if other.feature_sum is not None:
+            self.add(other.predicted_s, other.feature_sum, other.count)
 
 
 RECENT_AT_CLOCK = 5
@@ -70,6 +75,9 @@ class RunThroughput:
     actual_s: float = 0.0
     _ratios: dict[tuple[PhaseKind, int], deque[float]] = field(default_factory=dict)
     _locked: dict[PhaseKind, LockedWork] = field(default_factory=dict)
+    _landing: dict[PhaseKind, LockedWork] = field(default_factory=dict)
+    """Per kind, locked phases that showed a workload step: counted at their own time until the regime
+    they landed in is known (:meth:`settle` gives them to it; a step not confirmed, to the regime left)."""
 
     def add_default(self, predicted_s: float, between_s: float) -> None:
         """A default-governor phase (its predicted default time: an outlier is the predictor's business)."""
@@ -95,6 +103,23 @@ class RunThroughput:
         self._add(predicted_s, predicted_s * statistics.median(recent), between_s)
         if features is not None:
             self._locked.setdefault(kind, LockedWork()).add(predicted_s, features)
+        landing = self._landing.pop(kind, None)
+        if landing is not None:
+            # The step they showed was not confirmed: they were phases of this regime after all.
+            self._locked.setdefault(kind, LockedWork()).absorb(landing)
+
+    def add_stepped(
+        self, kind: PhaseKind, duration_s: float, between_s: float, features: npt.NDArray[np.float64]
+    ) -> None:
+        """A locked phase that showed a workload step: its default is the old regime's guess at another
+        workload, so it counts at its own time (neither banked nor owed) until :meth:`settle` hands it to
+        the regime it landed in, whose predictor judges it from then on. Counted at its own time for good,
+        the phases at a regime's first clock on the next regime's work read as taken at the default: on
+        regimes alternating every 15 iterations the run believed itself 0.4 % faster than it was."""
+        if duration_s <= 0:
+            return
+        self._add(duration_s, duration_s, between_s)
+        self._landing.setdefault(kind, LockedWork()).add(duration_s, features)
 
     def _add(self, default_s: float, actual_s: float, between_s: float) -> None:
         if default_s > 0 and actual_s > 0:
@@ -119,6 +144,10 @@ class RunThroughput:
                 self.default_s += judged - locked.predicted_s
         for key in [key for key in self._ratios if key[0] is kind]:
             del self._ratios[key]
+        landing = self._landing.pop(kind, None)
+        if landing is not None:
+            # The phases that showed the step belong to the regime the kind goes to.
+            self._locked[kind] = landing
 
     def banked_s(self, planned: float, yardstick: Yardstick | None = None) -> float:
         """The time the run is ahead of ``planned`` (negative: behind): ``default / planned - actual``.

@@ -85,6 +85,44 @@ class TestRunThroughput:
         assert run.banked_s(1.0, next_regimes) == pytest.approx(10 * 10.4 - 10 * 10.2)
         assert run.banked_s(1.0) == pytest.approx(10 * 10.4 - 10 * 10.2)
 
+    def test_the_phases_that_showed_a_step_are_judged_by_the_regime_they_landed_in(self) -> None:
+        """Two phases at the old regime's clock on the next regime's work count at their own time while the
+        step is unconfirmed; once the kind leaves, they go with it to the new regime, whose predictor judges
+        them (a 12 s phase whose default takes 11 s owes 1 s), while the old regime's phases keep its own
+        judgement. Counted at their own time for good, the run believed itself 0.4 % faster than it was
+        on regimes alternating every 15 iterations."""
+        short, long = np.array([1000.0, 0.0, 0.0]), np.array([2000.0, 0.0, 0.0])
+        run = RunThroughput()
+        for _ in range(4):
+            run.add_locked(TRAINING, 1305, 10.0, 10.0, between_s=0.0, features=short)
+        run.add_stepped(TRAINING, 12.0, between_s=0.0, features=long)
+        run.add_stepped(TRAINING, 12.0, between_s=0.0, features=long)
+        assert run.banked_s(1.0) == pytest.approx(0.0)
+
+        def old_regime(kind: PhaseKind, count: int, feature_sum: npt.NDArray[np.float64]) -> float:
+            return 10.0 * count
+
+        def new_regime(kind: PhaseKind, count: int, feature_sum: npt.NDArray[np.float64]) -> float:
+            assert feature_sum.tolist() == (long * count).tolist()
+            return 11.0 * count
+
+        run.settle(TRAINING, old_regime)
+        assert run.banked_s(1.0, new_regime) == pytest.approx(2 * 11.0 - 2 * 12.0)
+
+    def test_a_step_not_confirmed_leaves_its_phase_to_the_regime_it_ran_in(self) -> None:
+        """One phase far off that the next does not confirm was this regime's after all: the next locked
+        phase gives it back to the regime, whose predictor judges it, and a later step does not take it."""
+        features = np.array([1000.0, 0.0, 0.0])
+        run = RunThroughput()
+        run.add_stepped(TRAINING, 12.0, between_s=0.0, features=features * 2)
+        run.add_locked(TRAINING, 1305, 10.0, 10.0, between_s=0.0, features=features)
+
+        def regime(kind: PhaseKind, count: int, feature_sum: npt.NDArray[np.float64]) -> float:
+            return float(feature_sum[0]) / 100.0  # 20 s for the far-off phase, 10 s for the other
+
+        run.settle(TRAINING, regime)
+        assert run.banked_s(1.0) == pytest.approx(20.0 + 10.0 - 22.0)
+
     def test_a_session_behind_its_plan_repays_within_its_bound(self) -> None:
         """What the run owes, the next iterations repay: the plan aims above its threshold, at most
         ``max_repay``; a small debt over the horizon raises it by what makes the run end at the plan."""
