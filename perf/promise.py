@@ -44,6 +44,7 @@ SETS = {
     "noise": SCENARIOS / "promise" / "noise",
     "switch": SCENARIOS / "promise" / "switch",
     "jobs": SCENARIOS / "promise" / "jobs",
+    "cadence": SCENARIOS / "promise" / "cadence",
 }
 TOLERANCE = 0.003
 """A run may end this far below its threshold (noise no controller can see coming)."""

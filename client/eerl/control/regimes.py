@@ -9,7 +9,8 @@ cost of its phases) under its *signature*, the mean of its watched workload feat
 default phases. When a step lands on a workload whose signature matches a kept one on every watched
 feature (within half the step band: two regimes closer than that are one regime), the kind takes that
 regime up again — committed at its clock at once, with one control phase on the default governor to check
-that the kept predictor still holds (a confirmed miss there re-baselines as for any regime). A regime left
+that the kept predictor still holds (a confirmed miss there re-baselines as for any regime), its refine
+count going on from where it stood when the regime was left. A regime left
 before its search committed (blocks shorter than a search) takes its search up again, on the trials it
 had, after one default phase that checks its predictor.
 
@@ -52,6 +53,9 @@ class Regime:
     signature_spread: FloatArray | None = None
     """The watched features' relative spread over its window: a regime whose batches vary more is
     recognised within a wider band (one phase's signature is one batch)."""
+    since_refine: int = 0
+    """Committed phases since the regime's last refine when it was left: its refine cadence goes on from
+    there on return (blocks shorter than a refine interval would otherwise never refine)."""
     search_epoch: int | None = None
     """Left while searching: its search's epoch (the trials from then on counted towards its commit);
     None: left committed."""
@@ -110,6 +114,7 @@ def snapshot_regime(
     iteration: int,
     search_epoch: int | None = None,
     signature_spread: FloatArray | None = None,
+    since_refine: int = 0,
 ) -> Regime:
     """A copy of what a kind knows now (predictor and curve copied together: the curve reads its ratios
     through the predictor, and the copy must keep reading through the copied one)."""
@@ -125,4 +130,5 @@ def snapshot_regime(
         left_iteration=iteration,
         search_epoch=search_epoch,
         signature_spread=signature_spread,
+        since_refine=since_refine,
     )

@@ -222,6 +222,7 @@ def regime_of(track: KindTrack, signature: npt.NDArray[np.float64], iteration: i
         iteration=iteration,
         search_epoch=track.search.epoch_iteration if track.searching else None,
         signature_spread=None if spread is None else spread[list(WATCHED_FEATURES[track.kind])],
+        since_refine=track.monitor.since_refine,
     )
 
 
@@ -250,10 +251,10 @@ def take_up_regime(track: KindTrack, regime: Regime, config: EerlConfig) -> None
     settle(track.search)
     reset_for_commit(track.monitor)
     track.monitor.since_control = config.control_interval_phases
-    # The commit was good when the regime was left: the refine re-checks it a full interval on, not on the
-    # count the other regime left (on which it re-tuned, three phases after the return, to repay what the
-    # other regime's re-tune had cost).
-    track.monitor.since_refine = 0
+    # The refine goes on with the regime's own count: not the other regime's (on which it re-tuned three
+    # phases after the return, to repay what the other regime's re-tune had cost), nor 0 (with blocks
+    # shorter than a refine interval, a regime taken up again never refined: `short-switch-gb200`).
+    track.monitor.since_refine = regime.since_refine
 
 
 def respond_to_control_miss(track: KindTrack, obs: PhaseObservation, error: float, config: EerlConfig) -> str:
