@@ -27,10 +27,12 @@ import select
 import socket
 import sys
 import threading
+import time
 
 from tests.security.attacker import drop_privileges
 
 NOBODY = 65534
+_OPEN_TRIES = 5
 _LOCKED = b'{"kind":"generation","connected":true,"answered":true,"clock":"locked","sm_clock_mhz":360}\n'
 
 
@@ -83,11 +85,19 @@ class _Holder:
         self.sockets: list[socket.socket] = []
         self.errors: list[str] = []
         for _ in range(count):
-            try:
-                self.sockets.append(_slow(target))
-            except OSError as e:
-                self.errors.append(type(e).__name__)
+            for attempt in range(_OPEN_TRIES):  # a busy listener's backlog may refuse one for a moment
+                try:
+                    self.sockets.append(_slow(target))
+                    break
+                except OSError as e:
+                    if isinstance(e, PermissionError) or attempt == _OPEN_TRIES - 1:
+                        self.errors.append(type(e).__name__)
+                        break
+                    time.sleep(0.05)
+        self.opened = len(self.sockets)
+        """How many were open at once before any was opened again (the reopening thread starts after)."""
         self.reopened = 0
+        self._lost = 0
         self._keep = keep
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -96,15 +106,18 @@ class _Holder:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            readable, _, _ = select.select(self.sockets, [], [], 0.05)
+            readable, _, _ = select.select(list(self.sockets), [], [], 0.05)
             for sock in readable:  # an answer (a 503) or a close: that slot is gone, take another at once
                 sock.close()
                 self.sockets.remove(sock)
+                self._lost += 1
+            while self._lost and not self._stop.is_set():
                 try:
                     self.sockets.append(_slow(self.target))
-                    self.reopened += 1
                 except OSError:
-                    pass
+                    break  # tried again on the next round
+                self._lost -= 1
+                self.reopened += 1
 
     def close(self) -> None:
         self._stop.set()
@@ -193,7 +206,7 @@ def main() -> None:
     report = {
         "euid": os.geteuid(),
         "results": results,
-        "held": len(holder.sockets) if holder else 0,
+        "held": holder.opened if holder else 0,
         "hold_errors": sorted(set(holder.errors)) if holder else [],
         "listening": listener is not None,
         "made": made,

@@ -205,7 +205,7 @@ class TestTcpDemandsASecret:
         wait_until("the sidecar's session", lambda: sidecar.status()["connected"])
         target = sidecar.url.removeprefix("http://")
         with attacker(target=target, hold=600, keep_holding=True) as flood:
-            assert flood.report["held"] == 600
+            assert flood.report["held"] == 600, flood.report
             codes = hundred_events(sidecar)
         assert codes == [200] * 100
         assert flood.final["reopened"] > 0  # the sidecar did close the attacker's connections
