@@ -59,7 +59,7 @@ from eerl.control.retune import (
     take_refine_turn,
 )
 from eerl.control.search import after_coarse_trial, after_local_trial, coarse_pending, next_trial, trial_noise
-from eerl.control.slack import PeerSlack
+from eerl.control.slack import PeerOverrun, PeerSlack
 from eerl.control.state import KindTrack, RefinePace, new_track
 from eerl.errors import ValidationError
 from eerl.phases import ControllerState, ExecutionMode, PhaseKind, Workload
@@ -94,6 +94,7 @@ class EerlController:
         self._all = tuple(self._tracks.values())
         """Every kind's track, in the session's order (what the plan and the commit look at together)."""
         self._slack = PeerSlack(active=settings.mode is ExecutionMode.ASYNC and len(self._all) == 1)
+        self._overrun = PeerOverrun()
         self._between = BetweenWork(active=settings.mode is ExecutionMode.SYNC)
         self._planner = Planner(
             settings.throughput_threshold, self._config, self._grid, self._slack, self._between
@@ -125,6 +126,8 @@ class EerlController:
         track = self._tracks.get(observation.kind)
         if track is None:
             self._slack.observe_peer(observation.duration_s)
+            if self._slack.active:
+                self._planner.run.add_wait(self._overrun.peer(observation.iteration, observation.duration_s))
             return None
         self._between.observe(observation.iteration, observation.gap_before_s)
         if observation.duration_s <= 0 or observation.energy_j <= 0:
@@ -136,6 +139,8 @@ class EerlController:
             verdict = self._observe_default(track, observation, now_s)
         else:
             verdict = self._observe_trial(track, observation, now_s)
+        if self._slack.active:
+            self._planner.run.add_wait(self._overrun.own(observation.iteration, observation.duration_s))
         left_regime = track.baseline.predictor is not before_predictor or (
             track.baseline.rebaseline_left > 0 and not rebaselining
         )

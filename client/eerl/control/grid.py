@@ -76,8 +76,14 @@ class ClockGrid:
         return clocks
 
     def window_around(self, center_mhz: int) -> tuple[int, int]:
-        """The clock range a local re-tune around ``center_mhz`` searches."""
-        return int(center_mhz - self.retune_span_mhz), int(center_mhz + self.retune_span_mhz)
+        """The clock range a local re-tune around ``center_mhz`` searches, its edge trials included.
+
+        The edges snap to the nearest fine candidates, which may lie just outside the span: a window that
+        left its own lower edge trial out could never choose it, so it could never slide down past it.
+        """
+        low, high = int(center_mhz - self.retune_span_mhz), int(center_mhz + self.retune_span_mhz)
+        upper_edge = nearest_supported_mhz(self.fine_mhz, center_mhz + self.retune_span_mhz)
+        return min(low, self.lower_edge_mhz(center_mhz)), max(high, upper_edge)
 
     def window_edges(self, center_mhz: int) -> list[int]:
         """The fine candidates nearest the window's edges (ascending, the centre left out)."""

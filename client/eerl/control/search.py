@@ -31,7 +31,7 @@ def next_trial(track: KindTrack, plan: Callable[[], Allocation], grid: ClockGrid
     """The clock a searching kind tries next, and why: its next coarse trial, else the plan's clock.
 
     A re-tune whose plan lands on the lowest clock tried knows nothing below it: its window slides
-    down there, with a trial at the new window's lower edge (see :func:`slide_window_down`).
+    down there, with a trial a fine step below it (see :func:`slide_window_down`).
     """
     if coarse_pending(track.search):
         kind_of_trial = "coarse" if track.state is ControllerState.EXPLORING else "local"
@@ -50,15 +50,16 @@ def slide_window_down(
 ) -> bool:
     """Slide a re-tune's window down when its plan chose the lowest clock tried; True if it slid.
 
-    The window is centred on the planned clock and its new lower edge is queued as the next trial (the
-    floor still bars clocks a failed trial ruled out). Without it a re-tune after a step could only
-    commit within its first window: the new regime's best clock may lie further off the old one, and the
-    plan never chooses a clock below the lowest trial.
+    The window is centred on the planned clock and the fine step below it is queued as the next trial
+    (the floor still bars clocks a failed trial ruled out): a step at a time, since a trial a whole
+    half-width below can be far too slow at a high threshold. Without the slide a re-tune after a step
+    could only commit within its first window: the new regime's best clock may lie further off the old
+    one, and the plan never chooses a clock below the lowest trial.
     """
     if search.window is None or planned_mhz is None or probed_mhz is None or planned_mhz != probed_mhz[0]:
         return False
-    edge = grid.lower_edge_mhz(planned_mhz)
-    if not search.floor_mhz <= edge < planned_mhz:
+    edge = grid.fine_below(planned_mhz)
+    if edge is None or not search.floor_mhz <= edge < planned_mhz:
         return False
     search.window = grid.window_around(planned_mhz)
     search.coarse = [edge]

@@ -21,6 +21,8 @@ import numpy as np
 
 PEER_HISTORY = 5
 """Peer phases the peer's time is the median of."""
+PAIRING_HISTORY = 8
+"""Iterations whose one pool's phase waits for the other's to pair up (the pools report in any order)."""
 
 
 class PeerSlack:
@@ -55,3 +57,39 @@ class PeerSlack:
         reference = self.reference_s(threshold, noise) or 0.0
         horizon_s = max(default_duration_s, reference)
         return horizon_s / (threshold * max(default_duration_s, 1e-9))
+
+
+class PeerOverrun:
+    """Per iteration, how far the peer pool's phase ran past this pool's: time the iteration lasted beyond
+    this pool's phase, which the pool's own ledger must count as taken.
+
+    The iteration lasts as long as the slower pool. A pool that gates it judged its throughput on its own
+    phases alone, but a waiting peer planned a noise margin under it, not over it, and in some iterations
+    it still runs longer: on ``regime-switch-async-h100`` at 0.98 the gating pool believed 0.985 of the
+    default's throughput while the iterations delivered 0.975. Counting the overrun against its own
+    default time is conservative: the iteration's default was at least this pool's.
+    """
+
+    def __init__(self) -> None:
+        self._own: dict[int, float] = {}
+        self._peer: dict[int, float] = {}
+
+    def own(self, iteration: int, duration_s: float) -> float:
+        """This pool's phase of ``iteration``; the peer's overrun of it, if the peer's came first."""
+        return self._pair(iteration, own_s=duration_s, peer_s=self._peer.pop(iteration, None), keep=self._own)
+
+    def peer(self, iteration: int, duration_s: float) -> float:
+        """The peer's phase of ``iteration``; its overrun of this pool's, if this pool's came first."""
+        own_s = self._own.pop(iteration, None)
+        return self._pair(iteration, own_s=own_s, peer_s=duration_s, keep=self._peer)
+
+    @staticmethod
+    def _pair(iteration: int, *, own_s: float | None, peer_s: float | None, keep: dict[int, float]) -> float:
+        if own_s is None or peer_s is None:
+            waiting = own_s if peer_s is None else peer_s
+            if waiting is not None and waiting > 0:
+                keep[iteration] = waiting
+                while len(keep) > PAIRING_HISTORY:
+                    del keep[min(keep)]
+            return 0.0
+        return max(0.0, peer_s - own_s) if own_s > 0 else 0.0

@@ -121,6 +121,12 @@ class RunThroughput:
         self._add(duration_s, duration_s, between_s)
         self._landing.setdefault(kind, LockedWork()).add(duration_s, features)
 
+    def add_wait(self, wait_s: float) -> None:
+        """Time the iteration lasted past this session's phase (an async peer that ran longer): taken, with
+        no default time of this session's to set against it."""
+        if wait_s > 0 and self.actual_s > 0:
+            self.actual_s += wait_s
+
     def _add(self, default_s: float, actual_s: float, between_s: float) -> None:
         if default_s > 0 and actual_s > 0:
             self.default_s += default_s + between_s

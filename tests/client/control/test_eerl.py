@@ -36,6 +36,11 @@ from tests.client.control.synthetic import (
 MAX_SPEND = EerlConfig().max_run_spend
 
 
+def last_committed(clocks: list[int | None], reasons: list[str]) -> int | None:
+    """The clock of a kind's last committed phase (its last phase may be a control phase or a probe)."""
+    return [clock for clock, reason in zip(clocks, reasons, strict=True) if reason == "committed"][-1]
+
+
 class _WarmUp(SyntheticJob):
     """Its first iterations run 2% slower at the default governor than the job ever does again (a warm-up):
     the baseline predicts the default 2% slow, and every locked phase looks 2% faster than it is."""
@@ -456,7 +461,7 @@ class TestBehaviour:
         trace = drive_sync(controller, job, 200)
         planned = controller._planner.threshold(controller._all)
         before = {k: trace.clocks[k][55] for k in KINDS}
-        final = {k: trace.clocks[k][-1] for k in KINDS}
+        final = {k: last_committed(trace.clocks[k], trace.reasons[k]) for k in KINDS}
         span = 3 * 0.022 * max(GRID_MHZ)  # the re-tune window's half-width (fine steps x step)
         moved = [b - f for b, f in zip(before.values(), final.values(), strict=True) if b and f]
         assert max(moved) > span
@@ -600,6 +605,27 @@ class TestBehaviour:
                 controller.observe(dataclasses.replace(observation, gap_before_s=gap_s), 0.0)
             spends.append(controller._planner.spend(controller._all))
         assert spends[0] == spends[1] < 0.0
+
+    def test_an_async_pool_counts_the_iterations_its_peer_ran_longer(self) -> None:
+        """The iteration lasts as long as the slower pool: a gating pool whose peer ran 6 % past it in some
+        iterations has delivered that much less, and its ledger says so (before: it banked its own phases
+        as if it had set every iteration's length); a peer that ran shorter changes nothing."""
+        job = SyntheticJob()
+        spends = []
+        for overrun in (0.0, -0.1, 0.06):
+            controller = EerlController(
+                ControllerSettings(GRID_MHZ, kinds=(PhaseKind.TRAINING,), mode=ExecutionMode.ASYNC)
+            )
+            for i in range(4):
+                own = job.observe(PhaseKind.TRAINING, i, None, 0.0)
+                controller.observe(own, 0.0)
+                peer = dataclasses.replace(
+                    own, kind=PhaseKind.GENERATION, duration_s=own.duration_s * (1.0 + overrun)
+                )
+                controller.observe(peer, 0.0)
+            spends.append(controller._planner.spend(controller._all))
+        assert spends[0] == spends[1] < 0.0
+        assert spends[2] > 0.0  # iterations at 1/1.06 of the default: behind the plan, the next ones repay
 
     def test_ignores_kinds_it_does_not_decide_for(self) -> None:
         """A generation-only session answers OFF for training and ignores training observations."""

@@ -7,6 +7,8 @@ import itertools
 import pytest
 from eerl.control.config import EerlConfig
 from eerl.control.grid import ClockGrid
+from eerl.control.search import candidate_clocks
+from eerl.control.state import SearchState
 from eerl.errors import ValidationError
 from hypothesis import given
 from hypothesis import strategies as st
@@ -38,9 +40,13 @@ class TestClockGrid:
         assert all(915 < c <= GRID.max_mhz and c in GRID_MHZ for c in upward)
 
     def test_a_retune_window_spans_its_steps_on_either_side_of_the_centre(self) -> None:
-        """The window is ± three fine steps around the centre; its edges snap to the fine grid."""
-        assert GRID.window_around(1305) == (1174, 1435)
+        """The window is ± three fine steps around the centre; its edges snap to the fine grid, and it
+        holds them even where they snap just outside the span (1174–1435 here): a window without its own
+        lower edge trial could never choose it, nor slide down past it."""
         assert GRID.window_edges(1305) == [1170, 1440]
+        assert GRID.window_around(1305) == (1170, 1440)
+        search = SearchState(window=GRID.window_around(1305))
+        assert candidate_clocks(search, GRID, (1170, 1440), None, 0)[0] == 1170
 
     def test_an_empty_grid_is_a_validation_error(self) -> None:
         """A session without supported clocks cannot be searched."""
@@ -58,3 +64,5 @@ class TestClockGrid:
         assert all(a > b for a, b in itertools.pairwise(schedule))
         for clock in clocks:
             assert set(grid.window_edges(clock)) <= set(grid.fine_mhz)
+            low, high = grid.window_around(clock)
+            assert all(low <= edge <= high for edge in grid.window_edges(clock))

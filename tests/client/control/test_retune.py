@@ -153,7 +153,7 @@ class TestRefine:
         assert reason.startswith("refine: the committed allocation is ")
         assert track.state is ControllerState.RETUNING
         assert (track.search.window, track.search.coarse, track.search.coarse_stopped) == (
-            (1174, 1435),
+            (1170, 1440),
             [],
             True,
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from eerl.control.slack import PeerSlack
+from eerl.control.slack import PAIRING_HISTORY, PeerOverrun, PeerSlack
 
 
 class TestPeerSlack:
@@ -51,3 +51,28 @@ class TestPeerSlack:
             first.observe_peer(second_s)
             second.observe_peer(first_s)
         assert max(first_s, second_s) == pytest.approx(default_s / threshold)
+
+
+class TestPeerOverrun:
+    def test_a_peer_that_ran_longer_is_the_iterations_time_in_either_order(self) -> None:
+        """The iteration lasted as long as the slower pool: the peer's excess over this pool's phase, paired
+        by iteration whichever reported first; a peer that ran shorter adds nothing."""
+        overrun = PeerOverrun()
+        assert overrun.own(7, 10.0) == 0.0
+        assert overrun.peer(7, 10.6) == pytest.approx(0.6)
+        assert overrun.peer(8, 10.9) == 0.0
+        assert overrun.own(8, 10.0) == pytest.approx(0.9)
+        assert overrun.own(9, 10.0) == 0.0
+        assert overrun.peer(9, 9.0) == 0.0
+
+    def test_each_iteration_pairs_once_and_unpaired_phases_are_forgotten(self) -> None:
+        """A pair counts once; a phase whose partner never comes is dropped after a few iterations."""
+        overrun = PeerOverrun()
+        overrun.own(1, 10.0)
+        assert overrun.peer(1, 12.0) == pytest.approx(2.0)
+        assert overrun.peer(1, 12.0) == 0.0  # nothing of this pool's left to pair with
+        overrun.own(2, 10.0)
+        for iteration in range(3, 3 + PAIRING_HISTORY):
+            overrun.own(iteration, 10.0)
+        assert overrun.peer(2, 15.0) == 0.0
+        assert overrun.peer(3 + PAIRING_HISTORY - 1, 15.0) == pytest.approx(5.0)

@@ -25,6 +25,17 @@ class TestRunThroughput:
         assert _spend(run) == pytest.approx(500.0 / (500.0 / 0.95 + banked) - 0.95)
         assert -0.002 < _spend(run) < 0.0
 
+    def test_a_wait_for_an_async_peer_is_time_taken_against_no_default(self) -> None:
+        """A peer that ran past this pool's phase made the iteration longer: the time counts as taken, and
+        what the default phase banked is gone (a wait before any phase of the session counts nothing)."""
+        run = RunThroughput()
+        run.add_wait(5.0)
+        assert run.actual_s == 0.0
+        run.add_default(10.0, between_s=0.0)
+        run.add_wait(10.0 / 0.95 - 10.0)
+        assert _spend(run) == pytest.approx(0.0, abs=1e-12)
+        assert run.actual_s == pytest.approx(10.0 / 0.95)
+
     def test_the_spend_is_bounded(self) -> None:
         """However much was banked, the plan aims at most ``max_spend`` below its threshold."""
         run = RunThroughput()
