@@ -284,6 +284,8 @@ class TestCdiSidecar:
             if script.poll() is None:
                 script.kill()
                 script.wait()
+            if script.stdout is not None:
+                script.stdout.close()  # else a failed run's pipe is collected, unclosed, in another test
         original = load_spec(fixture.read_text(), "yaml")
         assert patched == patch_spec(original, str(sockets), uuids={gpu0}).spec
         assert f"{sockets}/{gpu1}" not in str(patched)
