@@ -15,8 +15,9 @@ observations:
   directive (its epoch and its clock) and no node's session restarted since its previous report; otherwise
   the phase is dropped with a reason. A counted phase's duration is the **mean of the faster half** of the
   nodes' durations, less any far behind the fastest (:func:`typical_duration`: a straggler only slows, so
-  stragglers are noise, not the effect of the clock), its energy and GPUs the sums, its tokens the
-  driver's workload;
+  stragglers are noise, not the effect of the clock), its energy the nodes' sum with any straggler held
+  at the straggler limit (:class:`StragglerEnergy`: its energy is no more the clock's than its time), its
+  GPUs the sum, its tokens the driver's workload;
 * **end_iteration** — the iteration guard. The typical node keeps the controller's estimates calm, but the
   job's wall time is its slowest node's, and the inner plan can be off: the guard compares each committed
   iteration's measured wall time with what the default governor would have needed (per-kind default
@@ -136,6 +137,68 @@ def typical_duration(durations: Sequence[float], band: float | None = None) -> f
     return float(sum(clean) / len(clean))
 
 
+class StragglerEnergy:
+    """A phase's job-level energy as it would have been without its stragglers.
+
+    A straggler costs energy that does not depend on the clock: its own extra busy time, and every other
+    node waiting for it (the phase ends with its slowest node). On 12 nodes where each straggles 6 % of the
+    phases at 1.3-2x, half the phases hold one, and a 2x training straggler adds about a fifth to the
+    job's energy: trials read as costing more energy than the default (on `multinode-straggle-12-gb200`
+    seed 3 the training curve's energy ratio rose above 1 at every clock under 1860 MHz, and the job
+    stayed at the default governor). Each node's energy is read as busy power over its own time plus
+    waiting power over the rest of the phase, ``E = p_busy·d + p_wait·(D − d)``: the busy power is the
+    phase's own (it follows the clock), the waiting power one for the job, fitted over its recent phases
+    (one phase of 3 nodes cannot tell the two apart). A phase with a straggler is then priced with every
+    node past the straggler limit (the fastest times 1 + the band) held at that limit; one without keeps
+    its measured sum. Arithmetic in Python floats: no BLAS kernel decides a clock.
+    """
+
+    def __init__(self, history: int = 64) -> None:
+        self._phases: deque[tuple[float, float]] = deque(maxlen=history)
+
+    def wait_power(self) -> float | None:
+        """The job's waiting power per node (W) over its recent phases; None before any phase tells."""
+        ww = sum(phase[1] for phase in self._phases)
+        if ww <= 0.0:
+            return None
+        return max(0.0, sum(phase[0] for phase in self._phases) / ww)
+
+    def observe(self, durations: Sequence[float], energies: Sequence[float]) -> None:
+        """Take one phase's node times and energies (its share of the waiting power's fit: the energies and
+        waits with what the node times explain taken out)."""
+        phase_s = max(durations)
+        waits = [phase_s - d for d in durations]
+        dd = sum(d * d for d in durations)
+        if dd <= 0.0:
+            return
+        wait_on_d = sum(w * d for w, d in zip(waits, durations, strict=True)) / dd
+        energy_on_d = sum(e * d for e, d in zip(energies, durations, strict=True)) / dd
+        wait_left = [w - wait_on_d * d for w, d in zip(waits, durations, strict=True)]
+        energy_left = [e - energy_on_d * d for e, d in zip(energies, durations, strict=True)]
+        spread = sum(w * w for w in wait_left)
+        if spread > 1e-9 * phase_s * phase_s:
+            self._phases.append((sum(e * w for e, w in zip(energy_left, wait_left, strict=True)), spread))
+
+    def energy(
+        self, durations: Sequence[float], energies: Sequence[float], band: float | None = None
+    ) -> float:
+        """The phase's energy with its stragglers held at the straggler limit (its measured sum if none)."""
+        total = float(sum(energies))
+        limit = min(durations) * (1.0 + (MIN_STRAGGLER_BAND if band is None else band))
+        p_wait = self.wait_power()
+        if max(durations) <= limit or p_wait is None:
+            return total
+        phase_s = max(durations)
+        dd = sum(d * d for d in durations)
+        p_busy = sum((e - p_wait * (phase_s - d)) * d for e, d in zip(energies, durations, strict=True)) / dd
+        if p_busy <= 0.0:
+            return total
+        held = [min(d, limit) for d in durations]
+        held_phase_s = max(held)
+        clean = sum(p_busy * d + p_wait * (held_phase_s - d) for d in held)
+        return float(clean) if clean > 0.0 else total
+
+
 class NodeSpread:
     """How far apart the faster half of the nodes usually is: the straggler band grows with it.
 
@@ -223,6 +286,7 @@ class JobController:
         """The latest directive per kind: its clock is the kind's planned clock."""
         self._session_epochs: dict[int, int] = {}
         self._spread = NodeSpread()
+        self._straggler_energy = StragglerEnergy()
         self._predictors = {
             kind: BaselinePredictor(kind, self._guard.predictor_window) for kind in settings.kinds
         }
@@ -297,9 +361,12 @@ class JobController:
             record.at_default = False
             return JobObservation(False, reason or "no directive was planned for this phase", None)
         durations = [report.duration_s for report in reports]
-        typical = typical_duration(durations, self._spread.band())
+        band = self._spread.band()
+        typical = typical_duration(durations, band)
         self._spread.observe(durations)
-        energy = float(sum(report.energy_j for report in reports))
+        energies = [report.energy_j for report in reports]
+        self._straggler_energy.observe(durations, energies)
+        energy = self._straggler_energy.energy(durations, energies, band)
         if typical <= 0 or energy <= 0:
             record.at_default = False
             return JobObservation(False, "a node reported no duration or no energy", None)

@@ -229,7 +229,7 @@ class TestAggregation:
     def test_energy_and_gpus_are_summed_and_tokens_are_the_drivers(self) -> None:
         job = JobController(SETTINGS, 3, controller=Scripted())
         directive = job.plan(TRAIN, 0, 0.0)
-        sent = reports(directive.epoch, None, TRAIN, 0, [5.0, 6.0, 7.0], [100.0, 200.0, 300.5])
+        sent = reports(directive.epoch, None, TRAIN, 0, [5.0, 5.1, 5.2], [100.0, 200.0, 300.5])
         observation = job.observe(TRAIN, 0, sent, WORK, 2.0).observation
         assert observation is not None
         assert observation.energy_j == pytest.approx(600.5)
@@ -237,6 +237,76 @@ class TestAggregation:
         assert observation.workload == WORK
         assert observation.sm_clock_mhz is None
         assert observation.end_time_s == 2.0
+
+
+BUSY_W = 8 * 700.0
+WAIT_W = 8 * 100.0
+
+
+def node_energies(durations: Sequence[float], busy_w: float = BUSY_W) -> list[float]:
+    """Each node busy over its own time and waiting (at the waiting power) for the slowest."""
+    phase_s = max(durations)
+    return [busy_w * d + WAIT_W * (phase_s - d) for d in durations]
+
+
+def observed_energy(job: JobController, iteration: int, durations: Sequence[float], busy_w: float) -> float:
+    directive = job.plan(GEN, iteration, 0.0)
+    sent = reports(directive.epoch, None, GEN, iteration, durations, node_energies(durations, busy_w))
+    observation = job.observe(GEN, iteration, sent, WORK, 1.0).observation
+    assert observation is not None
+    job.end_iteration(iteration, max(durations), 1000, float(iteration + 1))
+    return observation.energy_j
+
+
+class TestStragglerEnergy:
+    """A straggler's energy (its own extra time, everyone waiting for it) does not depend on the clock:
+    the job's phase energy is read as it would have been without it."""
+
+    SPEEDS = (0.98, 0.98, 0.99, 1.0, 1.0, 1.01, 1.01, 1.01, 1.02, 1.02, 1.03, 1.03)
+
+    def test_a_straggler_on_twelve_nodes_adds_no_energy(self) -> None:
+        """Twelve nodes, one at twice its time: the measured sum is a fifth over the clean phase's; the
+        job reads the phase within 1 % of it (the waiting power fitted over the job's phases)."""
+        job = JobController(SETTINGS, 12, controller=Scripted())
+        for iteration in range(4):
+            observed_energy(job, iteration, [10.0 * s for s in self.SPEEDS], BUSY_W)
+        clean = [10.0 * s for s in self.SPEEDS]
+        straggled = [*clean[:-1], 2.0 * clean[-1]]
+        reading = observed_energy(job, 4, straggled, BUSY_W)
+        assert sum(node_energies(straggled)) > 1.15 * sum(node_energies(clean))
+        assert reading == pytest.approx(sum(node_energies(clean)), rel=0.01)
+
+    def test_the_busy_power_of_the_phase_is_its_own(self) -> None:
+        """The waiting power is the job's, the busy power each phase's (it follows the clock): a straggled
+        phase at a lower clock's power reads at that power."""
+        job = JobController(SETTINGS, 12, controller=Scripted())
+        for iteration in range(4):
+            observed_energy(job, iteration, [10.0 * s for s in self.SPEEDS], BUSY_W)
+        clean = [11.0 * s for s in self.SPEEDS]
+        straggled = [*clean[:-1], 1.6 * clean[-1]]
+        reading = observed_energy(job, 4, straggled, 0.8 * BUSY_W)
+        assert reading == pytest.approx(sum(node_energies(clean, 0.8 * BUSY_W)), rel=0.01)
+
+    def test_three_nodes_learn_the_waiting_power_over_phases(self) -> None:
+        """One phase of three nodes cannot tell busy from waiting power; the job's earlier phases can."""
+        job = JobController(SETTINGS, 3, controller=Scripted())
+        for iteration, speeds in enumerate([(0.97, 1.0, 1.04), (1.03, 0.98, 1.0), (1.0, 1.05, 0.96)] * 2):
+            observed_energy(job, iteration, [10.0 * s for s in speeds], BUSY_W)
+        clean = [9.8, 10.0, 10.3]
+        straggled = [9.8, 10.0, 18.0]
+        reading = observed_energy(job, 6, straggled, BUSY_W)
+        assert sum(node_energies(straggled)) > 1.3 * sum(node_energies(clean))
+        assert reading == pytest.approx(sum(node_energies(clean)), rel=0.02)
+
+    def test_a_phase_without_a_straggler_keeps_its_measured_energy(self) -> None:
+        job = JobController(SETTINGS, 12, controller=Scripted())
+        durations = [10.0 * s for s in self.SPEEDS]
+        energies = [e * (1.0 + 0.01 * (i % 3)) for i, e in enumerate(node_energies(durations))]
+        directive = job.plan(GEN, 0, 0.0)
+        sent = reports(directive.epoch, None, GEN, 0, durations, energies)
+        observation = job.observe(GEN, 0, sent, WORK, 1.0).observation
+        assert observation is not None
+        assert observation.energy_j == pytest.approx(sum(energies))
 
 
 class TestDirectives:
