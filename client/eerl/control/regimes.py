@@ -8,9 +8,11 @@ a workload step, the regime being left is kept (its predictor, its clock curve, 
 cost of its phases) under its *signature*, the mean of its watched workload features over its newest
 default phases. When a step lands on a workload whose signature matches a kept one on every watched
 feature (within half the step band: two regimes closer than that are one regime), the kind takes that
-regime up again — committed at its clock at once, with one control phase on the default governor to check
-that the kept predictor still holds (a confirmed miss there re-baselines as for any regime), its refine
-count going on from where it stood when the regime was left. A regime left
+regime up again — committed at its clock at once, its control phases and refines going on from where
+their counts stood when the regime was left (a control phase that misses, or committed phases whose
+ratios leave their band, re-baseline it as any regime). A control phase at every return, to check the
+kept predictor, was 1 of every 15–30 phases of a job switching that often, each a phase at the default
+governor; the regime's own cadence checks it as often as any regime. A regime left
 before its search committed (blocks shorter than a search) takes its search up again, on the trials it
 had, after one default phase that checks its predictor.
 
@@ -56,6 +58,9 @@ class Regime:
     since_refine: int = 0
     """Committed phases since the regime's last refine when it was left: its refine cadence goes on from
     there on return (blocks shorter than a refine interval would otherwise never refine)."""
+    since_control: int = 0
+    """Committed phases since the regime's last control phase when it was left: likewise its control
+    cadence."""
     search_epoch: int | None = None
     """Left while searching: its search's epoch (the trials from then on counted towards its commit);
     None: left committed."""
@@ -115,6 +120,7 @@ def snapshot_regime(
     search_epoch: int | None = None,
     signature_spread: FloatArray | None = None,
     since_refine: int = 0,
+    since_control: int = 0,
 ) -> Regime:
     """A copy of what a kind knows now (predictor and curve copied together: the curve reads its ratios
     through the predictor, and the copy must keep reading through the copied one)."""
@@ -131,4 +137,5 @@ def snapshot_regime(
         search_epoch=search_epoch,
         signature_spread=signature_spread,
         since_refine=since_refine,
+        since_control=since_control,
     )

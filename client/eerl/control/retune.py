@@ -204,7 +204,7 @@ def switch_regime(track: KindTrack, step: WorkloadStep, config: EerlConfig, iter
     where = "the default governor" if returning.committed_mhz is None else f"{returning.committed_mhz} MHz"
     return (
         f"workload stepped ({step.shift:+.0%}) back to a regime seen before: its commit at {where} again, "
-        "a control phase checks its baseline"
+        "its control phases going on from its own count"
     )
 
 
@@ -223,11 +223,12 @@ def regime_of(track: KindTrack, signature: npt.NDArray[np.float64], iteration: i
         search_epoch=track.search.epoch_iteration if track.searching else None,
         signature_spread=None if spread is None else spread[list(WATCHED_FEATURES[track.kind])],
         since_refine=track.monitor.since_refine,
+        since_control=track.monitor.since_control,
     )
 
 
 def take_up_regime(track: KindTrack, regime: Regime, config: EerlConfig) -> None:
-    """Commit ``track`` as it was in ``regime``; a control phase on the default governor comes next."""
+    """Commit ``track`` as it was in ``regime``, its control and refine cadence going on from there."""
     baseline = track.baseline
     baseline.predictor = regime.predictor
     baseline.default_duration_s = regime.default_duration_s
@@ -250,11 +251,13 @@ def take_up_regime(track: KindTrack, regime: Regime, config: EerlConfig) -> None
     track.state = ControllerState.COMMITTED
     settle(track.search)
     reset_for_commit(track.monitor)
-    track.monitor.since_control = config.control_interval_phases
-    # The refine goes on with the regime's own count: not the other regime's (on which it re-tuned three
-    # phases after the return, to repay what the other regime's re-tune had cost), nor 0 (with blocks
-    # shorter than a refine interval, a regime taken up again never refined: `short-switch-gb200`).
+    # The refine and the control phases go on with the regime's own counts: not the other regime's (on
+    # which it re-tuned three phases after the return, to repay what the other regime's re-tune had
+    # cost), nor 0 (with blocks shorter than a refine interval, a regime taken up again never refined:
+    # `short-switch-gb200`). A control phase at once on every return cost a default phase per kind and
+    # return: on the `switch`, `cadence` and `after` sets 3-7 % of all phases.
     track.monitor.since_refine = regime.since_refine
+    track.monitor.since_control = regime.since_control
 
 
 def respond_to_control_miss(track: KindTrack, obs: PhaseObservation, error: float, config: EerlConfig) -> str:

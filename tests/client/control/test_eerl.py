@@ -475,8 +475,9 @@ class TestBehaviour:
     ) -> None:
         """Regimes alternating every 60 iterations: when the first returns (iteration 120), each kind takes
         it up again within six iterations and holds the clock it left it at for the eight after, with at
-        most one default phase among them (its control phase) and no trials (before regime memory: three
-        default phases and a re-tune at every return); the run keeps the threshold."""
+        most one default phase among them (a control phase, if the regime's own cadence calls for one) and
+        no trials (before regime memory: three default phases and a re-tune at every return); the run
+        keeps the threshold."""
         job = SyntheticJob(noise=0.005, step_at_iteration=60, alternate_every=60, step_memory_factor=2.0)
         controller = create_eerl_controller(settings)
         trace = drive_sync(controller, job, 240)

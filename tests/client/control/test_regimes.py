@@ -93,17 +93,20 @@ class TestSwitch:
         (kept,) = track.regimes.regimes
         assert (kept.committed_mhz, float(kept.signature[0])) == (1200, 1_000_000.0)
 
-    def test_a_step_back_takes_the_kept_regime_up_committed_with_a_control_phase_next(self) -> None:
+    def test_a_step_back_takes_the_kept_regime_up_committed_with_its_own_cadence(self) -> None:
         """Back on work within ×1.25 of a kept regime's: committed at its clock, its predictor and curve
-        back, a control phase due at once to check that predictor, and the regime's refine count going on
-        from where it was when the regime was left (not from the other regime's count, nor from 0)."""
+        back, and its refine and control counts going on from where they were when the regime was left
+        (not from the other regime's counts, nor from 0; no control phase at once: on jobs switching every
+        15-30 iterations that was a default phase per kind and return)."""
         track = _committed_at(1200)
         track.monitor.since_refine = 13
+        track.monitor.since_control = 21
         assert switch_regime(track, WorkloadStep(0, 1.0, (2_000_000.0,)), CONFIG, 50) is None
         kept_predictor = track.regimes.regimes[0].predictor
         # The kind re-baselines on the new work and commits elsewhere...
         track.state, track.committed_mhz = ControllerState.COMMITTED, 1500
         track.monitor.since_refine = 5
+        track.monitor.since_control = 50
         for _ in range(4):
             track.baseline.predictor.add(workload(tokens=2_000_000), 200.0, 16_000.0, force=True)
         reason = switch_regime(track, WorkloadStep(0, -0.5, (1_050_000.0,)), CONFIG, 80)
@@ -112,7 +115,7 @@ class TestSwitch:
         assert "1200 MHz" in reason
         assert (track.state, track.committed_mhz) == (ControllerState.COMMITTED, 1200)
         assert track.baseline.predictor is kept_predictor
-        assert track.monitor.since_control >= CONFIG.control_interval_phases
+        assert track.monitor.since_control == 21
         assert track.monitor.since_refine == 13
         # ...and the regime it left in turn is kept, for when the long work returns.
         assert [r.committed_mhz for r in track.regimes.regimes] == [1500]
