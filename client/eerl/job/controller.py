@@ -361,15 +361,18 @@ class JobController:
             record.at_default = False
             return JobObservation(False, reason or "no directive was planned for this phase", None)
         durations = [report.duration_s for report in reports]
+        energies = [report.energy_j for report in reports]
         band = self._spread.band()
         typical = typical_duration(durations, band)
-        self._spread.observe(durations)
-        energies = [report.energy_j for report in reports]
-        self._straggler_energy.observe(durations, energies)
-        energy = self._straggler_energy.energy(durations, energies, band)
-        if typical <= 0 or energy <= 0:
+        if typical <= 0 or sum(energies) <= 0:
             record.at_default = False
             return JobObservation(False, "a node reported no duration or no energy", None)
+        self._spread.observe(durations)
+        energy = sum(energies)
+        if min(durations) > 0 and min(energies) > 0:
+            # A node without a reading (no energy counter, a phase it missed) says nothing of the powers.
+            self._straggler_energy.observe(durations, energies)
+            energy = self._straggler_energy.energy(durations, energies, band)
         observation = PhaseObservation(
             kind=kind,
             iteration=iteration,

@@ -298,6 +298,24 @@ class TestStragglerEnergy:
         assert sum(node_energies(straggled)) > 1.3 * sum(node_energies(clean))
         assert reading == pytest.approx(sum(node_energies(clean)), rel=0.02)
 
+    def test_a_node_without_an_energy_reading_teaches_the_fit_nothing(self) -> None:
+        """A node that read no energy (0: no counter, a missed phase) leaves the phase at its measured sum
+        and out of the waiting power's fit: a later straggled phase still reads clean."""
+        job = JobController(SETTINGS, 12, controller=Scripted())
+        durations = [10.0 * s for s in self.SPEEDS]
+        for iteration in range(4):
+            observed_energy(job, iteration, durations, BUSY_W)
+        straggled = [*durations[:-1], 2.0 * durations[-1]]
+        unread = [*node_energies(straggled)[:-1], 0.0]
+        directive = job.plan(GEN, 4, 0.0)
+        sent = reports(directive.epoch, None, GEN, 4, straggled, unread)
+        observation = job.observe(GEN, 4, sent, WORK, 1.0).observation
+        assert observation is not None
+        assert observation.energy_j == pytest.approx(sum(unread))
+        job.end_iteration(4, max(straggled), 1000, 5.0)
+        reading = observed_energy(job, 5, straggled, BUSY_W)
+        assert reading == pytest.approx(sum(node_energies(durations)), rel=0.01)
+
     def test_a_phase_without_a_straggler_keeps_its_measured_energy(self) -> None:
         job = JobController(SETTINGS, 12, controller=Scripted())
         durations = [10.0 * s for s in self.SPEEDS]
