@@ -74,7 +74,8 @@ def _cache_key(path: Path, seed: int) -> str:
     return hashlib.sha256(_simulator_digest() + path.read_bytes() + f"/{seed}".encode()).hexdigest()[:20]
 
 
-def _priced(path: Path, seed: int, cache: Path | None) -> ScenarioRun | MultinodeRun:
+def priced_run(path: Path, seed: int, cache: Path | None) -> ScenarioRun | MultinodeRun:
+    """One scenario file at one seed, priced at every clock (from ``cache`` when it holds it)."""
     scenario: Scenario = with_seed(load_scenario(str(path)), seed)
     file = None if cache is None else cache / f"{path.stem}-{_cache_key(path, seed)}.pickle"
     if file is not None and file.exists():
@@ -98,7 +99,7 @@ def _priced(path: Path, seed: int, cache: Path | None) -> ScenarioRun | Multinod
 
 def run_cells(path: Path, seed: int, thresholds: Sequence[float], cache: Path | None) -> list[Cell]:
     """Every threshold on one priced scenario and seed."""
-    run = _priced(path, seed, cache)
+    run = priced_run(path, seed, cache)
     cells = []
     for threshold in thresholds:
         default = run.default_totals()
@@ -137,6 +138,21 @@ def table(cells: Sequence[Cell], thresholds: Sequence[float]) -> str:
             row.append(text)
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
+
+
+def scenario_parser(description: str, seeds: str) -> argparse.ArgumentParser:
+    """The arguments the one-threshold studies beside this bench share: scenario sets and files, seeds."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--set", action="append", choices=sorted(SETS), dest="sets", default=[])
+    parser.add_argument("--scenario", action="append", default=[], help="a file (repeatable)")
+    parser.add_argument("--seeds", default=seeds)
+    parser.add_argument("--threshold", type=float, default=0.95)
+    return parser
+
+
+def chosen_files(args: argparse.Namespace) -> list[Path]:
+    """The files a :func:`scenario_parser` command line names: its ``--scenario`` files, then its sets'."""
+    return [Path(f) for f in args.scenario] + [f for s in args.sets for f in sorted(SETS[s].glob("*.toml"))]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

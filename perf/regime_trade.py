@@ -17,11 +17,9 @@ docs/results-promise.md ("Kept (2026-12-07, fifth)") quotes the ratios to the fi
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -30,7 +28,7 @@ from eerl_sim.bench.cli import parse_seeds, with_seed
 from eerl_sim.bench.runner import ScenarioRun
 from eerl_sim.scenario import load_scenario
 
-from perf.promise import SETS
+from perf.promise import chosen_files, scenario_parser
 
 FloatArray = npt.NDArray[np.float64]
 KINDS = (PhaseKind.GENERATION, PhaseKind.TRAINING)
@@ -93,13 +91,9 @@ def trade(times: FloatArray, energies: FloatArray, threshold: float) -> tuple[fl
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--set", action="append", choices=sorted(SETS), dest="sets", default=[])
-    parser.add_argument("--scenario", action="append", default=[], help="a file (repeatable)")
-    parser.add_argument("--seeds", default="1-3")
-    parser.add_argument("--threshold", type=float, default=0.95)
+    parser = scenario_parser(__doc__.splitlines()[0], seeds="1-3")
     args = parser.parse_args(argv)
-    files = [Path(f) for f in args.scenario] + [f for s in args.sets for f in sorted(SETS[s].glob("*.toml"))]
+    files = chosen_files(args)
     print("| scenario | seed | regimes | fixed pair | per regime (÷ fixed) | one price (÷ fixed) |")
     print("|---|---|---|---|---|---|")
     for path in files:
