@@ -24,7 +24,7 @@ from eerl.phases import ControllerState, PhaseKind
 from eerl_sim.bench.cli import parse_seeds
 from eerl_sim.bench.runner import ScenarioRun
 
-from perf.promise import chosen_files, priced_run, scenario_parser
+from perf.promise import chosen_files, scenario_parser, single_node_runs
 
 FloatArray = npt.NDArray[np.float64]
 KINDS = (PhaseKind.GENERATION, PhaseKind.TRAINING)
@@ -78,16 +78,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     count: Counter[Group] = Counter()
     cost: dict[Group, float] = {}
     runs = 0
-    for path in files:
-        for seed in parse_seeds(args.seeds):
-            run = priced_run(path, seed, args.cache)
-            if not isinstance(run, ScenarioRun):
-                continue
-            run_count, run_cost_ = run_cost(run, args.threshold)
-            count.update(run_count)
-            for group, c in run_cost_.items():
-                cost[group] = cost.get(group, 0.0) + c
-            runs += 1
+    for _, _, run in single_node_runs(files, parse_seeds(args.seeds), args.cache):
+        run_count, run_cost_ = run_cost(run, args.threshold)
+        count.update(run_count)
+        for group, c in run_cost_.items():
+            cost[group] = cost.get(group, 0.0) + c
+        runs += 1
     if runs == 0:
         raise SystemExit("no single-node scenario among those given")
     print(f"{runs} runs at {args.threshold}; per run, mean:")

@@ -15,13 +15,14 @@ Single-node scenarios only by default; ``--multinode`` adds the multi-node files
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import hashlib
 import json
 import pickle
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,10 +75,27 @@ def _cache_key(path: Path, seed: int) -> str:
     return hashlib.sha256(_simulator_digest() + path.read_bytes() + f"/{seed}".encode()).hexdigest()[:20]
 
 
-def priced_run(path: Path, seed: int, cache: Path | None) -> ScenarioRun | MultinodeRun:
-    """One scenario file at one seed, priced at every clock (from ``cache`` when it holds it)."""
+def without_phase_noise(scenario: Scenario) -> Scenario:
+    """``scenario`` with each phase's own duration and power noise off, on its GPUs and its nodes (the
+    segments keep theirs): what is left to predict is the workload's doing."""
+    gpu = dataclasses.replace(scenario.gpu, noise_phase_duration=0.0, noise_phase_power=0.0)
+    workload = scenario.workload
+    if workload.nodes is not None:
+        nodes = dataclasses.replace(workload.nodes, noise_phase_duration=0.0, noise_phase_power=0.0)
+        workload = dataclasses.replace(workload, nodes=nodes)
+    return dataclasses.replace(scenario, gpu=gpu, workload=workload)
+
+
+def priced_run(
+    path: Path, seed: int, cache: Path | None, *, phase_noise: bool = True
+) -> ScenarioRun | MultinodeRun:
+    """One scenario file at one seed, priced at every clock (from ``cache`` when it holds it);
+    ``phase_noise`` False prices it :func:`without_phase_noise`."""
     scenario: Scenario = with_seed(load_scenario(str(path)), seed)
-    file = None if cache is None else cache / f"{path.stem}-{_cache_key(path, seed)}.pickle"
+    key = _cache_key(path, seed)
+    if not phase_noise:
+        scenario, key = without_phase_noise(scenario), f"{key}-quiet"
+    file = None if cache is None else cache / f"{path.stem}-{key}.pickle"
     if file is not None and file.exists():
         # Written by this tool only, in the user's own cache directory: nothing untrusted is unpickled.
         loaded: ScenarioRun | MultinodeRun = pickle.loads(file.read_bytes())  # noqa: S301
@@ -97,9 +115,22 @@ def priced_run(path: Path, seed: int, cache: Path | None) -> ScenarioRun | Multi
     return run
 
 
-def run_cells(path: Path, seed: int, thresholds: Sequence[float], cache: Path | None) -> list[Cell]:
+def single_node_runs(
+    files: Sequence[Path], seeds: Sequence[int], cache: Path | None, *, phase_noise: bool = True
+) -> Iterator[tuple[Path, int, ScenarioRun]]:
+    """Each single-node file at each seed, priced (the studies beside this bench walk these)."""
+    for path in files:
+        for seed in seeds:
+            run = priced_run(path, seed, cache, phase_noise=phase_noise)
+            if isinstance(run, ScenarioRun):
+                yield path, seed, run
+
+
+def run_cells(
+    path: Path, seed: int, thresholds: Sequence[float], cache: Path | None, phase_noise: bool = True
+) -> list[Cell]:
     """Every threshold on one priced scenario and seed."""
-    run = priced_run(path, seed, cache)
+    run = priced_run(path, seed, cache, phase_noise=phase_noise)
     cells = []
     for threshold in thresholds:
         default = run.default_totals()
@@ -165,6 +196,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "eerl" / "promise")
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--no-phase-noise",
+        action="store_true",
+        help="price the scenarios with their per-phase noise off (what it costs: see perf.capture_loss)",
+    )
     args = parser.parse_args(argv)
     seeds = parse_seeds(args.seeds)
     thresholds = [float(t) for t in args.thresholds.split(",")]
@@ -178,7 +214,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             groups[name] = [p for p in paths if "[workload.nodes]" not in p.read_text()]
     jobs = [(p, s) for paths in groups.values() for p in paths for s in seeds]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        futures = {job: pool.submit(run_cells, job[0], job[1], thresholds, args.cache) for job in jobs}
+        futures = {
+            job: pool.submit(run_cells, job[0], job[1], thresholds, args.cache, not args.no_phase_noise)
+            for job in jobs
+        }
         results = {job: future.result() for job, future in futures.items()}
     everything: dict[str, list[dict[str, object]]] = {}
     for name, paths in groups.items():
