@@ -49,7 +49,12 @@ def baseline_complete(baseline: BaselineState, config: EerlConfig) -> bool:
 
 def schedule_rebaseline(baseline: BaselineState, phases: int, *, same_work: bool = False) -> None:
     """Run ``phases`` more default phases before the next re-tune (the old regime's samples then go; its
-    locked phases go now). ``same_work``: the cost of the same work changed, not the work itself."""
+    locked phases go now). ``same_work``: the cost of the same work changed, not the work itself.
+
+    The errors its phases are predicted with go at its end too (they measure the step); a re-baseline
+    that interrupts another keeps the first one's mark."""
+    if baseline.rebaseline_left == 0 or baseline.rebaseline_errors_mark is None:
+        baseline.rebaseline_errors_mark = baseline.predictor.errors_recorded
     baseline.rebaseline_left = baseline.rebaseline_length = phases
     baseline.rebaseline_same_work = same_work
     baseline.predictor.forget_locked()
@@ -62,7 +67,8 @@ def rebaseline_step(baseline: BaselineState, workload: Workload, config: EerlCon
     features lie far from this phase's (beyond the drift band, or 2.5 of the window's relative spread): they
     would make it extrapolate. When the same work changed its cost (ratios left their band, control phases
     missed), features cannot tell the regimes apart: only the re-baseline's own phases stay — kept, the
-    old ones would outvote them, and every ratio would stay judged against the old cost.
+    old ones would outvote them, and every ratio would stay judged against the old cost. Either way the
+    errors made predicting the re-baseline's phases go: they were the step's, not the new regime's noise.
     """
     baseline.rebaseline_left -= 1
     if baseline.rebaseline_left != 0:
@@ -72,4 +78,7 @@ def rebaseline_step(baseline: BaselineState, workload: Workload, config: EerlCon
         baseline.rebaseline_same_work = False
     else:
         baseline.predictor.forget_far(workload, config.drift_feature_band, baseline.rebaseline_length)
+    if baseline.rebaseline_errors_mark is not None:
+        baseline.predictor.drop_errors_since(baseline.rebaseline_errors_mark)
+        baseline.rebaseline_errors_mark = None
     return True

@@ -104,6 +104,9 @@ class BaselinePredictor:
         self._durations: deque[float] = deque(maxlen=window)
         self._energies: deque[float] = deque(maxlen=window)
         self._errors: deque[float] = deque(maxlen=window)
+        self._errors_recorded = 0
+        """Errors recorded since this predictor began (a position in their sequence, which the window does
+        not bound): :meth:`drop_errors_since` finds a re-baseline's errors by it."""
         self._groups: dict[tuple[int, int], deque[tuple[npt.NDArray[np.float64], float, float]]] = {}
         """The newest :data:`LOCKED_WINDOW` locked phases (features, duration, energy) by (clock, block of
         :data:`LOCKED_BLOCK` consecutive ones), each group's oldest first."""
@@ -126,6 +129,24 @@ class BaselinePredictor:
     def error_fraction(self) -> float:
         """Mean absolute relative out-of-sample error of the duration prediction (0 until measured)."""
         return float(np.mean(self._errors)) if self._errors else 0.0
+
+    @property
+    def errors_recorded(self) -> int:
+        """How many out-of-sample errors this predictor has recorded (window or not): a mark for
+        :meth:`drop_errors_since`."""
+        return self._errors_recorded
+
+    def drop_errors_since(self, mark: int) -> None:
+        """Forget the errors recorded after ``mark`` (an :attr:`errors_recorded` read earlier).
+
+        A re-baseline's phases are predicted by a model that still holds the old regime's samples: their
+        errors measure the step, not the noise. Kept, they are the noise level of the new regime's model
+        for as long as they stay in the window — on `regime-switch-h100` 74 % for one regime, where its
+        phases vary by 1 %: every margin at its cap, the outlier and control-phase bands wide open.
+        """
+        for _ in range(min(max(self._errors_recorded - mark, 0), len(self._errors))):
+            self._errors.pop()
+        self._errors_recorded = min(self._errors_recorded, mark)
 
     def newest_feature_means(self, count: int) -> npt.NDArray[np.float64] | None:
         """Mean workload features of the ``count`` newest samples: where the baseline was last checked."""
@@ -168,6 +189,7 @@ class BaselinePredictor:
             if not force and self.count >= 4 and max(abs(error), abs(energy_error)) > band:
                 return error
             self._errors.append(abs(error))
+            self._errors_recorded += 1
         self._features.append(workload_features(self._kind, workload))
         self._durations.append(duration_s)
         self._energies.append(energy_j)

@@ -235,6 +235,7 @@ def take_up_regime(track: KindTrack, regime: Regime, config: EerlConfig) -> None
     baseline.default_energy_j = regime.default_energy_j
     baseline.rebaseline_left = 0
     baseline.rebaseline_same_work = False
+    baseline.rebaseline_errors_mark = None
     baseline.check_pending = False
     track.curve = regime.curve
     track.committed_mhz = regime.committed_mhz

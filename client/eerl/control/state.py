@@ -46,6 +46,9 @@ class BaselineState:
     rebaseline_same_work: bool = False
     """The pending re-baseline answers a change in what the same work costs (ratios, control phases), not
     in the work: every older default phase goes, however alike its workload."""
+    rebaseline_errors_mark: int | None = None
+    """The predictor's error count when the pending re-baseline began: the errors after it are the step's
+    (:meth:`~eerl.control.predictor.BaselinePredictor.drop_errors_since` at its end)."""
     last_default_iteration: int = 0
     check_pending: bool = False
     """A measured miss waits for one default phase: the yardstick is re-checked before the clock is blamed."""

@@ -81,3 +81,50 @@ class TestBaseline:
         learn_default(track.baseline, phase, relearning=True)
         assert rebaseline_step(track.baseline, phase.workload, CONFIG)
         assert track.baseline.predictor.count == 7
+
+    def test_a_rebaseline_forgets_the_errors_it_made_across_the_step(self) -> None:
+        """The re-baseline's phases were predicted with the old regime's samples: their errors (here
+        100 %) are the step's. After it the noise level is what it was (1 %), not 20 times that:
+        the planning margin, the outlier band and the control-phase band all read it."""
+        track = new_track(PhaseKind.TRAINING, CONFIG.predictor_window, GRID.curve_bandwidth_mhz)
+        for i in range(8):
+            duration_s = 10.0 * (1.01 if i % 2 else 0.99)
+            learn_default(
+                track.baseline, default_phase(PhaseKind.TRAINING, i, duration_s=duration_s), relearning=True
+            )
+        noise = track.baseline.predictor.error_fraction
+        assert 0.005 < noise < 0.03
+        schedule_rebaseline(track.baseline, CONFIG.rebaseline_phases)
+        shrunk = workload(tokens=200_000)
+        for i in range(CONFIG.rebaseline_phases):
+            phase = default_phase(PhaseKind.TRAINING, 8 + i, shrunk, duration_s=4.0)  # 2.0 predicted
+            learn_default(track.baseline, phase, relearning=True)
+            if i == 0:
+                assert track.baseline.predictor.error_fraction > 5 * noise  # what used to stay
+            rebaseline_step(track.baseline, shrunk, CONFIG)
+        assert track.baseline.predictor.error_fraction == noise
+        # The new regime's own phases are measured from here on, against its own model.
+        learn_default(
+            track.baseline, default_phase(PhaseKind.TRAINING, 11, shrunk, duration_s=4.04), relearning=False
+        )
+        assert track.baseline.predictor.error_fraction < 0.03
+
+    def test_a_rebaseline_that_interrupts_another_forgets_both_steps_errors(self) -> None:
+        """A second step before the first re-baseline ended: the errors of both go at its end."""
+        track = fitted_track(phases=6, duration_s=10.0)
+        before = track.baseline.predictor.errors_recorded
+        schedule_rebaseline(track.baseline, CONFIG.rebaseline_phases)
+        learn_default(
+            track.baseline,
+            default_phase(PhaseKind.TRAINING, 6, workload(tokens=200_000), duration_s=2.0),
+            relearning=True,
+        )
+        rebaseline_step(track.baseline, workload(tokens=200_000), CONFIG)
+        schedule_rebaseline(track.baseline, 1)
+        tiny = workload(tokens=50_000)
+        learn_default(
+            track.baseline, default_phase(PhaseKind.TRAINING, 7, tiny, duration_s=0.6), relearning=True
+        )
+        assert rebaseline_step(track.baseline, tiny, CONFIG)
+        assert track.baseline.predictor.errors_recorded == before
+        assert track.baseline.predictor.error_fraction == 0.0  # identical phases before the steps

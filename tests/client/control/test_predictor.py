@@ -85,6 +85,26 @@ def test_its_out_of_sample_error_is_tracked() -> None:
     assert 0.0 < predictor.error_fraction < 0.05
 
 
+def test_errors_recorded_after_a_mark_can_be_forgotten() -> None:
+    """The errors after a mark go, those before stay; a mark older than the window drops only what it
+    holds; the count goes back to the mark, so a later mark lines up again."""
+    rng = np.random.default_rng(5)
+    predictor = fitted(rng, 1200.0, samples=8)
+    noise = predictor.error_fraction
+    mark = predictor.errors_recorded
+    assert mark == 5  # phases 4 to 8 were predicted first (a fit needs 3)
+    for _ in range(2):
+        workload, duration = generation(rng, 4000.0)
+        predictor.add(workload, duration, duration * 400.0, force=True)
+    assert predictor.errors_recorded == mark + 2
+    assert predictor.error_fraction > 5 * noise
+    predictor.drop_errors_since(mark)
+    assert predictor.error_fraction == pytest.approx(noise)
+    assert predictor.errors_recorded == mark
+    predictor.drop_errors_since(0)
+    assert predictor.error_fraction == 0.0
+
+
 def test_after_a_step_the_old_regime_goes_however_much_the_new_one_varies() -> None:
     """Training tokens stepping 2.27 M -> 5.4-8.3 M (long answers vary from batch to batch): the window's
     spread held both regimes and widened the band past the step, and with no other sample near the newest
