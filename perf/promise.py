@@ -27,7 +27,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from eerl.control.eerl import create_eerl_controller
+from eerl.control.base import Controller, ControllerSettings
+from eerl.control.eerl import JOB_CONFIG, EerlConfig, EerlController, create_eerl_controller
 from eerl_sim.bench.cli import parse_seeds, with_seed
 from eerl_sim.bench.multinode import MultinodeRun, figures
 from eerl_sim.bench.runner import ScenarioRun
@@ -126,19 +127,35 @@ def single_node_runs(
                 yield path, seed, run
 
 
+def _physics_controller(settings: ControllerSettings) -> Controller:
+    return EerlController(settings, EerlConfig(physics_curve=True))
+
+
+def _physics_job_controller(settings: ControllerSettings) -> Controller:
+    return EerlController(settings, dataclasses.replace(JOB_CONFIG, physics_curve=True))
+
+
 def run_cells(
-    path: Path, seed: int, thresholds: Sequence[float], cache: Path | None, phase_noise: bool = True
+    path: Path,
+    seed: int,
+    thresholds: Sequence[float],
+    cache: Path | None,
+    phase_noise: bool = True,
+    *,
+    physics_curve: bool = False,
 ) -> list[Cell]:
-    """Every threshold on one priced scenario and seed."""
+    """Every threshold on one priced scenario and seed (``physics_curve``: the controller with
+    ``EerlConfig.physics_curve`` on)."""
     run = priced_run(path, seed, cache, phase_noise=phase_noise)
     cells = []
     for threshold in thresholds:
         default = run.default_totals()
         _, oracle = run.oracle(threshold)
         if isinstance(run, MultinodeRun):
-            online = run.run_job(threshold)
+            online = run.run_job(threshold, controller=_physics_job_controller if physics_curve else None)
         else:
-            online = run.run_online(create_eerl_controller, threshold).totals
+            factory = _physics_controller if physics_curve else create_eerl_controller
+            online = run.run_online(factory, threshold).totals
         saved, best = figures(online, default), figures(oracle, default)
         capture = saved.savings / best.savings if best.savings > 0 else float("nan")
         cells.append(Cell(path.stem, seed, threshold, capture, saved.throughput_ratio))
@@ -201,6 +218,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="price the scenarios with their per-phase noise off (what it costs: see perf.capture_loss)",
     )
+    parser.add_argument(
+        "--physics-curve",
+        action="store_true",
+        help="run the controller with EerlConfig.physics_curve on (the physics-shaped clock curve)",
+    )
     args = parser.parse_args(argv)
     seeds = parse_seeds(args.seeds)
     thresholds = [float(t) for t in args.thresholds.split(",")]
@@ -215,7 +237,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     jobs = [(p, s) for paths in groups.values() for p in paths for s in seeds]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         futures = {
-            job: pool.submit(run_cells, job[0], job[1], thresholds, args.cache, not args.no_phase_noise)
+            job: pool.submit(
+                run_cells,
+                job[0],
+                job[1],
+                thresholds,
+                args.cache,
+                not args.no_phase_noise,
+                physics_curve=args.physics_curve,
+            )
             for job in jobs
         }
         results = {job: future.result() for job, future in futures.items()}

@@ -88,7 +88,8 @@ class EerlController:
             raise ValidationError("throughput_threshold", "must be in (0, 1]")
         self._tracks: dict[PhaseKind, KindTrack] = {}
         for kind in settings.kinds:
-            track = new_track(kind, self._config.predictor_window, self._grid.curve_bandwidth_mhz)
+            top_mhz = float(self._grid.max_mhz) if self._config.physics_curve else None
+            track = new_track(kind, self._config.predictor_window, self._grid.curve_bandwidth_mhz, top_mhz)
             track.search.coarse = self._grid.coarse_schedule()
             self._tracks[kind] = track
         self._all = tuple(self._tracks.values())

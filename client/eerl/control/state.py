@@ -183,7 +183,11 @@ class RefinePace:
     :func:`eerl.control.retune.refine_interval`)."""
 
 
-def new_track(kind: PhaseKind, predictor_window: int, bandwidth_mhz: float) -> KindTrack:
-    """A kind's track before its first phase: a fresh predictor and a curve judged against it."""
+def new_track(
+    kind: PhaseKind, predictor_window: int, bandwidth_mhz: float, top_mhz: float | None = None
+) -> KindTrack:
+    """A kind's track before its first phase: a fresh predictor and a curve judged against it (read
+    through the physics-shaped fit when ``top_mhz`` is given)."""
     predictor = BaselinePredictor(kind, window=predictor_window)
-    return KindTrack(kind, ClockCurve(predictor.predict_many, bandwidth_mhz), BaselineState(predictor))
+    curve = ClockCurve(predictor.predict_many, bandwidth_mhz, top_mhz=top_mhz)
+    return KindTrack(kind, curve, BaselineState(predictor))

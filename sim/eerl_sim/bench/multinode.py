@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from eerl.control.base import ControllerSettings, PhaseObservation
+from eerl.control.base import Controller, ControllerSettings, PhaseObservation
 from eerl.control.registry import DEFAULT_CONTROLLER, controller_factory
 from eerl.directives import DirectiveVerdict
 from eerl.job.controller import JobController, NodeReport
@@ -49,6 +49,8 @@ from eerl_sim.scenario import NodesSpec, Scenario
 from eerl_sim.sweep import KINDS, pair_totals
 from eerl_sim.workload import FloatArray
 from eerld.errors import ConfigError
+
+ControllerFactory = Callable[[ControllerSettings], Controller]
 
 POLICIES = ("default", "oracle", "independent", "job")
 Progress = Callable[[int], None]
@@ -247,10 +249,19 @@ class MultinodeRun:
                 progress(1)
         return RunTotals(energy_total, wall_total, int(self.valid_tokens.sum()))
 
-    def run_job(self, threshold: float, progress: Progress | None = None) -> RunTotals:
-        """One job-level controller: the same directive on every node, fed the nodes' reports."""
+    def run_job(
+        self, threshold: float, progress: Progress | None = None, controller: ControllerFactory | None = None
+    ) -> RunTotals:
+        """One job-level controller: the same directive on every node, fed the nodes' reports (over
+        ``controller``'s controller where given, else the default job tuning)."""
         nodes = self.spec.count
-        job = JobController(self._settings(threshold), nodes)
+        settings = self._settings(threshold)
+        inner = None if controller is None else controller(settings)
+        job = (
+            JobController(settings, nodes)
+            if inner is None
+            else JobController(settings, nodes, controller=inner)
+        )
         counters = node_counters(self.draws, self.period_s, self.idle_w)
         now_s = energy_total = wall_total = 0.0
         for i in range(self.iterations):
