@@ -21,11 +21,16 @@ class EerlConfig:
     planning_margin: float = 0.006
     """Plan for threshold + margin, so that predictor error rarely pushes the run below the threshold."""
     energy_stop_margin: float = 0.01
-    recheck_energy_stop: bool = False
-    """A coarse trial past the energy minimum is repeated before the descent stops on it. For a job across
-    nodes (:func:`eerl.control.eerl.create_job_eerl_controller`), where one straggling node keeps every
-    other waiting and a single phase's summed energy can be far off; on one node the repeat costs more
-    than it saves."""
+    recheck_energy_stop: bool = True
+    """A coarse trial past the energy minimum is repeated before the descent stops on it (the lower reading
+    counts). One reading is judged against a predictor fitted on four default phases, and a phase's energy
+    is harder to predict than its time: on long chain-of-thought the decode reads of all workers, which
+    the energy follows, vary more than the busiest worker's, which the time follows (`short-cot-verl-h100`
+    seed 4: a trial read 4.5 % over its true energy ratio where the stop allows 1 %, the descent stopped
+    two clocks above the minimum, capture 0.63). Across nodes a straggler makes the summed energy
+    noisier still. Over the eight promise sets (seeds 1-5 and 6-10, 1380 runs) capture medians moved
+    within +-0.002 and the worst run at 0.95 rose 0.631 -> 0.650 and 0.579 -> 0.661
+    (docs/results-promise.md, "tenth")."""
     control_interval_phases: int = 60
     refine_interval_phases: int = 20
     """A committed allocation is re-checked against all trials (its own phases included) this often."""

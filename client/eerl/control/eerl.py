@@ -434,12 +434,12 @@ def create_eerl_controller(settings: ControllerSettings) -> Controller:
     return EerlController(settings)
 
 
-JOB_CONFIG = EerlConfig(recheck_energy_stop=True)
-"""The tuning of a job-level controller (:class:`eerl.job.JobController`): a job's phase energy is the sum
-over its nodes, and one straggling node keeps all others waiting, so a coarse trial past the energy
-minimum is repeated before the descent stops on it (over seeds 1-5 of the multi-node scenarios the job's
-capture median rose from 0.933 to 0.950 and its worst from 0.658 to 0.822; on one node the repeat cost
-more than it saved: median 0.929 -> 0.925)."""
+JOB_CONFIG = EerlConfig()
+"""The tuning of a job-level controller (:class:`eerl.job.JobController`): the single-node defaults. A job's
+phase energy is the sum over its nodes, and one straggling node keeps all others waiting, so its coarse
+descent repeating a trial past the energy minimum (``recheck_energy_stop``, first introduced for jobs) matters
+most there: over seeds 1-5 of the multi-node scenarios the job's capture median rose from 0.933 to 0.950
+and its worst from 0.658 to 0.822."""
 
 
 def create_job_eerl_controller(settings: ControllerSettings) -> Controller:

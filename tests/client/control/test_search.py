@@ -6,7 +6,6 @@ import numpy as np
 from eerl.control.budget import Allocation
 from eerl.control.config import EerlConfig
 from eerl.control.curve import Trial
-from eerl.control.eerl import JOB_CONFIG
 from eerl.control.search import (
     after_coarse_trial,
     after_local_trial,
@@ -150,33 +149,34 @@ class TestSearch:
         assert _coarse(search, 1185, 1.115, 0.7) is None
         assert not search.coarse_stopped
 
-    def test_a_trial_past_the_energy_minimum_stops_the_descent(self) -> None:
-        """An energy ratio more than the margin above the lowest so far ends the descent."""
+    def test_without_the_repeat_a_trial_past_the_energy_minimum_stops_the_descent(self) -> None:
+        """With ``recheck_energy_stop`` off, an energy ratio more than the margin above the lowest so far
+        ends the descent at once."""
         search = SearchState(coarse=[1035, 915], min_energy_ratio=0.80)
+        reason = _coarse(search, 1035, 1.05, 0.815, config=EerlConfig(recheck_energy_stop=False))
+        assert reason == "coarse descent stops: past the energy minimum (0.815)"
+        assert search.coarse_stopped
+
+    def test_a_trial_past_the_minimum_stops_it_once_its_repeat_agrees(self) -> None:
+        """The clock runs again, and when the lower of the two readings is still past the minimum the
+        descent ends."""
+        search = SearchState(coarse=[1035, 915], min_energy_ratio=0.80)
+        assert _coarse(search, 1035, 1.05, 0.83) is None
+        assert search.coarse == [1035, 915]
+        assert not search.coarse_stopped
         reason = _coarse(search, 1035, 1.05, 0.815)
         assert reason == "coarse descent stops: past the energy minimum (0.815)"
         assert search.coarse_stopped
 
-    def test_tuned_for_a_job_a_trial_past_the_minimum_stops_it_once_its_repeat_agrees(self) -> None:
-        """The clock runs again, and when the lower of the two readings is still past the minimum the
-        descent ends."""
-        search = SearchState(coarse=[1035, 915], min_energy_ratio=0.80)
-        assert _coarse(search, 1035, 1.05, 0.83, config=JOB_CONFIG) is None
-        assert search.coarse == [1035, 915]
-        assert not search.coarse_stopped
-        reason = _coarse(search, 1035, 1.05, 0.815, config=JOB_CONFIG)
-        assert reason == "coarse descent stops: past the energy minimum (0.815)"
-        assert search.coarse_stopped
-
-    def test_tuned_for_a_job_a_repeat_back_at_the_minimum_lets_the_descent_go_on(self) -> None:
-        """One phase's energy far off (a straggling node's wait) does not stop the descent: its repeat
-        is back below the margin and the next rung follows."""
+    def test_a_repeat_back_at_the_minimum_lets_the_descent_go_on(self) -> None:
+        """One phase's energy far off (a straggling node's wait, a young predictor) does not stop the
+        descent: its repeat is back below the margin and the next rung follows."""
         search = SearchState(coarse=[1335, 1185], min_energy_ratio=0.88)
-        assert _coarse(search, 1335, 1.03, 0.95, config=JOB_CONFIG) is None
-        assert _coarse(search, 1335, 1.03, 0.84, config=JOB_CONFIG) is None
+        assert _coarse(search, 1335, 1.03, 0.95) is None
+        assert _coarse(search, 1335, 1.03, 0.84) is None
         assert (search.coarse, search.coarse_stopped, search.min_energy_ratio) == ([1185], False, 0.84)
         # The next reading past the minimum gets its own repeat again.
-        assert _coarse(search, 1185, 1.05, 0.9, config=JOB_CONFIG) is None
+        assert _coarse(search, 1185, 1.05, 0.9) is None
         assert search.coarse == [1185]
 
     def test_a_first_trial_too_slow_turns_the_descent_upward(self) -> None:
