@@ -127,12 +127,12 @@ def single_node_runs(
                 yield path, seed, run
 
 
-def _physics_controller(settings: ControllerSettings) -> Controller:
-    return EerlController(settings, EerlConfig(physics_curve=True))
+def _local_controller(settings: ControllerSettings) -> Controller:
+    return EerlController(settings, EerlConfig(physics_curve=False))
 
 
-def _physics_job_controller(settings: ControllerSettings) -> Controller:
-    return EerlController(settings, dataclasses.replace(JOB_CONFIG, physics_curve=True))
+def _local_job_controller(settings: ControllerSettings) -> Controller:
+    return EerlController(settings, dataclasses.replace(JOB_CONFIG, physics_curve=False))
 
 
 def run_cells(
@@ -142,19 +142,19 @@ def run_cells(
     cache: Path | None,
     phase_noise: bool = True,
     *,
-    physics_curve: bool = False,
+    local_curve: bool = False,
 ) -> list[Cell]:
-    """Every threshold on one priced scenario and seed (``physics_curve``: the controller with
-    ``EerlConfig.physics_curve`` on)."""
+    """Every threshold on one priced scenario and seed (``local_curve``: the controller with
+    ``EerlConfig.physics_curve`` off, its clock curves the local fit alone)."""
     run = priced_run(path, seed, cache, phase_noise=phase_noise)
     cells = []
     for threshold in thresholds:
         default = run.default_totals()
         _, oracle = run.oracle(threshold)
         if isinstance(run, MultinodeRun):
-            online = run.run_job(threshold, controller=_physics_job_controller if physics_curve else None)
+            online = run.run_job(threshold, controller=_local_job_controller if local_curve else None)
         else:
-            factory = _physics_controller if physics_curve else create_eerl_controller
+            factory = _local_controller if local_curve else create_eerl_controller
             online = run.run_online(factory, threshold).totals
         saved, best = figures(online, default), figures(oracle, default)
         capture = saved.savings / best.savings if best.savings > 0 else float("nan")
@@ -219,9 +219,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="price the scenarios with their per-phase noise off (what it costs: see perf.capture_loss)",
     )
     parser.add_argument(
-        "--physics-curve",
+        "--local-curve",
         action="store_true",
-        help="run the controller with EerlConfig.physics_curve on (the physics-shaped clock curve)",
+        help="run the controller with EerlConfig.physics_curve off (the local fit alone; the default before)",
     )
     args = parser.parse_args(argv)
     seeds = parse_seeds(args.seeds)
@@ -244,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 thresholds,
                 args.cache,
                 not args.no_phase_noise,
-                physics_curve=args.physics_curve,
+                local_curve=args.local_curve,
             )
             for job in jobs
         }

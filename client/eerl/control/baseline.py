@@ -47,9 +47,12 @@ def baseline_complete(baseline: BaselineState, config: EerlConfig) -> bool:
     return baseline.predictor.count >= config.baseline_phases
 
 
-def schedule_rebaseline(baseline: BaselineState, phases: int, *, same_work: bool = False) -> None:
+def schedule_rebaseline(
+    baseline: BaselineState, phases: int, *, same_work: bool = False, changed_since: int | None = None
+) -> None:
     """Run ``phases`` more default phases before the next re-tune (the old regime's samples then go; its
-    locked phases go now). ``same_work``: the cost of the same work changed, not the work itself.
+    locked phases go now). ``same_work``: the cost of the same work changed, not the work itself;
+    ``changed_since``: from which iteration on, as far as the phases tell (those phases go with the new).
 
     The errors its phases are predicted with go at its end too (they measure the step); a re-baseline
     that interrupts another keeps the first one's mark."""
@@ -57,6 +60,7 @@ def schedule_rebaseline(baseline: BaselineState, phases: int, *, same_work: bool
         baseline.rebaseline_errors_mark = baseline.predictor.errors_recorded
     baseline.rebaseline_left = baseline.rebaseline_length = phases
     baseline.rebaseline_same_work = same_work
+    baseline.changed_since_iteration = changed_since if same_work else None
     baseline.predictor.forget_locked()
 
 

@@ -6,7 +6,7 @@ each time, so that every default phase added later sharpens all past trials too.
 points are noisy (the predictor's error is a percent or two), so the curve is a kernel-weighted local-linear
 fit over neighbouring clocks: samples at nearby clocks share their information, and a robust (Huber)
 re-weighting keeps a single outlier phase from moving the estimate much. Older samples fade with age so
-that the curve follows a drifting workload. Given the top clock (``EerlConfig.physics_curve``, off by
+that the curve follows a drifting workload. Given the top clock (``EerlConfig.physics_curve``, on by
 default), once four clocks have trials the energy is the physics-shaped fit of
 :mod:`eerl.control.physics` to those same weighted trials (every clock's estimate then rests on all of
 them, and the voltage knee stays a kink), and the time the slower of that fit's and the local one's.

@@ -147,7 +147,11 @@ class EerlController:
         )
         if left_regime:
             # The regime's locked phases keep the judgement of its own predictor (before it goes).
-            self._planner.run.settle(track.kind, judged_by(before_predictor))
+            # After a change in what the same work costs, the phases since the change go with the new.
+            self._planner.run.settle(
+                track.kind, judged_by(before_predictor), carry_since=track.baseline.changed_since_iteration
+            )
+            track.baseline.changed_since_iteration = None
         if verdict is not None:
             self._history.append(verdict)
             return verdict
@@ -228,6 +232,11 @@ class EerlController:
 
     def _observe_default(self, track: KindTrack, obs: PhaseObservation, now_s: float) -> Decision | None:
         stepped = self._default_phase_stepped(track, obs)
+        if stepped == "":
+            # Held back (a search's phase past the step band): counted at its own time, not learned from.
+            self._planner.run.add_default(obs.duration_s, self._between_counted(obs))
+            track.ledger.add_default(obs.energy_j, obs.duration_s)
+            return None
         prediction = track.baseline.predictor.predict(obs.workload)
         predicted_s = obs.duration_s if prediction is None else prediction.duration_s
         self._planner.run.add_default(predicted_s, self._between_counted(obs))
@@ -250,7 +259,7 @@ class EerlController:
             )
         if track.searching:
             # The allocation chose the default governor for this kind: that is a measured choice too.
-            reason = self._try_commit(obs.iteration)
+            reason = self._try_commit(obs.iteration) or stepped
             if reason is None:
                 return None
             return Decision(track.kind, obs.iteration, None, track.state, reason, now_s, 1.0, 1.0)
@@ -279,7 +288,13 @@ class EerlController:
 
     def _default_phase_stepped(self, track: KindTrack, obs: PhaseObservation) -> str | None:
         """A committed kind's default phase on a workload past the step band: answer the step first (the
-        regime is kept, a kept one taken up, or a re-baseline starts with this phase); the reason."""
+        regime is kept, a kept one taken up, or a re-baseline starts with this phase); the reason.
+
+        A searching kind's default phase (its plan chose the default governor) is judged as its locked
+        phases are, a second phase confirming: unwatched, a training search holding the default above its
+        power cap learned a returning regime's phases into the one it had left and searched on there."""
+        if track.searching:
+            return self._locked_phase_stepped(track, obs)
         if track.state is not ControllerState.COMMITTED:
             return None
         step = stepped_phase(track.baseline.predictor, track.kind, obs.workload, self._config)
@@ -288,9 +303,10 @@ class EerlController:
         return respond_to_drift(track, step, self._pace, self._config, obs.iteration)
 
     def _locked_phase_stepped(self, track: KindTrack, obs: PhaseObservation) -> str | None:
-        """A searching or committed kind's locked phase on a workload beyond the step band: None when it is
-        not; "" when it is held back (not learned from) until the next phase says whether the workload
-        stepped; the step's reason when this phase confirms it (two in a row, the same way).
+        """A searching or committed kind's locked phase (or a searching kind's default phase) on a workload
+        beyond the step band: None when it is not; "" when it is held back (not learned from) until the
+        next phase says whether the workload stepped; the step's reason when this phase confirms it (two in
+        a row, the same way).
 
         Only a committed kind's monitor used to see steps, over the median of its newest phases: a search
         judged a new regime's trials on the old one's predictor, read them as too slow (or fast) and
@@ -339,6 +355,7 @@ class EerlController:
             obs.duration_s,
             self._between_counted(obs),
             features=features,
+            iteration=obs.iteration,
         )
         track.curve.add(Trial(clock, features, obs.duration_s, obs.energy_j, obs.iteration))
         track.baseline.predictor.add_locked(clock, features, obs.duration_s, obs.energy_j)
@@ -402,6 +419,7 @@ class EerlController:
             time_ratio=time_ratio,
             energy_ratio=energy_ratio,
             config=self._config,
+            iteration=obs.iteration,
         )
         reason = (
             None if drift is None else respond_to_drift(track, drift, self._pace, self._config, obs.iteration)

@@ -76,6 +76,9 @@ class RatioDrift:
 
     time_shift: float | None
     energy_shift: float | None
+    since_iteration: int | None = None
+    """The first committed phase at the new level (estimated: the window's phases nearer the new median
+    than the old); its phases and the later ones ran at the new cost."""
 
     @property
     def reason(self) -> str:
@@ -141,6 +144,7 @@ def watch(
     time_ratio: float,
     energy_ratio: float,
     config: EerlConfig,
+    iteration: int | None = None,
 ) -> Drift | None:
     """Take a committed phase's ratios and workload; the drift they show, if any (medians: outliers cannot).
 
@@ -155,6 +159,7 @@ def watch(
     """
     monitor.recent_time.append(time_ratio)
     monitor.recent_energy.append(energy_ratio)
+    monitor.recent_iteration.append(-1 if iteration is None else iteration)
     moved = _workload_move(monitor, predictor, kind, workload, config)
     if moved is not None:
         monitor.since_control = config.control_interval_phases
@@ -165,8 +170,24 @@ def watch(
     time_shift = median_shift(list(monitor.recent_time), window, config.drift_ratio_band)
     energy_shift = median_shift(list(monitor.recent_energy), window, config.drift_ratio_band)
     if time_shift is not None or energy_shift is not None:
-        return RatioDrift(time_shift, energy_shift)
+        moved_values = monitor.recent_time if time_shift is not None else monitor.recent_energy
+        since = _new_level_since(list(moved_values), list(monitor.recent_iteration), window)
+        return RatioDrift(time_shift, energy_shift, since)
     return None
+
+
+def _new_level_since(values: list[float], iterations: list[int], window: int) -> int | None:
+    """The iteration of the earliest of the last ``window`` phases whose value lies nearer the window's
+    median than the earlier phases' median: where a change in cost began (None: iterations unknown).
+
+    A drift is seen only once most of the window moved, so the phases before the verdict ran at the new
+    cost too; counted (not the trailing run alone), one noisy phase cannot hide the start.
+    """
+    recent, before = np.asarray(values[-window:]), np.asarray(values[:-window])
+    new_level, old_level = float(np.median(recent)), float(np.median(before))
+    nearer_new = int(np.sum(np.abs(recent - new_level) < np.abs(recent - old_level)))
+    since = iterations[-max(nearer_new, 1)]
+    return None if since < 0 else since
 
 
 def _workload_move(
@@ -274,5 +295,6 @@ def reset_for_commit(monitor: MonitorState) -> None:
     monitor.since_control = 0
     monitor.recent_time.clear()
     monitor.recent_energy.clear()
+    monitor.recent_iteration.clear()
     monitor.recent_shift.clear()
     monitor.recent_watched.clear()

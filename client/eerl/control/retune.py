@@ -24,7 +24,14 @@ from eerl.control.baseline import schedule_rebaseline
 from eerl.control.budget import Allocation
 from eerl.control.config import EerlConfig
 from eerl.control.grid import ClockGrid
-from eerl.control.monitor import WATCHED_FEATURES, Drift, WorkloadDrift, WorkloadStep, reset_for_commit
+from eerl.control.monitor import (
+    WATCHED_FEATURES,
+    Drift,
+    RatioDrift,
+    WorkloadDrift,
+    WorkloadStep,
+    reset_for_commit,
+)
 from eerl.control.plan import Planner
 from eerl.control.regimes import Regime, snapshot_regime
 from eerl.control.search import restart_descent, resume_model_search, settle, start_local, start_model_local
@@ -183,7 +190,10 @@ def respond_to_drift(
     # A new regime, or ratios the predictor cannot explain: the old default phases would mislead it.
     track.state = ControllerState.RETUNING
     schedule_rebaseline(
-        track.baseline, config.rebaseline_phases, same_work=not isinstance(drift, WorkloadStep)
+        track.baseline,
+        config.rebaseline_phases,
+        same_work=not isinstance(drift, WorkloadStep),
+        changed_since=drift.since_iteration if isinstance(drift, RatioDrift) else None,
     )
     return drift.reason
 
@@ -201,6 +211,8 @@ def switch_regime(track: KindTrack, step: WorkloadStep, config: EerlConfig, iter
     if returning is None:
         return None
     take_up_regime(track, returning, config)
+    if returning.search_epoch is not None:
+        return f"workload stepped ({step.shift:+.0%}) back to a regime seen before: its search taken up again"
     where = "the default governor" if returning.committed_mhz is None else f"{returning.committed_mhz} MHz"
     return (
         f"workload stepped ({step.shift:+.0%}) back to a regime seen before: its commit at {where} again, "

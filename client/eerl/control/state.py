@@ -46,6 +46,9 @@ class BaselineState:
     rebaseline_same_work: bool = False
     """The pending re-baseline answers a change in what the same work costs (ratios, control phases), not
     in the work: every older default phase goes, however alike its workload."""
+    changed_since_iteration: int | None = None
+    """A same-work re-baseline's estimate of where the cost changed: the locked phases from then on are
+    judged on the new yardstick, not settled on the old (None: every phase so far belongs to the old)."""
     rebaseline_errors_mark: int | None = None
     """The predictor's error count when the pending re-baseline began: the errors after it are the step's
     (:meth:`~eerl.control.predictor.BaselinePredictor.drop_errors_since` at its end)."""
@@ -91,6 +94,8 @@ class MonitorState:
     """Committed phases since the last probe a fine step below the committed clock."""
     recent_time: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     recent_energy: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+    recent_iteration: deque[int] = field(default_factory=lambda: deque(maxlen=64))
+    """The iteration of each of ``recent_time``'s phases (-1: not known)."""
     recent_shift: dict[int, deque[float]] = field(default_factory=dict)
     """Per watched workload feature (index into :func:`workload_features`), its recent relative shifts."""
     recent_watched: deque[tuple[float, ...]] = field(default_factory=lambda: deque(maxlen=8))

@@ -49,10 +49,36 @@ class LockedWork:
         self.predicted_s += predicted_s
         self.feature_sum = features.copy() if self.feature_sum is None else self.feature_sum + features
 
+    def remove(self, predicted_s: float, features: npt.NDArray[np.float64]) -> None:
+        """Take one phase out (it goes to another regime's judgement)."""
+        if self.feature_sum is None or self.count == 0:
+            return
+        self.count -= 1
+        self.predicted_s -= predicted_s
+        self.feature_sum = self.feature_sum - features if self.count else None
+
     def absorb(self, other: LockedWork) -> None:
         """Take ``other``'s phases in."""
         if other.feature_sum is not None:
             self.add(other.predicted_s, other.feature_sum, other.count)
+
+
+NEWEST_LOCKED = 64
+"""Per kind, the newest locked phases kept one by one: those a change in cost came before go to the new
+yardstick when the kind re-baselines (:meth:`RunThroughput.settle`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _LockedPhase:
+    """One of a kind's newest locked phases, as the ledger counted it."""
+
+    iteration: int
+    clock_mhz: int
+    predicted_s: float
+    duration_s: float
+    counted_s: float
+    """The time the ledger counted it at (its clock's recent median ratio times ``predicted_s``)."""
+    features: npt.NDArray[np.float64]
 
 
 RECENT_AT_CLOCK = 5
@@ -75,6 +101,8 @@ class RunThroughput:
     actual_s: float = 0.0
     _ratios: dict[tuple[PhaseKind, int], deque[float]] = field(default_factory=dict)
     _locked: dict[PhaseKind, LockedWork] = field(default_factory=dict)
+    _newest: dict[PhaseKind, deque[_LockedPhase]] = field(default_factory=dict)
+    """Per kind, the newest locked phases of ``_locked``: (iteration, predicted default, features)."""
     _landing: dict[PhaseKind, LockedWork] = field(default_factory=dict)
     """Per kind, locked phases that showed a workload step: counted at their own time until the regime
     they landed in is known (:meth:`settle` gives them to it; a step not confirmed, to the regime left)."""
@@ -92,17 +120,25 @@ class RunThroughput:
         between_s: float,
         *,
         features: npt.NDArray[np.float64] | None = None,
+        iteration: int | None = None,
     ) -> None:
         """A phase locked at ``clock_mhz`` that took ``duration_s`` where the default would take
         ``predicted_s``; with its workload ``features``, :meth:`banked_s` may judge it again on a newer
-        predictor."""
+        predictor (and with its ``iteration``, a re-baseline after a change in cost may hand it to the
+        new yardstick)."""
         if predicted_s <= 0 or duration_s <= 0:
             return
         recent = self._ratios.setdefault((kind, clock_mhz), deque(maxlen=RECENT_AT_CLOCK))
         recent.append(duration_s / predicted_s)
-        self._add(predicted_s, predicted_s * statistics.median(recent), between_s)
+        counted_s = predicted_s * statistics.median(recent)
+        self._add(predicted_s, counted_s, between_s)
         if features is not None:
             self._locked.setdefault(kind, LockedWork()).add(predicted_s, features)
+            if iteration is not None:
+                newest = self._newest.setdefault(kind, deque(maxlen=NEWEST_LOCKED))
+                newest.append(
+                    _LockedPhase(iteration, clock_mhz, predicted_s, duration_s, counted_s, features)
+                )
         landing = self._landing.pop(kind, None)
         if landing is not None:
             # The step they showed was not confirmed: they were phases of this regime after all.
@@ -132,9 +168,13 @@ class RunThroughput:
             self.default_s += default_s + between_s
             self.actual_s += actual_s + between_s
 
-    def settle(self, kind: PhaseKind, yardstick: Yardstick) -> None:
+    def settle(self, kind: PhaseKind, yardstick: Yardstick, *, carry_since: int | None = None) -> None:
         """``kind`` leaves its regime: its locked phases are judged once more, on ``yardstick`` (the
-        predictor of the regime they ran in), and that judgement stays.
+        predictor of the regime they ran in), and that judgement stays. Those from iteration
+        ``carry_since`` on ran at a cost the yardstick no longer knew (the same work got cheaper or
+        dearer before the monitor could see it): they stay to be judged on the new regime's predictor.
+        Settled on the old one, a halving of generation's memory traffic counted the six committed phases
+        before its verdict as 16 % faster than the default: the run believed 0.952, delivered 0.944.
 
         :meth:`banked_s` judges the locked phases on each kind's newest predictor; after a step that is
         another regime's, and it judged a long regime's phases on a short one's (on `short-switch-gb200`
@@ -144,6 +184,14 @@ class RunThroughput:
         over their threshold.
         """
         locked = self._locked.pop(kind, None)
+        carried = LockedWork()
+        newest = self._newest.pop(kind, ())
+        if carry_since is not None and locked is not None:
+            moved = [phase for phase in newest if phase.iteration >= carry_since]
+            for phase in moved:
+                locked.remove(phase.predicted_s, phase.features)
+                carried.add(phase.predicted_s, phase.features)
+            self.actual_s += _recounted_s(moved) - sum(phase.counted_s for phase in moved)
         if locked is not None and locked.feature_sum is not None:
             judged = yardstick(kind, locked.count, locked.feature_sum)
             if judged is not None and judged > 0:
@@ -153,7 +201,9 @@ class RunThroughput:
         landing = self._landing.pop(kind, None)
         if landing is not None:
             # The phases that showed the step belong to the regime the kind goes to.
-            self._locked[kind] = landing
+            carried.absorb(landing)
+        if carried.count:
+            self._locked[kind] = carried
 
     def banked_s(self, planned: float, yardstick: Yardstick | None = None) -> float:
         """The time the run is ahead of ``planned`` (negative: behind): ``default / planned - actual``.
@@ -202,3 +252,14 @@ class RunThroughput:
             return max_repay
         effective = ahead_s / remaining_s
         return min(max_repay, max(-max_spend, effective - planned))
+
+
+def _recounted_s(phases: list[_LockedPhase]) -> float:
+    """The phases' time counted at their own level: each clock's median ratio among them alone (counted
+    when they ran, the median of their clock's recent phases reached back to before the change)."""
+    total = 0.0
+    for clock in {phase.clock_mhz for phase in phases}:
+        at = [phase for phase in phases if phase.clock_mhz == clock]
+        ratio = statistics.median(phase.duration_s / phase.predicted_s for phase in at)
+        total += ratio * sum(phase.predicted_s for phase in at)
+    return total

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from eerl.control.baseline import learn_default
 from eerl.control.monitor import (
     Drift,
@@ -186,6 +187,32 @@ class TestDrift:
         assert drift.time_shift is not None
         assert abs(drift.time_shift - 0.1) < 1e-9
         assert drift.energy_shift is None
+
+    @pytest.mark.parametrize(("odd_phase", "since"), [(None, 14), (16, 15)])
+    def test_ratio_drift_names_the_phase_where_the_cost_changed(
+        self, odd_phase: int | None, since: int
+    ) -> None:
+        """Phases from iteration 14 on run 10 % slower: the drift, seen once most of a window moved, names
+        iteration 14 as where it began (the phases since ran at the new cost: the run's ledger judges
+        them on the new yardstick); with one phase among them at the old level, within a phase."""
+        track = _committed()
+        drift: Drift | None = None
+        iteration = 0
+        while drift is None:
+            slower = iteration >= 14 and iteration != odd_phase
+            drift = watch(
+                track.monitor,
+                track.baseline.predictor,
+                track.kind,
+                workload(),
+                time_ratio=1.1 if slower else 1.0,
+                energy_ratio=0.8,
+                config=CONFIG,
+                iteration=iteration,
+            )
+            iteration += 1
+        assert isinstance(drift, RatioDrift)
+        assert drift.since_iteration == since
 
     def test_no_shift_is_judged_before_two_windows(self) -> None:
         """Fewer than two windows of values say nothing, however far apart."""

@@ -172,11 +172,11 @@ def test_the_profiles_voltage_is_the_shape_the_fit_assumes() -> None:
 
 
 class TestController:
-    def test_the_controller_reads_its_curves_through_the_shape_only_when_asked(self) -> None:
+    def test_the_controller_reads_its_curves_through_the_shape_unless_told_not_to(self) -> None:
         settings = ControllerSettings(GRID_MHZ, throughput_threshold=0.90)
-        plain = EerlController(settings)
+        plain = EerlController(settings, EerlConfig(physics_curve=False))
         assert all(track.curve._top_mhz is None for track in plain._all)
-        shaped = EerlController(settings, EerlConfig(physics_curve=True))
+        shaped = EerlController(settings)
         assert all(track.curve._top_mhz == max(GRID_MHZ) for track in shaped._all)
         job = SyntheticJob()
         trace = drive_sync(shaped, job, 80)

@@ -120,6 +120,36 @@ class TestRunThroughput:
         run.settle(TRAINING, old_regime)
         assert run.banked_s(1.0, new_regime) == pytest.approx(2 * 11.0 - 2 * 12.0)
 
+    def test_the_phases_after_a_change_in_cost_go_to_the_new_yardstick_at_their_own_level(self) -> None:
+        """The same work got 20 % cheaper at iteration 10, before the monitor saw it: the old predictor
+        (10 s) judges the four phases from then on (8 s each) 20 % fast, and the median of their clock's
+        recent phases counted the first of them at the old ratio. Settled with ``carry_since``, the phases
+        before keep the old judgement, the four go to the new yardstick (8 s: neither banked nor owed)
+        and are counted at their own time."""
+        features = np.array([1000.0, 0.0, 0.0])
+        run = RunThroughput()
+        for iteration in range(10):
+            run.add_locked(TRAINING, 1305, 10.0, 10.5, between_s=0.0, features=features, iteration=iteration)
+        for iteration in range(10, 14):
+            run.add_locked(TRAINING, 1305, 10.0, 8.4, between_s=0.0, features=features, iteration=iteration)
+
+        def old_cost(kind: PhaseKind, count: int, feature_sum: npt.NDArray[np.float64]) -> float:
+            return 10.0 * count
+
+        def new_cost(kind: PhaseKind, count: int, feature_sum: npt.NDArray[np.float64]) -> float:
+            return 8.0 * count
+
+        settled_on_old = RunThroughput()
+        for iteration in range(14):
+            settled_on_old.add_locked(
+                TRAINING, 1305, 10.0, 10.5 if iteration < 10 else 8.4, 0.0, features=features
+            )
+        settled_on_old.settle(TRAINING, old_cost)
+        run.settle(TRAINING, old_cost, carry_since=10)
+        truth = 10 * 10.0 + 4 * 8.0 - (10 * 10.5 + 4 * 8.4)  # the default's time minus the time taken
+        assert run.banked_s(1.0, new_cost) == pytest.approx(truth)
+        assert settled_on_old.banked_s(1.0, new_cost) > truth + 3.5  # believed 3.8 s ahead of the truth
+
     def test_a_step_not_confirmed_leaves_its_phase_to_the_regime_it_ran_in(self) -> None:
         """One phase far off that the next does not confirm was this regime's after all: the next locked
         phase gives it back to the regime, whose predictor judges it, and a later step does not take it."""
