@@ -47,6 +47,7 @@ SETS = {
     "switch": SCENARIOS / "promise" / "switch",
     "jobs": SCENARIOS / "promise" / "jobs",
     "cadence": SCENARIOS / "promise" / "cadence",
+    "cost": SCENARIOS / "promise" / "cost",
 }
 TOLERANCE = 0.003
 """A run may end this far below its threshold (noise no controller can see coming)."""

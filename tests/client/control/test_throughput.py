@@ -150,6 +150,33 @@ class TestRunThroughput:
         assert run.banked_s(1.0, new_cost) == pytest.approx(truth)
         assert settled_on_old.banked_s(1.0, new_cost) > truth + 3.5  # believed 3.8 s ahead of the truth
 
+    def test_phases_carried_past_a_change_count_at_the_time_they_took(self) -> None:
+        """The predictor moved with the change too (it learns from locked phases): the four phases after it
+        were predicted 15.7, 15.7, 9.6 and 10.1 s for 8.3-8.8 s of work. Carried to the new yardstick (8 s)
+        they count at the time they took, so the run is judged 0.55 s a phase behind, as it was; counted
+        at their median ratio times those predictions they took 1.5 s more than they did (on
+        ``kv-fp8-verl-h100`` the run then judged itself at 0.949 where it had delivered 0.954, and repaid
+        what it did not owe)."""
+        features = np.array([1000.0, 0.0, 0.0])
+        run = RunThroughput()
+        for iteration in range(10):
+            run.add_locked(TRAINING, 1305, 10.0, 10.0, between_s=0.0, features=features, iteration=iteration)
+        carried = [(15.7, 8.3), (15.7, 8.4), (9.6, 8.8), (10.1, 8.7)]
+        for iteration, (predicted_s, duration_s) in enumerate(carried, start=10):
+            run.add_locked(
+                TRAINING, 1305, predicted_s, duration_s, between_s=0.0, features=features, iteration=iteration
+            )
+
+        def old_cost(kind: PhaseKind, count: int, feature_sum: npt.NDArray[np.float64]) -> float:
+            return 10.0 * count
+
+        def new_cost(kind: PhaseKind, count: int, feature_sum: npt.NDArray[np.float64]) -> float:
+            return 8.0 * count
+
+        run.settle(TRAINING, old_cost, carry_since=10)
+        truth = 4 * 8.0 - sum(duration for _, duration in carried)
+        assert run.banked_s(1.0, new_cost) == pytest.approx(truth)
+
     def test_a_step_not_confirmed_leaves_its_phase_to_the_regime_it_ran_in(self) -> None:
         """One phase far off that the next does not confirm was this regime's after all: the next locked
         phase gives it back to the regime, whose predictor judges it, and a later step does not take it."""
