@@ -55,6 +55,7 @@ from eerl.control.retune import (
     refine,
     respond_to_control_miss,
     respond_to_drift,
+    retune_partners,
     start_retune,
     take_refine_turn,
 )
@@ -250,8 +251,11 @@ class EerlController:
                 track.search.epoch_iteration = obs.iteration
             return None
         if track.baseline.rebaseline_left > 0:
+            same_work = track.baseline.rebaseline_same_work
             if rebaseline_step(track.baseline, obs.workload, self._config):
                 start_retune(track, self._grid, self._pace, obs.iteration)
+                if same_work:
+                    retune_partners(self._all, track, self._grid, obs.iteration, self._config)
             return (
                 None
                 if stepped is None

@@ -8,7 +8,8 @@ The model is a small ridge regression on relative workload features (tokens, lon
 fitted on a sliding window of default-governor phases. Its level is theirs alone; its slopes (how cost
 follows the workload) also learn from the phases run at locked clocks, each clock's phases around their
 own level, because four default phases cannot pin four slopes and a wrong slope biases every prediction
-away from their mean workload. It shrinks towards a prior slope (training scales with tokens; generation
+away from their mean workload (a block of a clock's phases that spreads far more than the typical one,
+the same work changing its cost inside it, counts for little). It shrinks towards a prior slope (training scales with tokens; generation
 partly), so three or four samples already give a usable model.
 Its out-of-sample error (each new default phase is predicted before it is added) is tracked and reported.
 """
@@ -36,6 +37,11 @@ LOCKED_REFIT = 4
 
 LOCKED_WINDOW = 120
 """Locked phases kept for the slopes (the newest: under drift, how cost follows work may change too)."""
+
+_GROUP_SPREAD_TOLERANCE = 9.0
+"""A block of locked phases counts fully up to this many times the typical block's spread (variance; three
+times its standard deviation): blocks of a steady job differ by sampling alone, and a block of two phases
+often reads four times the typical (on `sync-gb200` 1.8 % against 0.9 %)."""
 
 _RIDGE = 2e-3
 """Ridge strength on relative features (typical batch-to-batch variation is a few percent)."""
@@ -333,6 +339,8 @@ class BaselinePredictor:
                 float(energies.mean()),
             )
         x_mean, total, level_duration, level_energy = self._defaults
+        prior = _prior_slopes(self._kind, x_mean)
+        groups: list[_Moments] = []
         for key, samples in self._groups.items():
             if len(samples) < 2:
                 continue
@@ -342,8 +350,9 @@ class BaselinePredictor:
                     np.array([d for _, d, _ in samples]),
                     np.array([e for _, _, e in samples]),
                 )
-            total = total.plus(self._group_moments[key])
-        prior = _prior_slopes(self._kind, x_mean)
+            groups.append(self._group_moments[key])
+        for group, weight in zip(groups, _group_weights(groups, prior), strict=True):
+            total = total.plus(group.scaled(weight))
         gram = total.gram + _RIDGE * np.eye(len(x_mean))
         # Shrunk towards the prior: solve for the deviation from it, duration and energy at once.
         moments = np.stack((total.moment_duration, total.moment_energy), axis=1)
@@ -360,13 +369,57 @@ class _Moments:
     gram: npt.NDArray[np.float64]
     moment_duration: npt.NDArray[np.float64]
     moment_energy: npt.NDArray[np.float64]
+    squares_duration: float = 0.0
+    """Σ (relative duration)²: with the other terms, the spread left around any slopes."""
+    count: int = 0
 
     def plus(self, other: _Moments) -> _Moments:
         return _Moments(
             self.gram + other.gram,
             self.moment_duration + other.moment_duration,
             self.moment_energy + other.moment_energy,
+            self.squares_duration + other.squares_duration,
+            self.count + other.count,
         )
+
+    def scaled(self, weight: float) -> _Moments:
+        """This group's terms counted ``weight`` times (its samples weighted alike)."""
+        if weight == 1.0:
+            return self
+        return _Moments(
+            self.gram * weight,
+            self.moment_duration * weight,
+            self.moment_energy * weight,
+            self.squares_duration * weight,
+            self.count,
+        )
+
+    def residual_spread(self, slopes: npt.NDArray[np.float64]) -> float:
+        """Mean squared relative duration left once ``slopes`` explain what they can (no level: the
+        group's own mean is already out)."""
+        left = (
+            self.squares_duration
+            - 2.0 * numeric.dot(slopes, self.moment_duration)
+            + numeric.dot(slopes, numeric.dot_rows(self.gram, slopes))
+        )
+        return max(left, 0.0) / max(self.count, 1)
+
+
+def _group_weights(groups: list[_Moments], prior: npt.NDArray[np.float64]) -> list[float]:
+    """How much each clock's block of locked phases counts towards the slopes: 1, or less for a block whose
+    durations spread around the prior slopes far more than the typical block's.
+
+    A block holds one level, but the cost of the same work can change inside one (a BF16 KV cache where
+    it was FP8: generation 20 % dearer from one phase on). Its phases then sit on two levels, and the fit
+    explains the step with whichever mix of near-collinear features happens to differ between the halves:
+    on `kv-bf16-h100` seed 3 generation's elasticity to the busiest worker's KV reads went from 0.94 to
+    -0.66 (tokens +0.83), every default phase was then mispredicted by ±5 % (1 % before) and the run
+    spent the rest of its margin on that noise. Weighted by the typical block's spread over its own (a
+    block's spread as the variance of its phases), such a block counts for little; blocks of a steady
+    workload count fully, however noisy the job (the typical block is as noisy)."""
+    spreads = [group.residual_spread(prior) for group in groups]
+    typical = sorted(spreads)[len(spreads) // 2] if spreads else 0.0
+    return [1.0 if spread <= _GROUP_SPREAD_TOLERANCE * typical else typical / spread for spread in spreads]
 
 
 def _moments(
@@ -374,10 +427,13 @@ def _moments(
 ) -> _Moments:
     """A group's terms, relative to its own means: the slopes are elasticities, whatever its level."""
     rel = _relative(features, features.mean(axis=0))
+    relative_durations = durations / float(durations.mean()) - 1.0
     return _Moments(
         numeric.gram(rel),
-        numeric.cross(rel, durations / float(durations.mean()) - 1.0),
+        numeric.cross(rel, relative_durations),
         numeric.cross(rel, energies / float(energies.mean()) - 1.0),
+        float((relative_durations * relative_durations).sum()),
+        len(durations),
     )
 
 

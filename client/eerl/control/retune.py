@@ -296,3 +296,28 @@ def start_retune(track: KindTrack, grid: ClockGrid, pace: RefinePace, iteration:
         restart_descent(track.search, grid, iteration)
         return
     start_local(track.search, grid, track.committed_mhz, iteration)
+
+
+def retune_partners(
+    tracks: Sequence[KindTrack], changed: KindTrack, grid: ClockGrid, iteration: int, config: EerlConfig
+) -> None:
+    """After ``changed`` re-baselined on a change in what the same work costs, the kinds committed beside
+    it re-tune too, on the trials they have.
+
+    The allocation is one budget over the kinds: when one kind's cost changes, its share of the iteration
+    and what each kind's slowdown buys change with it. Re-tuned alone, the changed kind had to fit around
+    a commit chosen for the old shares: on `kv-fp8-verl-h100` seed 5 generation got 30 % cheaper while
+    training stayed committed at a time ratio of 0.845, and generation's search climbed to the top clock to
+    make up for it (capture 0.57; 0.90 with its partner re-tuned). The partners search their window with the
+    model alone, their trials of the last three refine intervals counting (as a refine does).
+
+    Only after a same-work change: after a workload step the same move cost more than it gained (at 0.98
+    `drift-h100` and `step-h100` lost 0.1 of capture on several seeds, the partner's trials at the default
+    governor while the stepped kind re-searched; the refine moves the partner soon after anyway)."""
+    for track in tracks:
+        if track is changed or track.state is not ControllerState.COMMITTED:
+            continue
+        track.state = ControllerState.RETUNING
+        start_model_local(
+            track.search, grid, track.committed_mhz, iteration - config.refine_interval_phases * 3
+        )

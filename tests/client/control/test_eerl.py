@@ -575,7 +575,30 @@ class TestBehaviour:
             assert abs(prediction.duration_s / job.true_cost(kind, 199, None)[0] - 1.0) < 0.02
         final = {k: trace.clocks[k][-1] for k in KINDS}
         throughput, _ = iteration_ratios(job, final, iteration=199)
-        assert throughput >= settings.throughput_threshold - 0.005
+        # The commit may spend what the run banked (the re-tune's trials ran fast), never the promise.
+        assert throughput >= settings.throughput_threshold - MAX_SPEND
+        assert run_throughput(job, trace) >= settings.throughput_threshold
+
+    def test_when_one_kinds_cost_changes_the_other_re_tunes_with_it(self) -> None:
+        """Generation's memory traffic drops to 35 % under the same work: its share of the iteration and
+        what its slowdown buys change, so the allocation is chosen again for both kinds. Re-tuned alone,
+        generation had to fit around training's old commit and ended at the default governor, 4 % more
+        energy than the oracle's allocation for the new regime; now within 1 %."""
+        job = SyntheticJob(step_at_iteration=60, step_memory_factor=0.35, step_tokens_factor=1.0)
+        settings = ControllerSettings(GRID_MHZ, throughput_threshold=0.90)
+        controller = create_eerl_controller(settings)
+        trace = drive_sync(controller, job, 200)
+        retuned = [
+            d.iteration
+            for d in controller.decisions()
+            if d.kind is PhaseKind.TRAINING and d.iteration >= 60 and d.state is ControllerState.RETUNING
+        ]
+        assert retuned
+        final = {k: trace.clocks[k][-1] for k in KINDS}
+        throughput, energy = iteration_ratios(job, final, iteration=199)
+        assert throughput >= settings.throughput_threshold - MAX_SPEND
+        assert energy <= oracle_energy_ratio(job, settings.throughput_threshold, iteration=199) + 0.01
+        assert run_throughput(job, trace) >= settings.throughput_threshold - 0.001
 
     def test_a_workload_step_alone_triggers_a_rebaseline(self, settings: ControllerSettings) -> None:
         """A doubling of the tokens is caught from the workload alone and re-baselines the predictor."""
