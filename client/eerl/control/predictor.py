@@ -9,8 +9,8 @@ fitted on a sliding window of default-governor phases. Its level is theirs alone
 follows the workload) also learn from the phases run at locked clocks, each clock's phases around their
 own level, because four default phases cannot pin four slopes and a wrong slope biases every prediction
 away from their mean workload (a block of a clock's phases that spreads far more than the typical one,
-the same work changing its cost inside it, counts for little). It shrinks towards a prior slope (training scales with tokens; generation
-partly), so three or four samples already give a usable model.
+the same work changing its cost inside it, counts for little). It shrinks towards a prior slope
+(training scales with tokens; generation partly), so three or four samples already give a usable model.
 Its out-of-sample error (each new default phase is predicted before it is added) is tracked and reported.
 """
 
